@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything ddp needs, from Debian's apt only. Idempotent: re-running is a fast no-op.
+set -euo pipefail
+
+PKGS=(
+  bazel-bootstrap      # Bazel 4.2.3 (the /usr/bin/bazel wrapper runs bazel-4)
+  g++                  # C++20 compiler (g++ 12)
+  libeigen3-dev        # host tensor math
+  mpich libmpich-dev   # MPI backend and mpirun
+  doctest-dev          # unit tests
+  zlib1g-dev           # gzip IDX reader
+  dataset-fashion-mnist  # the main job's data under /usr/share/datasets/fashion-mnist
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi
+
+# CUDA is optional: the NCCL/device targets compile only where /usr/local/cuda exists.
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup: CUDA found at /usr/local/cuda ($(/usr/local/cuda/bin/nvcc --version | tail -1))"
+else
+  echo "setup: no CUDA at /usr/local/cuda; GPU targets will not build"
+fi
