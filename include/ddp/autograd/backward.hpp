@@ -1,0 +1,103 @@
+// backward(): one topological sort, then a reverse sweep; each leaf's grad-ready hook fires once, right
+// after its last consumer ran.
+#pragma once
+
+#include <vector>
+
+#include "ddp/autograd/variable.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp {
+
+struct BackwardOptions {
+  bool retain_graph = false;  // keep closures and saved tensors so backward can run again
+};
+
+// Gradient of `root` with respect to every leaf that requires grad, accumulated (+=) into leaf grads.
+// `grad_output` seeds the sweep (default: 1 for a one-element root). Complexity O(nodes + edges).
+template <class T, MemorySpace S>
+void backward(Variable<T, S> const& root, Tensor<T, S> const& grad_output = {}, BackwardOptions opts = {}) {
+  using N = Node<T, S>;
+  using K = Kernels<S>;
+  N& r = root.node();
+  if (!r.requires_grad)
+    throw ArgumentError(detail::cat("backward() on a variable that does not require grad (op '", r.op,
+                                    "'): no parameter contributed to it, or it was computed under NoGradGuard"));
+  if (!r.is_leaf && r.released())
+    throw ArgumentError(detail::cat("backward() through a graph that was already freed (op '", r.op,
+                                    "'); pass BackwardOptions{.retain_graph = true} to the first backward"));
+  if (grad_output.defined() && !(grad_output.shape() == r.value.shape()))
+    throw ShapeError(detail::cat("backward(): grad_output has shape ", grad_output.shape(), " but the root has shape ",
+                                 r.value.shape()));
+  if (!grad_output.defined() && r.value.numel() != 1)
+    throw ShapeError(detail::cat("backward() without grad_output needs a one-element root; got shape ", r.value.shape()));
+
+  // Post-order DFS (iterative: deep nets must not overflow the stack). Leaves count their consumer edges.
+  std::uint64_t const epoch = detail::next_backward_epoch();
+  std::vector<N*> order;
+  std::vector<std::pair<N*, int>> stack;
+  r.visit_epoch = epoch;
+  r.pending = 0;
+  stack.emplace_back(&r, 0);
+  while (!stack.empty()) {
+    auto& [n, i] = stack.back();
+    if (i < n->n_parents) {
+      N* p = n->parents[i++].get();
+      if (p->visit_epoch != epoch) {
+        p->visit_epoch = epoch;
+        p->pending = 0;
+        if (p->is_leaf)
+          order.push_back(p);
+        else
+          stack.emplace_back(p, 0);
+      }
+      ++p->pending;
+    } else {
+      order.push_back(n);
+      stack.pop_back();
+    }
+  }
+
+  // Seed.
+  {
+    T const beta = detail::grad_beta(r);
+    if (grad_output.defined())
+      K::axpby(r.value.numel(), T(1), grad_output.data(), beta, r.grad.data());
+    else if (beta == T(0))
+      K::fill(std::int64_t{1}, T(1), r.grad.data());
+    else {
+      T const one = 1;
+      K::axpby(std::int64_t{1}, T(1), &one, T(1), r.grad.data());
+    }
+  }
+  if (r.is_leaf) {
+    if (r.grad_hook) r.grad_hook(r);
+    return;
+  }
+
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    N* n = *it;
+    if (n->is_leaf) continue;
+    if (n->grad_defined) n->backward();
+    for (int i = 0; i < n->n_parents; ++i) {
+      N* p = n->parents[i].get();
+      if (p->is_leaf && --p->pending == 0 && p->grad_hook) p->grad_hook(*p);
+    }
+    // Interior gradients are not kept (as in PyTorch); the root keeps its seed.
+    if (n != &r) {
+      n->grad = Tensor<T, S>{};
+      n->grad_defined = false;
+    }
+  }
+  // Free the graph in topological order: a node's parents come before it, so dropping its closure and
+  // parent links can only destroy nodes already visited here.
+  if (!opts.retain_graph)
+    for (N* n : order) {
+      if (n->is_leaf) continue;
+      n->release();
+      for (auto& p : n->parents) p.reset();
+      n->n_parents = 0;
+    }
+}
+
+}  // namespace ddp

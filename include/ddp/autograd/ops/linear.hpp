@@ -1,0 +1,78 @@
+// matmul and linear (y = x Wᵀ + b), forward and backward through Kernels<Space>::gemm.
+#pragma once
+
+#include "ddp/autograd/variable.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp {
+
+// a:(M,K) b:(K,N) -> (M,N)
+template <class T, MemorySpace S>
+Variable<T, S> matmul(Variable<T, S> const& a, Variable<T, S> const& b) {
+  using K = Kernels<S>;
+  if (a.shape().rank() != 2 || b.shape().rank() != 2 || a.shape()[1] != b.shape()[0])
+    throw ShapeError(detail::cat("matmul: shapes ", a.shape(), " and ", b.shape(), " do not chain (need (M,K)·(K,N))"));
+  std::int64_t const M = a.shape()[0], Kd = a.shape()[1], N = b.shape()[1];
+  Tensor<T, S> y(Shape{M, N});
+  K::gemm(Trans::kNo, Trans::kNo, M, N, Kd, T(1), a.value().data(), b.value().data(), T(0), y.data());
+  return detail::record(
+      "matmul", std::move(y),
+      [a, b, M, N, Kd](Node<T, S>& self) {
+        if (a.requires_grad()) {  // ga (M,K) = gy (M,N) · bᵀ
+          auto& an = a.node();
+          T const beta = detail::grad_beta(an);
+          K::gemm(Trans::kNo, Trans::kYes, M, Kd, N, T(1), self.grad.data(), b.value().data(), beta, an.grad.data());
+        }
+        if (b.requires_grad()) {  // gb (K,N) = aᵀ · gy
+          auto& bn = b.node();
+          T const beta = detail::grad_beta(bn);
+          K::gemm(Trans::kYes, Trans::kNo, Kd, N, M, T(1), a.value().data(), self.grad.data(), beta, bn.grad.data());
+        }
+      },
+      a, b);
+}
+
+// x:(..., in) W:(out, in) b:(out) or undefined -> (..., out). Leading dims are flattened into rows.
+template <class T, MemorySpace S>
+Variable<T, S> linear(Variable<T, S> const& x, Variable<T, S> const& w, Variable<T, S> const& b = {}) {
+  using K = Kernels<S>;
+  Shape const& xs = x.shape();
+  if (w.shape().rank() != 2 || xs.rank() < 1 || xs[xs.rank() - 1] != w.shape()[1])
+    throw ShapeError(detail::cat("linear: input of shape ", xs, " does not match weight of shape ", w.shape(),
+                                 " (need input (..., ", w.shape().rank() == 2 ? w.shape()[1] : -1, "))"));
+  std::int64_t const in = w.shape()[1], out = w.shape()[0], rows = xs.numel_from(0) / (in ? in : 1);
+  if (b.defined() && !(b.shape() == Shape{out}))
+    throw ShapeError(detail::cat("linear: bias has shape ", b.shape(), ", expected [", out, "]"));
+  Shape ys = xs;
+  ys = [&] {
+    std::array<std::int64_t, 4> d{};
+    for (int i = 0; i < xs.rank(); ++i) d[i] = xs[i];
+    d[xs.rank() - 1] = out;
+    return Shape::from_range(d.begin(), d.begin() + xs.rank());
+  }();
+  Tensor<T, S> y(ys);
+  K::gemm(Trans::kNo, Trans::kYes, rows, out, in, T(1), x.value().data(), w.value().data(), T(0), y.data());
+  if (b.defined()) K::add_row_broadcast(rows, out, b.value().data(), y.data());
+  auto bwd = [x, w, b, rows, in, out](Node<T, S>& self) {
+    T const* gy = self.grad.data();
+    if (w.requires_grad()) {  // gW (out,in) = gyᵀ (out,rows) · x (rows,in)
+      auto& wn = w.node();
+      T const beta = detail::grad_beta(wn);
+      K::gemm(Trans::kYes, Trans::kNo, out, in, rows, T(1), gy, x.value().data(), beta, wn.grad.data());
+    }
+    if (b.defined() && b.requires_grad()) {  // gb = column sums of gy
+      auto& bn = b.node();
+      T const beta = detail::grad_beta(bn);
+      K::sum_rows(rows, out, gy, beta, bn.grad.data());
+    }
+    if (x.requires_grad()) {  // gx (rows,in) = gy (rows,out) · W (out,in)
+      auto& xn = x.node();
+      T const beta = detail::grad_beta(xn);
+      K::gemm(Trans::kNo, Trans::kNo, rows, in, out, T(1), gy, w.value().data(), beta, xn.grad.data());
+    }
+  };
+  if (b.defined()) return detail::record("linear", std::move(y), std::move(bwd), x, w, b);
+  return detail::record("linear", std::move(y), std::move(bwd), x, w);
+}
+
+}  // namespace ddp

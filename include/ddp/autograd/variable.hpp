@@ -1,0 +1,163 @@
+// Variable<T, Space>: a handle to an autograd node (value, grad, parents, backward closure, grad-ready hook).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "ddp/error.hpp"
+#include "ddp/tensor/tensor.hpp"
+
+namespace ddp {
+
+enum class RequiresGrad { kNo, kYes };
+
+namespace detail {
+// Per-thread autograd switch (each rank of the threads backend is a thread with its own mode).
+inline bool& grad_mode() noexcept {
+  thread_local bool enabled = true;
+  return enabled;
+}
+inline std::uint64_t next_backward_epoch() noexcept {
+  static std::atomic<std::uint64_t> epoch{0};
+  return ++epoch;
+}
+}  // namespace detail
+
+// RAII: no graph is recorded inside its scope (evaluation, optimizer updates). Per thread.
+class NoGradGuard {
+ public:
+  NoGradGuard() noexcept : prev_(detail::grad_mode()) { detail::grad_mode() = false; }
+  ~NoGradGuard() { detail::grad_mode() = prev_; }
+  NoGradGuard(NoGradGuard const&) = delete;
+  NoGradGuard& operator=(NoGradGuard const&) = delete;
+
+ private:
+  bool prev_;
+};
+inline bool grad_enabled() noexcept { return detail::grad_mode(); }
+
+// One vertex of the eager graph. Leaves are inputs and parameters; interior nodes carry a backward
+// closure that adds their gradient's contribution into their parents' gradients.
+template <class T, MemorySpace S>
+struct Node {
+  using GradHook = std::function<void(Node&)>;
+  static constexpr int kMaxParents = 3;
+
+  Tensor<T, S> value;
+  Tensor<T, S> grad;          // storage (for parameters: a view into the gradient arena)
+  bool requires_grad = false;
+  bool grad_defined = false;  // grad holds a value; when false, the first contribution overwrites it
+  bool is_leaf = true;
+  int n_parents = 0;
+  int pending = 0;            // consumer edges still to run in the current backward (leaves)
+  std::uint64_t visit_epoch = 0;
+  char const* op = "leaf";
+  std::array<std::shared_ptr<Node>, kMaxParents> parents{};
+  GradHook grad_hook;  // leaves only: called once per backward when this gradient is final
+
+  Node() = default;
+  Node(Node const&) = delete;
+  Node& operator=(Node const&) = delete;
+  virtual ~Node() = default;
+  virtual void backward() {}
+  virtual void release() noexcept {}
+  virtual bool released() const noexcept { return false; }
+};
+
+namespace detail {
+template <class T, MemorySpace S, class F>
+struct FnNode final : Node<T, S> {
+  std::optional<F> fn;
+  explicit FnNode(F&& f) : fn(std::move(f)) {}
+  void backward() override { (*fn)(static_cast<Node<T, S>&>(*this)); }
+  void release() noexcept override { fn.reset(); }
+  bool released() const noexcept override { return !fn.has_value(); }
+};
+
+// Prepares n.grad for a contribution: allocates it if needed and returns the beta to write with
+// (0: overwrite, the old contents are garbage; 1: accumulate).
+template <class T, MemorySpace S>
+T grad_beta(Node<T, S>& n) {
+  if (!n.grad.defined() || !(n.grad.shape() == n.value.shape())) n.grad = Tensor<T, S>(n.value.shape());
+  T const b = n.grad_defined ? T(1) : T(0);
+  n.grad_defined = true;
+  return b;
+}
+}  // namespace detail
+
+// A cheap handle (copies share the node). Thread safety: a graph belongs to the thread that built it.
+template <class T, MemorySpace S = HostSpace>
+class Variable {
+ public:
+  using value_type = T;
+  using space = S;
+  using node_type = Node<T, S>;
+
+  Variable() = default;
+  // A leaf: a constant input (RequiresGrad::kNo, the default) or a trainable tensor (kYes).
+  explicit Variable(Tensor<T, S> value, RequiresGrad rg = RequiresGrad::kNo) : node_(std::make_shared<node_type>()) {
+    node_->value = std::move(value);
+    node_->requires_grad = rg == RequiresGrad::kYes;
+  }
+  explicit Variable(std::shared_ptr<node_type> n) noexcept : node_(std::move(n)) {}
+
+  bool defined() const noexcept { return node_ != nullptr; }
+  Tensor<T, S> const& value() const { return checked().value; }
+  // The gradient, or an undefined tensor when none has been accumulated since the last zero_grad.
+  Tensor<T, S> grad() const { return checked().grad_defined ? node_->grad : Tensor<T, S>{}; }
+  bool has_grad() const { return checked().grad_defined; }
+  bool requires_grad() const { return checked().requires_grad; }
+  bool is_leaf() const { return checked().is_leaf; }
+  Shape const& shape() const { return checked().value.shape(); }
+  std::int64_t numel() const { return checked().value.numel(); }
+  char const* op() const { return checked().op; }
+  T item() const
+    requires std::same_as<S, HostSpace>
+  {
+    return checked().value.item();
+  }
+  // Forget the gradient without touching memory: the next backward overwrites instead of adding.
+  void zero_grad() const noexcept {
+    if (node_) node_->grad_defined = false;
+  }
+  // Leaves only: `hook(node)` runs once per backward, as soon as this leaf's gradient is final.
+  void set_grad_hook(typename node_type::GradHook hook) const {
+    if (!checked().is_leaf) throw ArgumentError(detail::cat("grad hooks go on leaves; this variable comes from op '", node_->op, "'"));
+    node_->grad_hook = std::move(hook);
+  }
+  node_type& node() const { return checked(); }
+  std::shared_ptr<node_type> const& node_ptr() const noexcept { return node_; }
+
+ private:
+  node_type& checked() const {
+    if (!node_) throw ArgumentError("use of an undefined (default-constructed) ddp::Variable");
+    return *node_;
+  }
+  std::shared_ptr<node_type> node_;
+};
+
+using Var = Variable<float>;
+
+namespace detail {
+// Records an op: `out` is its value, `bwd(self)` its backward. Records nothing (returns a constant) in
+// no_grad mode or when no parent requires grad.
+template <class T, MemorySpace S, class F, class... P>
+Variable<T, S> record(char const* op, Tensor<T, S> out, F&& bwd, P const&... parents) {
+  static_assert(sizeof...(P) <= Node<T, S>::kMaxParents, "an op has at most 3 differentiable inputs");
+  if (!grad_mode() || !(parents.requires_grad() || ...)) return Variable<T, S>(std::move(out));
+  auto n = std::make_shared<FnNode<T, S, std::decay_t<F>>>(std::forward<F>(bwd));
+  n->value = std::move(out);
+  n->requires_grad = true;
+  n->is_leaf = false;
+  n->op = op;
+  ((parents.requires_grad() ? (void)(n->parents[n->n_parents++] = parents.node_ptr()) : (void)0), ...);
+  return Variable<T, S>(std::shared_ptr<Node<T, S>>(std::move(n)));
+}
+}  // namespace detail
+
+}  // namespace ddp

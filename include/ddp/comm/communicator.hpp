@@ -1,0 +1,185 @@
+// The Communicator and AsyncCommunicator concepts, ReduceOp, element types, collective tags and the
+// compile-time memory-space check every backend shares.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <ranges>
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+#include "ddp/tensor/memory_space.hpp"
+#include "ddp/tensor/space_span.hpp"
+
+namespace ddp {
+
+// Reductions every backend implements. kAvg is the sum divided by the world size (integer division for
+// integer types); backends that can fold the scale into the reduction pass do (ThreadsBackend, NCCL).
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+
+constexpr std::string_view name(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+// Element types collectives move: exactly float, double, int32 and int64 (what MPI and NCCL share).
+enum class Dtype { kFloat32, kFloat64, kInt32, kInt64 };
+
+template <class T>
+concept CommElement = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> ||
+                      std::same_as<T, std::int64_t>;
+
+template <CommElement T>
+inline constexpr Dtype dtype_of = std::same_as<T, float>          ? Dtype::kFloat32
+                                  : std::same_as<T, double>       ? Dtype::kFloat64
+                                  : std::same_as<T, std::int32_t> ? Dtype::kInt32
+                                                                  : Dtype::kInt64;
+
+constexpr std::string_view name(Dtype t) noexcept {
+  switch (t) {
+    case Dtype::kFloat32: return "float32";
+    case Dtype::kFloat64: return "float64";
+    case Dtype::kInt32: return "int32";
+    case Dtype::kInt64: return "int64";
+  }
+  return "?";
+}
+
+// The collectives, for errors and traces.
+enum class CollectiveKind { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kGather, kScatter, kBarrier };
+
+constexpr std::string_view name(CollectiveKind k) noexcept {
+  switch (k) {
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kGather: return "gather";
+    case CollectiveKind::kScatter: return "scatter";
+    case CollectiveKind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+// An optional label carried by a collective into traces and error messages, e.g. {"bucket", 3}. Trivially
+// copyable and allocation-free; `label` must outlive the collective (string literals do).
+struct CollectiveTag {
+  std::string_view label{};
+  std::int64_t id = -1;
+  constexpr bool empty() const noexcept { return label.empty() && id < 0; }
+};
+
+// A handle to asynchronous work: wait() blocks until done and rethrows its error; test() polls.
+template <class W>
+concept WorkHandle = requires(W& w, W const& cw) {
+  w.wait();
+  { cw.test() } -> std::convertible_to<bool>;
+};
+
+namespace detail {
+template <class L>
+struct FrontSpace;
+template <MemorySpace S, MemorySpace... Rest>
+struct FrontSpace<SpaceList<S, Rest...>> {
+  using type = S;
+};
+}  // namespace detail
+
+// The memory space a backend's buffers naturally live in: the first of its accepted_spaces.
+template <class C>
+using native_space_t = typename detail::FrontSpace<typename C::accepted_spaces>::type;
+
+namespace detail {
+
+// Checks one collective signature for element type T in the backend's native space.
+template <class C, class T>
+concept CollectivesFor = requires(C& c, SpaceSpan<T, native_space_t<C>> buf, SpaceSpan<T const, native_space_t<C>> in,
+                                  ReduceOp op, int root, CollectiveTag tag) {
+  c.all_reduce(buf, op);
+  c.all_reduce(buf, op, tag);
+  c.broadcast(buf, root);
+  c.broadcast(buf, root, tag);
+  c.all_gather(in, buf);
+  c.all_gather(in, buf, tag);
+  c.reduce_scatter(in, buf, op);
+  c.reduce_scatter(in, buf, op, tag);
+  c.gather(in, buf, root);
+  c.gather(in, buf, root, tag);
+  c.scatter(in, buf, root);
+  c.scatter(in, buf, root, tag);
+};
+
+template <class C, class T>
+concept AsyncCollectivesFor = requires(C& c, SpaceSpan<T, native_space_t<C>> buf, ReduceOp op, CollectiveTag tag) {
+  { c.all_reduce_async(buf, op) } -> WorkHandle;
+  { c.all_reduce_async(buf, op, tag) } -> WorkHandle;
+};
+
+}  // namespace detail
+
+// A backend: rank()/world_size() plus the collectives below for float, double, int32 and int64 spans of
+// its accepted memory space. Collective calls are blocking and must be issued in the same order, with the
+// same counts and roots, on every rank.
+//   all_reduce(buf, op)          in place; buf has the same size on every rank
+//   broadcast(buf, root)         in place; root's contents to every rank
+//   all_gather(in, out)          out.size() == world_size * in.size(); rank r's block at offset r * in.size()
+//   reduce_scatter(in, out, op)  in.size() == world_size * out.size(); rank r gets the reduced block r
+//   gather(in, out, root)        like all_gather, only root's out is written (other ranks may pass empty)
+//   scatter(in, out, root)       root's in holds world_size blocks of out.size(); others may pass empty in
+//   barrier()
+template <class C>
+concept Communicator = requires(C& c, C const& cc) {
+  typename C::accepted_spaces;
+  { cc.rank() } -> std::same_as<int>;
+  { cc.world_size() } -> std::same_as<int>;
+  c.barrier();
+} && detail::CollectivesFor<C, float> && detail::CollectivesFor<C, double> &&
+                       detail::CollectivesFor<C, std::int32_t> && detail::CollectivesFor<C, std::int64_t>;
+
+// A Communicator whose all-reduce can also run asynchronously: all_reduce_async returns a WorkHandle at
+// once; the work runs in issue order on the rank's progress engine (thread or stream), so ranks issuing
+// the same sequence never cross. The buffer must stay alive and untouched until wait() returns.
+template <class C>
+concept AsyncCommunicator = Communicator<C> && detail::AsyncCollectivesFor<C, float> &&
+                            detail::AsyncCollectivesFor<C, double> && detail::AsyncCollectivesFor<C, std::int32_t> &&
+                            detail::AsyncCollectivesFor<C, std::int64_t>;
+
+namespace detail {
+
+template <class T>
+struct IsSpaceSpan : std::false_type {};
+template <class T, class S>
+struct IsSpaceSpan<SpaceSpan<T, S>> : std::true_type {};
+
+// What a collective accepts as a buffer: a SpaceSpan of any space (checked later, with a message), or a
+// contiguous host range (std::span, std::vector, std::array), which is host memory.
+template <class R>
+concept BufferLike = IsSpaceSpan<std::remove_cvref_t<R>>::value ||
+                     (std::ranges::contiguous_range<R> && std::ranges::sized_range<R>);
+
+template <class R>
+constexpr auto as_space_span(R&& r) noexcept {
+  if constexpr (IsSpaceSpan<std::remove_cvref_t<R>>::value) {
+    return std::remove_cvref_t<R>(r);
+  } else {
+    using T = std::remove_reference_t<std::ranges::range_reference_t<R>>;
+    return HostSpan<T>(std::ranges::data(r), std::ranges::size(r));
+  }
+}
+
+template <class R>
+using span_of_t = decltype(as_space_span(std::declval<R>()));
+
+template <class R>
+using element_of_t = std::remove_cv_t<typename span_of_t<R>::element_type>;
+
+}  // namespace detail
+
+}  // namespace ddp

@@ -1,0 +1,108 @@
+// Element-wise reduction kernels for shared-memory collectives: reduce n source blocks through an
+// L1-resident chunk and write the result to any number of destinations, folding kAvg's scale in.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#include "ddp/comm/communicator.hpp"
+
+namespace ddp::detail {
+
+struct PlusOp {
+  template <class T>
+  static T apply(T a, T b) noexcept {
+    return a + b;
+  }
+};
+struct MaxOp {
+  template <class T>
+  static T apply(T a, T b) noexcept {
+    return a < b ? b : a;
+  }
+};
+struct MinOp {
+  template <class T>
+  static T apply(T a, T b) noexcept {
+    return b < a ? b : a;
+  }
+};
+
+// Elements per chunk: 8 KiB stays in L1 next to the streamed sources.
+template <class T>
+inline constexpr std::size_t kReduceChunk = 8192 / sizeof(T);
+
+template <class Op, class T>
+inline void combine2(T* __restrict out, T const* __restrict a, T const* __restrict b, std::size_t m) noexcept {
+  for (std::size_t i = 0; i < m; ++i) out[i] = Op::apply(a[i], b[i]);
+}
+template <class Op, class T>
+inline void combine_into(T* __restrict acc, T const* __restrict b, std::size_t m) noexcept {
+  for (std::size_t i = 0; i < m; ++i) acc[i] = Op::apply(acc[i], b[i]);
+}
+template <class T>
+inline void average(T* __restrict acc, std::size_t m, int world) noexcept {
+  if constexpr (std::is_floating_point_v<T>) {
+    T const inv = T(1) / static_cast<T>(world);
+    for (std::size_t i = 0; i < m; ++i) acc[i] *= inv;
+  } else {
+    T const w = static_cast<T>(world);
+    for (std::size_t i = 0; i < m; ++i) acc[i] /= w;
+  }
+}
+
+// Two ranks, result written back to both sources: one fused streaming pass.
+template <class Op, bool kAvg, class T>
+inline void reduce_pair_inplace(T* __restrict a, T* __restrict b, std::size_t count) noexcept {
+  if constexpr (kAvg && std::is_floating_point_v<T>) {
+    for (std::size_t i = 0; i < count; ++i) {
+      T const v = Op::apply(a[i], b[i]) * T(0.5);
+      a[i] = v;
+      b[i] = v;
+    }
+  } else {
+    for (std::size_t i = 0; i < count; ++i) {
+      T v = Op::apply(a[i], b[i]);
+      if constexpr (kAvg) v /= T(2);
+      a[i] = v;
+      b[i] = v;
+    }
+  }
+}
+
+template <class Op, bool kAvg, class T>
+void reduce_blocks_impl(T const* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count) noexcept {
+  if (nsrc == 2 && ndst == 2 && dsts[0] == srcs[0] && dsts[1] == srcs[1] && srcs[0] != srcs[1]) {
+    reduce_pair_inplace<Op, kAvg>(dsts[0], dsts[1], count);
+    return;
+  }
+  alignas(64) T tmp[kReduceChunk<T>];
+  for (std::size_t off = 0; off < count; off += kReduceChunk<T>) {
+    std::size_t const m = std::min(kReduceChunk<T>, count - off);
+    if (nsrc == 1) {
+      std::memcpy(tmp, srcs[0] + off, m * sizeof(T));
+    } else {
+      combine2<Op>(tmp, srcs[0] + off, srcs[1] + off, m);
+      for (int k = 2; k < nsrc; ++k) combine_into<Op>(tmp, srcs[k] + off, m);
+    }
+    if constexpr (kAvg) average(tmp, m, nsrc);
+    for (int d = 0; d < ndst; ++d) std::memcpy(dsts[d] + off, tmp, m * sizeof(T));
+  }
+}
+
+// dst[d][i] = op over k of srcs[k][i] (k in rank order, so every destination gets bitwise the same value),
+// for i < count. Destinations may alias sources. kAvg divides by nsrc in the same pass.
+template <class T>
+void reduce_blocks(T const* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count, ReduceOp op) noexcept {
+  if (count == 0 || nsrc <= 0) return;
+  switch (op) {
+    case ReduceOp::kSum: return reduce_blocks_impl<PlusOp, false>(srcs, nsrc, dsts, ndst, count);
+    case ReduceOp::kAvg: return reduce_blocks_impl<PlusOp, true>(srcs, nsrc, dsts, ndst, count);
+    case ReduceOp::kMax: return reduce_blocks_impl<MaxOp, false>(srcs, nsrc, dsts, ndst, count);
+    case ReduceOp::kMin: return reduce_blocks_impl<MinOp, false>(srcs, nsrc, dsts, ndst, count);
+  }
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,9 @@
+// ddp umbrella: host tensors (Eigen), autograd, nn, optim and everything that needs no MPI/CUDA headers.
+#pragma once
+
+#include "ddp/config.hpp"
+#include "ddp/error.hpp"
+#include "ddp/tensor/host_kernels.hpp"
+#include "ddp/tensor/random.hpp"
+#include "ddp/tensor/tensor.hpp"
+#include "ddp/autograd/autograd.hpp"

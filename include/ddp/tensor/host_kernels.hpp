@@ -1,0 +1,259 @@
+// Kernels<HostSpace>: host math on Eigen (GEMM through Eigen's blocked kernels, vectorised element loops).
+// All loops are sequential and deterministic: same inputs -> bitwise same outputs, run to run.
+#pragma once
+
+#include <Eigen/Core>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "ddp/tensor/host_conv_kernels.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp {
+
+namespace detail {
+template <class T>
+using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <class T>
+using MapArr = Eigen::Map<Arr<T>>;
+template <class T>
+using CMapArr = Eigen::Map<Arr<T> const>;
+template <class T>
+using MapMat = Eigen::Map<RowMat<T>>;
+template <class T>
+using CMapMat = Eigen::Map<RowMat<T> const>;
+
+// dst = beta * dst + expr, where beta is 0 or 1 and beta == 0 never reads dst (it may hold garbage).
+template <class Dst, class Expr, class T>
+DDP_ALWAYS_INLINE void assign_or_add(Dst&& dst, Expr const& expr, T beta) {
+  if (beta == T(0))
+    dst = expr;
+  else if (beta == T(1))
+    dst += expr;
+  else
+    dst = beta * dst + expr;
+}
+}  // namespace detail
+
+template <>
+struct Kernels<HostSpace> : HostConvKernels {
+  using i64 = std::int64_t;
+
+  // C(M,N) = alpha * op(A) * op(B) + beta * C, row-major, op(A) is (M,K), op(B) is (K,N).
+  // beta == 0 never reads C.
+  template <class T>
+  static void gemm(Trans ta, Trans tb, i64 M, i64 N, i64 K, T alpha, T const* A, T const* B, T beta, T* C) {
+    using namespace detail;
+    MapMat<T> c(C, M, N);
+    if (K == 0) {
+      if (beta == T(0)) c.setZero(); else c *= beta;
+      return;
+    }
+    CMapMat<T> a(A, ta == Trans::kNo ? M : K, ta == Trans::kNo ? K : M);
+    CMapMat<T> b(B, tb == Trans::kNo ? K : N, tb == Trans::kNo ? N : K);
+    auto run = [&](auto const& opa, auto const& opb) {
+      if (beta == T(0)) {
+        if (alpha == T(1)) c.noalias() = opa * opb; else c.noalias() = alpha * (opa * opb);
+      } else {
+        if (beta != T(1)) c *= beta;
+        if (alpha == T(1)) c.noalias() += opa * opb; else c.noalias() += alpha * (opa * opb);
+      }
+    };
+    if (ta == Trans::kNo && tb == Trans::kNo) run(a, b);
+    else if (ta == Trans::kNo) run(a, b.transpose());
+    else if (tb == Trans::kNo) run(a.transpose(), b);
+    else run(a.transpose(), b.transpose());
+  }
+
+  // ---- element-wise ----
+  template <class T>
+  static void fill(i64 n, T v, T* y) {
+    detail::MapArr<T>(y, n).setConstant(v);
+  }
+  template <class T>
+  static void copy(i64 n, T const* x, T* y) {
+    if (n && x != y) std::memcpy(y, x, sizeof(T) * n);
+  }
+  // y = a * x + b * y  (b == 0 never reads y)
+  template <class T>
+  static void axpby(i64 n, T a, T const* x, T b, T* y) {
+    using namespace detail;
+    MapArr<T> yy(y, n);
+    CMapArr<T> xx(x, n);
+    if (b == T(0)) {
+      if (a == T(1)) yy = xx; else yy = a * xx;
+    } else if (b == T(1)) {
+      if (a == T(1)) yy += xx; else yy += a * xx;
+    } else {
+      yy = a * xx + b * yy;
+    }
+  }
+  // out = sa * a + sb * b
+  template <class T>
+  static void add(i64 n, T sa, T const* a, T sb, T const* b, T* out) {
+    using namespace detail;
+    MapArr<T>(out, n) = sa * CMapArr<T>(a, n) + sb * CMapArr<T>(b, n);
+  }
+  // out = a * b + beta * out
+  template <class T>
+  static void mul(i64 n, T const* a, T const* b, T beta, T* out) {
+    using namespace detail;
+    assign_or_add(MapArr<T>(out, n), CMapArr<T>(a, n) * CMapArr<T>(b, n), beta);
+  }
+  // y[r, c] += bias[c]   (y is (rows, cols))
+  template <class T>
+  static void add_row_broadcast(i64 rows, i64 cols, T const* bias, T* y) {
+    using namespace detail;
+    MapMat<T> yy(y, rows, cols);
+    Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic> const> bb(bias, cols);
+    yy.rowwise() += bb;
+  }
+  // out[c] = beta * out[c] + sum_r x[r, c]
+  template <class T>
+  static void sum_rows(i64 rows, i64 cols, T const* x, T beta, T* out) {
+    using namespace detail;
+    Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> o(out, cols);
+    if (rows == 0) {
+      if (beta == T(0)) o.setZero();
+      return;
+    }
+    assign_or_add(o, CMapMat<T>(x, rows, cols).colwise().sum(), beta);
+  }
+  // y[n, c, :] += bias[c]   (y is (N, C, HW))
+  template <class T>
+  static void add_channel_broadcast(i64 N, i64 C, i64 HW, T const* bias, T* y) {
+    for (i64 n = 0; n < N; ++n)
+      for (i64 c = 0; c < C; ++c) detail::MapArr<T>(y + (n * C + c) * HW, HW) += bias[c];
+  }
+  // out[c] = beta * out[c] + sum_{n, hw} x[n, c, hw]
+  template <class T>
+  static void sum_channels(i64 N, i64 C, i64 HW, T const* x, T beta, T* out) {
+    for (i64 c = 0; c < C; ++c) {
+      T s = 0;
+      for (i64 n = 0; n < N; ++n) s += detail::CMapArr<T>(x + (n * C + c) * HW, HW).sum();
+      out[c] = beta == T(0) ? s : beta * out[c] + s;
+    }
+  }
+  // y = beta * y + v  (beta == 0 never reads y)
+  template <class T>
+  static void add_scalar(i64 n, T v, T beta, T* y) {
+    detail::MapArr<T> yy(y, n);
+    if (beta == T(0)) yy.setConstant(v); else if (beta == T(1)) yy += v; else yy = beta * yy + v;
+  }
+  // Element-wise copy from host memory (for masks and indices made on the host).
+  template <class T>
+  static void from_host(i64 n, T const* src, T* dst) { copy(n, src, dst); }
+  template <class T>
+  static void to_host(i64 n, T const* src, T* dst) { copy(n, src, dst); }
+  template <class T>
+  static T sum(i64 n, T const* x) {
+    return n ? detail::CMapArr<T>(x, n).sum() : T(0);
+  }
+
+  // ---- activations: forward y = f(x); backward gx = beta * gx + gy * f'(.) ----
+  template <class T>
+  static void relu_fwd(i64 n, T const* x, T* y) {
+    detail::MapArr<T>(y, n) = detail::CMapArr<T>(x, n).max(T(0));
+  }
+  template <class T>
+  static void relu_bwd(i64 n, T const* y, T const* gy, T beta, T* gx) {
+    using namespace detail;
+    CMapArr<T> yy(y, n), g(gy, n);
+    assign_or_add(MapArr<T>(gx, n), (yy > T(0)).select(g, T(0)), beta);
+  }
+  template <class T>
+  static void tanh_fwd(i64 n, T const* x, T* y) {
+    detail::MapArr<T>(y, n) = detail::CMapArr<T>(x, n).tanh();
+  }
+  template <class T>
+  static void tanh_bwd(i64 n, T const* y, T const* gy, T beta, T* gx) {
+    using namespace detail;
+    CMapArr<T> yy(y, n), g(gy, n);
+    assign_or_add(MapArr<T>(gx, n), g * (T(1) - yy.square()), beta);
+  }
+  template <class T>
+  static void sigmoid_fwd(i64 n, T const* x, T* y) {
+    using namespace detail;
+    MapArr<T>(y, n) = T(1) / (T(1) + (-CMapArr<T>(x, n)).exp());
+  }
+  template <class T>
+  static void sigmoid_bwd(i64 n, T const* y, T const* gy, T beta, T* gx) {
+    using namespace detail;
+    CMapArr<T> yy(y, n), g(gy, n);
+    assign_or_add(MapArr<T>(gx, n), g * yy * (T(1) - yy), beta);
+  }
+
+  // ---- softmax family over the last dim of (rows, cols) ----
+  template <class T>
+  static void log_softmax_fwd(i64 rows, i64 cols, T const* x, T* y) {
+    for (i64 r = 0; r < rows; ++r) {
+      detail::CMapArr<T> xr(x + r * cols, cols);
+      T m = xr.maxCoeff();
+      T lse = m + std::log((xr - m).exp().sum());
+      detail::MapArr<T>(y + r * cols, cols) = xr - lse;
+    }
+  }
+  // gx = beta gx + gy - softmax * rowsum(gy), softmax = exp(y)
+  template <class T>
+  static void log_softmax_bwd(i64 rows, i64 cols, T const* y, T const* gy, T beta, T* gx) {
+    for (i64 r = 0; r < rows; ++r) {
+      detail::CMapArr<T> yr(y + r * cols, cols), g(gy + r * cols, cols);
+      T s = g.sum();
+      detail::assign_or_add(detail::MapArr<T>(gx + r * cols, cols), g - yr.exp() * s, beta);
+    }
+  }
+  // Mean cross-entropy of logits (rows, cols) against class ids; writes softmax probabilities for backward.
+  template <class T>
+  static T cross_entropy_fwd(i64 rows, i64 cols, T const* logits, std::int32_t const* target, T* probs) {
+    T total = 0;
+    for (i64 r = 0; r < rows; ++r) {
+      detail::CMapArr<T> xr(logits + r * cols, cols);
+      detail::MapArr<T> pr(probs + r * cols, cols);
+      T m = xr.maxCoeff();
+      pr = (xr - m).exp();
+      T z = pr.sum();
+      pr /= z;
+      total += (m + std::log(z)) - xr[target[r]];
+    }
+    return rows ? total / T(rows) : T(0);
+  }
+  // gx = beta gx + g * (probs - onehot(target)) / rows
+  template <class T>
+  static void cross_entropy_bwd(i64 rows, i64 cols, T const* probs, std::int32_t const* target, T g, T beta, T* gx) {
+    T s = rows ? g / T(rows) : T(0);
+    detail::assign_or_add(detail::MapArr<T>(gx, rows * cols), s * detail::CMapArr<T>(probs, rows * cols), beta);
+    for (i64 r = 0; r < rows; ++r) gx[r * cols + target[r]] -= s;
+  }
+  // Mean negative log-likelihood of log-probabilities (rows, cols).
+  template <class T>
+  static T nll_fwd(i64 rows, i64 cols, T const* logp, std::int32_t const* target) {
+    T total = 0;
+    for (i64 r = 0; r < rows; ++r) total -= logp[r * cols + target[r]];
+    return rows ? total / T(rows) : T(0);
+  }
+  template <class T>
+  static void nll_bwd(i64 rows, i64 cols, std::int32_t const* target, T g, T beta, T* gx) {
+    if (beta == T(0)) fill(rows * cols, T(0), gx);
+    T s = rows ? g / T(rows) : T(0);
+    for (i64 r = 0; r < rows; ++r) gx[r * cols + target[r]] -= s;
+  }
+  // Mean squared error over n elements.
+  template <class T>
+  static T mse_fwd(i64 n, T const* p, T const* t) {
+    using namespace detail;
+    return n ? (CMapArr<T>(p, n) - CMapArr<T>(t, n)).square().sum() / T(n) : T(0);
+  }
+  // gp = beta gp + g * 2 (p - t) / n
+  template <class T>
+  static void mse_bwd(i64 n, T const* p, T const* t, T g, T beta, T* gp) {
+    using namespace detail;
+    T s = n ? T(2) * g / T(n) : T(0);
+    assign_or_add(MapArr<T>(gp, n), s * (CMapArr<T>(p, n) - CMapArr<T>(t, n)), beta);
+  }
+};
+
+}  // namespace ddp

@@ -1,0 +1,33 @@
+// Kernels<Space>: the math primitives the autograd, layers and optimizers call, one implementation per
+// memory space. Ops are written once over Space; a new space plugs in by specialising Kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "ddp/tensor/memory_space.hpp"
+
+namespace ddp {
+
+// Primary template: a space without kernels is a compile error that says what to include.
+template <MemorySpace S>
+struct Kernels {
+  static_assert(sizeof(S) == 0,
+                "no kernels for this memory space: HostSpace kernels come with <ddp/ddp.hpp>; DeviceSpace kernels "
+                "need <ddp/tensor/device.hpp> and the //:ddp_nccl target");
+};
+
+// Transpose flags for gemm, spelled out rather than bools.
+enum class Trans { kNo, kYes };
+
+// Geometry of a square-kernel 2-D convolution or pooling window over NCHW input.
+struct ConvGeometry {
+  std::int64_t N = 0, C = 0, H = 0, W = 0;  // input
+  std::int64_t O = 0;                       // output channels (conv) or C (pool)
+  std::int64_t k = 1, stride = 1, pad = 0;
+  constexpr std::int64_t OH() const noexcept { return (H + 2 * pad - k) / stride + 1; }
+  constexpr std::int64_t OW() const noexcept { return (W + 2 * pad - k) / stride + 1; }
+  constexpr std::int64_t L() const noexcept { return OH() * OW(); }
+  constexpr std::int64_t patch() const noexcept { return C * k * k; }
+};
+
+}  // namespace ddp

@@ -1,0 +1,95 @@
+// Generator: a seeded, portable random source (PCG32) so runs reproduce across compilers and platforms.
+// std::mt19937 is portable but std::*_distribution are not; every distribution here is defined bit-exactly.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+
+namespace ddp {
+
+// PCG-XSH-RR 32 (O'Neill 2014): 64-bit state, 32-bit output, independent streams. Not thread-safe: one
+// generator per thread/rank. Same seed and stream -> same sequence everywhere.
+class Generator {
+ public:
+  explicit constexpr Generator(std::uint64_t seed = 0x853c49e6748fea9bULL, std::uint64_t stream = 0xda3e39cb94b95bdbULL) noexcept {
+    this->seed(seed, stream);
+  }
+  constexpr void seed(std::uint64_t seed, std::uint64_t stream = 0xda3e39cb94b95bdbULL) noexcept {
+    state_ = 0;
+    inc_ = (stream << 1u) | 1u;
+    next_u32();
+    state_ += seed;
+    next_u32();
+  }
+  constexpr std::uint32_t next_u32() noexcept {
+    std::uint64_t old = state_;
+    state_ = old * 6364136223846793005ULL + inc_;
+    auto xorshifted = static_cast<std::uint32_t>(((old >> 18u) ^ old) >> 27u);
+    auto rot = static_cast<std::uint32_t>(old >> 59u);
+    return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
+  }
+  constexpr std::uint64_t next_u64() noexcept {
+    std::uint64_t hi = next_u32();
+    return (hi << 32) | next_u32();
+  }
+  // Uniform in [0, 1) with 24 random bits (exactly representable in float).
+  constexpr float uniform_float() noexcept { return static_cast<float>(next_u32() >> 8) * 0x1.0p-24f; }
+  // Uniform in [0, 1) with 53 random bits.
+  constexpr double uniform_double() noexcept { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+  // Uniform in [lo, hi).
+  template <class T>
+  constexpr T uniform(T lo, T hi) noexcept {
+    if constexpr (sizeof(T) <= 4)
+      return lo + (hi - lo) * static_cast<T>(uniform_float());
+    else
+      return lo + (hi - lo) * static_cast<T>(uniform_double());
+  }
+  // Uniform integer in [0, bound), unbiased (Lemire's method with rejection).
+  constexpr std::uint32_t below(std::uint32_t bound) noexcept {
+    if (bound <= 1) return 0;
+    std::uint64_t m = std::uint64_t(next_u32()) * bound;
+    auto low = static_cast<std::uint32_t>(m);
+    if (low < bound) {
+      std::uint32_t threshold = (0u - bound) % bound;
+      while (low < threshold) {
+        m = std::uint64_t(next_u32()) * bound;
+        low = static_cast<std::uint32_t>(m);
+      }
+    }
+    return static_cast<std::uint32_t>(m >> 32);
+  }
+  // Standard normal (Box-Muller, both values from 53-bit uniforms; portable given IEEE log/cos/sqrt).
+  double normal() noexcept {
+    if (has_spare_) {
+      has_spare_ = false;
+      return spare_;
+    }
+    double u1 = 1.0 - uniform_double();  // (0, 1]
+    double u2 = uniform_double();
+    double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = r * std::sin(2.0 * std::numbers::pi * u2);
+    has_spare_ = true;
+    return r * std::cos(2.0 * std::numbers::pi * u2);
+  }
+
+  // Fisher-Yates shuffle with this generator (portable, unlike std::shuffle).
+  template <class RandomIt>
+  constexpr void shuffle(RandomIt first, RandomIt last) noexcept {
+    auto n = static_cast<std::uint32_t>(last - first);
+    for (std::uint32_t i = n; i > 1; --i) {
+      std::uint32_t j = below(i);
+      auto tmp = first[i - 1];
+      first[i - 1] = first[j];
+      first[j] = tmp;
+    }
+  }
+
+ private:
+  std::uint64_t state_ = 0;
+  std::uint64_t inc_ = 1;
+  double spare_ = 0;
+  bool has_spare_ = false;
+};
+
+}  // namespace ddp
