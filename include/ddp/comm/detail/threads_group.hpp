@@ -1,0 +1,185 @@
+// The shared state of an in-process rank group: per-rank arrival slots and publications, staging buffers,
+// the group-wide failure record, and the barrier every ThreadsBackend collective is built from.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/detail/wait.hpp"
+#include "ddp/comm/trace.hpp"
+#include "ddp/error.hpp"
+
+namespace ddp {
+
+// ThreadsBackend settings; ThreadsOptions{.timeout = 30s}.
+struct ThreadsOptions {
+  // A collective that waits longer than this for its peers fails, naming the ranks that did not arrive.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Busy-wait before sleeping; negative: 20 us when every rank has a core, 0 when oversubscribed.
+  std::chrono::nanoseconds spin{-1};
+  // all_reduce / broadcast up to this many bytes go through per-rank staging with a single barrier.
+  std::size_t small_bytes = 32 * 1024;
+  // Async collectives in flight per rank before all_reduce_async blocks.
+  std::size_t queue_capacity = 1024;
+  TraceOptions trace{};
+};
+
+namespace detail {
+
+// What a rank announces when it arrives at a collective; peers read it after the barrier.
+struct Publication {
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  Dtype dtype = Dtype::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = -1;
+  std::size_t count = 0;
+  void* out = nullptr;
+  void const* in = nullptr;
+};
+
+struct alignas(64) RankSlot {
+  std::atomic<std::uint64_t> arrived{0};  // number of barriers this rank has reached
+  std::atomic<bool> departed{false};      // its backend was destroyed
+  // Double-buffered by barrier parity: a rank rewrites pub[s % 2] at barrier s + 2 only after every peer
+  // has reached barrier s + 1, i.e. finished reading it.
+  Publication pub[2];
+};
+
+class ThreadsGroup {
+ public:
+  ThreadsGroup(int world_size, ThreadsOptions const& opts)
+      : n_(checked_world_size(world_size)),
+        opts_(opts),
+        slots_(new RankSlot[static_cast<std::size_t>(world_size)]),
+        staging_bytes_((std::max<std::size_t>(opts.small_bytes, 64) + 63) / 64 * 64),
+        staging_(static_cast<std::byte*>(::operator new(staging_bytes_ * 2 * static_cast<std::size_t>(world_size),
+                                                        std::align_val_t{64}))) {
+    unsigned const cores = std::max(1u, std::thread::hardware_concurrency());
+    policy_.spin = opts.spin.count() >= 0 ? opts.spin
+                   : static_cast<unsigned>(world_size) <= cores
+                       ? std::chrono::nanoseconds(std::chrono::microseconds(20))
+                       : std::chrono::nanoseconds(0);
+    policy_.yields = static_cast<unsigned>(world_size) <= cores ? 4 : 16;
+  }
+  ThreadsGroup(ThreadsGroup const&) = delete;
+  ThreadsGroup& operator=(ThreadsGroup const&) = delete;
+  ~ThreadsGroup() { ::operator delete(staging_, std::align_val_t{64}); }
+
+  int world_size() const noexcept { return n_; }
+  ThreadsOptions const& options() const noexcept { return opts_; }
+  WaitPolicy const& policy() const noexcept { return policy_; }
+  RankSlot& slot(int r) noexcept { return slots_[static_cast<std::size_t>(r)]; }
+  std::byte* staging(int r, std::uint64_t seq) noexcept {
+    return staging_ + (static_cast<std::size_t>(r) * 2 + (seq & 1)) * staging_bytes_;
+  }
+  std::size_t staging_bytes() const noexcept { return staging_bytes_; }
+
+  // Records the first failure and wakes every waiter; later calls keep the first cause.
+  void abort(int rank, std::string const& what) {
+    {
+      std::lock_guard lock(failure_mutex_);
+      if (failed_rank_.load(std::memory_order_relaxed) >= 0) return;
+      failure_ = what;
+      failed_rank_.store(rank, std::memory_order_seq_cst);
+    }
+    notifier_.notify_all();
+  }
+  int failed_rank() const noexcept { return failed_rank_.load(std::memory_order_acquire); }
+  std::string failure() const {
+    std::lock_guard lock(failure_mutex_);
+    return failure_;
+  }
+
+  void depart(int rank) noexcept {
+    slot(rank).departed.store(true, std::memory_order_seq_cst);
+    notifier_.notify();
+  }
+
+  // The error a rank raises when the group has failed.
+  CommError failure_error(int rank, CollectiveKind kind, CollectiveTag tag) const {
+    int const f = failed_rank();
+    return CommError(detail::cat("ddp threads: ", name(kind), tag_suffix(tag), " on rank ", rank,
+                                 " aborted because rank ", f, " failed: ", failure()),
+                     f);
+  }
+
+  // Arrives at barrier `seq` (the rank's own count, 1-based) and waits for every peer. Throws CommError
+  // when the group failed, a peer left, or the timeout passed (the latter two also fail the group).
+  void arrive_and_wait(int rank, std::uint64_t seq, CollectiveKind kind, CollectiveTag tag) {
+    slot(rank).arrived.store(seq, std::memory_order_seq_cst);
+    notifier_.notify();
+    if (all_arrived(seq) && failed_rank_.load(std::memory_order_relaxed) < 0) return;
+    auto const deadline = deadline_after(opts_.timeout);
+    notifier_.wait(
+        [&] { return failed_rank_.load(std::memory_order_acquire) >= 0 || all_arrived(seq) || any_left(seq); },
+        policy_, deadline);
+    if (failed_rank() >= 0) throw failure_error(rank, kind, tag);
+    if (all_arrived(seq)) return;
+    std::string missing;
+    bool left = false;
+    for (int k = 0; k < n_; ++k) {
+      if (slot(k).arrived.load(std::memory_order_acquire) >= seq) continue;
+      bool const gone = slot(k).departed.load(std::memory_order_acquire);
+      left = left || gone;
+      missing += detail::cat(missing.empty() ? "" : ", ", k, gone ? " (left: its backend was destroyed)" : "");
+    }
+    std::string const msg =
+        left ? detail::cat("ddp threads: ", name(kind), tag_suffix(tag), " on rank ", rank,
+                           " cannot complete: ranks that will never arrive: ", missing, " (world size ", n_,
+                           "); every rank must issue the same collectives")
+             : detail::cat("ddp threads: ", name(kind), tag_suffix(tag), " on rank ", rank, " timed out after ",
+                           opts_.timeout.count(), " ms; ranks that did not arrive: ", missing, " (world size ", n_,
+                           "); raise ThreadsOptions::timeout if they are just slow");
+    abort(rank, msg);
+    throw CommError(msg, rank);
+  }
+
+  static int checked_world_size(int n) {
+    if (n < 1) throw ArgumentError(detail::cat("ddp threads: world_size must be >= 1, got ", n));
+    return n;
+  }
+
+  static std::string tag_suffix(CollectiveTag tag) {
+    if (tag.empty()) return {};
+    return tag.id >= 0 ? detail::cat(" [", tag.label, tag.label.empty() ? "" : ":", tag.id, "]")
+                       : detail::cat(" [", tag.label, "]");
+  }
+
+ private:
+  bool all_arrived(std::uint64_t seq) const noexcept {
+    for (int k = 0; k < n_; ++k) {
+      if (slots_[static_cast<std::size_t>(k)].arrived.load(std::memory_order_acquire) < seq) return false;
+    }
+    return true;
+  }
+  bool any_left(std::uint64_t seq) const noexcept {
+    for (int k = 0; k < n_; ++k) {
+      auto const& s = slots_[static_cast<std::size_t>(k)];
+      if (s.arrived.load(std::memory_order_acquire) < seq && s.departed.load(std::memory_order_acquire)) return true;
+    }
+    return false;
+  }
+
+  int n_;
+  ThreadsOptions opts_;
+  WaitPolicy policy_{};
+  std::unique_ptr<RankSlot[]> slots_;
+  std::size_t staging_bytes_;
+  std::byte* staging_;
+  alignas(64) std::atomic<int> failed_rank_{-1};
+  mutable std::mutex failure_mutex_;
+  std::string failure_;
+  Notifier notifier_;
+};
+
+}  // namespace detail
+}  // namespace ddp
