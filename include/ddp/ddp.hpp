@@ -7,3 +7,5 @@
 #include "ddp/tensor/random.hpp"
 #include "ddp/tensor/tensor.hpp"
 #include "ddp/autograd/autograd.hpp"
+#include "ddp/nn/nn.hpp"
+#include "ddp/optim/optim.hpp"

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "ddp/tensor/host_conv_kernels.hpp"
+#include "ddp/tensor/host_optim_kernels.hpp"
 #include "ddp/tensor/kernels.hpp"
 
 namespace ddp {
@@ -40,7 +41,7 @@ DDP_ALWAYS_INLINE void assign_or_add(Dst&& dst, Expr const& expr, T beta) {
 }  // namespace detail
 
 template <>
-struct Kernels<HostSpace> : HostConvKernels {
+struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
   using i64 = std::int64_t;
 
   // C(M,N) = alpha * op(A) * op(B) + beta * C, row-major, op(A) is (M,K), op(B) is (K,N).

@@ -31,3 +31,19 @@ struct ConvGeometry {
 };
 
 }  // namespace ddp
+
+#include "ddp/tensor/tensor.hpp"
+
+namespace ddp {
+// Copies a host tensor into space S (the same tensor when S is HostSpace).
+template <MemorySpace S, class T>
+Tensor<T, S> to_space(Tensor<T, HostSpace> const& h) {
+  if constexpr (std::same_as<S, HostSpace>) {
+    return h;
+  } else {
+    Tensor<T, S> d(h.shape());
+    Kernels<S>::from_host(h.numel(), h.data(), d.data());
+    return d;
+  }
+}
+}  // namespace ddp

@@ -1,0 +1,8 @@
+// The nn layer: Model concept, layers, containers and the flat parameter arena.
+#pragma once
+
+#include "ddp/nn/init.hpp"
+#include "ddp/nn/layers.hpp"
+#include "ddp/nn/module.hpp"
+#include "ddp/nn/parameter_arena.hpp"
+#include "ddp/nn/sequential.hpp"

@@ -1,0 +1,102 @@
+// ParameterArena: packs a model's parameters and gradients into two flat buffers, laid out in reverse
+// registration order (bucket order), and points every parameter at its slice.
+#pragma once
+
+#include <algorithm>
+#include <span>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "ddp/nn/module.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp::nn {
+
+// After construction, each parameter's value and grad are views into values() / grads(); layers keep
+// working unchanged because they hold the same nodes. Layout: the last-registered parameter first, so the
+// gradients that backward produces first are contiguous at the front (a DDP bucket is a slice).
+// One arena per model: packing a model twice re-points its parameters at the newer arena.
+template <class T = float, MemorySpace S = HostSpace>
+class ParameterArena {
+ public:
+  using value_type = T;
+  using space = S;
+
+  struct Entry {
+    std::string name;
+    Shape shape;
+    std::int64_t offset = 0;  // in elements, into values()/grads()
+    std::int64_t numel = 0;
+    Variable<T, S> var;
+  };
+
+  ParameterArena() = default;
+  template <Model M>
+    requires std::same_as<typename M::value_type, T> && std::same_as<typename M::space, S>
+  explicit ParameterArena(M const& model) : ParameterArena(model.named_parameters()) {}
+
+  explicit ParameterArena(std::vector<NamedParameter<T, S>> const& params) {
+    using K = Kernels<S>;
+    std::unordered_set<Node<T, S> const*> seen;
+    for (auto const& p : params) {
+      if (!p.var.defined()) throw ArgumentError(ddp::detail::cat("parameter '", p.name, "' is undefined"));
+      if (!p.var.is_leaf() || !p.var.requires_grad())
+        throw ArgumentError(ddp::detail::cat("parameter '", p.name, "' must be a leaf that requires grad"));
+      if (!seen.insert(&p.var.node()).second) continue;  // shared weights: packed once, under the first name
+      entries_.push_back({p.name, p.var.shape(), 0, p.var.numel(), p.var});
+    }
+    std::int64_t off = 0;
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+      it->offset = off;
+      off += it->numel;
+    }
+    values_ = Tensor<T, S>(Shape{off});
+    grads_ = Tensor<T, S>(Shape{off});
+    for (auto& e : entries_) {
+      auto& n = e.var.node();
+      K::copy(e.numel, n.value.data(), values_.data() + e.offset);
+      bool const had_grad = n.grad_defined;
+      if (had_grad) K::copy(e.numel, n.grad.data(), grads_.data() + e.offset);
+      n.value = Tensor<T, S>::view(values_.owner(), values_.data() + e.offset, e.shape);
+      n.grad = Tensor<T, S>::view(grads_.owner(), grads_.data() + e.offset, e.shape);
+      n.grad_defined = had_grad;
+    }
+  }
+
+  // Parameters in registration order (names and shapes as the model reports them).
+  std::vector<Entry> const& entries() const noexcept { return entries_; }
+  std::size_t count() const noexcept { return entries_.size(); }
+  std::int64_t numel() const noexcept { return values_.numel(); }
+  Tensor<T, S> const& values() const noexcept { return values_; }
+  Tensor<T, S> const& grads() const noexcept { return grads_; }
+  Entry const& find(std::string const& name) const {
+    for (auto const& e : entries_)
+      if (e.name == name) return e;
+    throw ArgumentError(ddp::detail::cat("no parameter named '", name, "'"));
+  }
+
+  // Forget all gradients in O(#parameters), touching no memory: the next backward overwrites them.
+  void zero_grad() noexcept {
+    for (auto& e : entries_) e.var.node().grad_defined = false;
+  }
+  bool all_grads_defined() const noexcept {
+    return std::all_of(entries_.begin(), entries_.end(), [](Entry const& e) { return e.var.node().grad_defined; });
+  }
+  // Writes zeros into the gradients no backward produced, so the whole grads() buffer is valid.
+  void materialize_grads() {
+    for (auto& e : entries_) {
+      auto& n = e.var.node();
+      if (!n.grad_defined) {
+        Kernels<S>::fill(e.numel, T(0), grads_.data() + e.offset);
+        n.grad_defined = true;
+      }
+    }
+  }
+
+ private:
+  std::vector<Entry> entries_;
+  Tensor<T, S> values_, grads_;
+};
+
+}  // namespace ddp::nn

@@ -1,0 +1,195 @@
+// Sequential containers: a compile-time one (layers in a tuple, no virtual calls) and AnySequential,
+// built at run time from type-erased layers (for models read from a file).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ddp/nn/module.hpp"
+
+namespace ddp::nn {
+
+// A layer with an explicit name in its container ("fc1" gives "fc1.weight"); unnamed layers get their index.
+template <Model M>
+struct Named {
+  std::string name;
+  M layer;
+};
+template <Model M>
+Named<M> named(std::string name, M layer) {
+  return {std::move(name), std::move(layer)};
+}
+
+namespace detail {
+template <class L>
+struct unwrap_named {
+  using type = L;
+};
+template <class M>
+struct unwrap_named<Named<M>> {
+  using type = M;
+};
+}  // namespace detail
+
+// Applies its layers in order. Parameters are named "<index or name>.<param>", in layer order.
+template <class... Ls>
+class Sequential {
+  using First = typename detail::unwrap_named<std::tuple_element_t<0, std::tuple<Ls...>>>::type;
+
+ public:
+  using value_type = typename First::value_type;
+  using space = typename First::space;
+  using V = Variable<value_type, space>;
+
+  explicit Sequential(Ls... layers) : layers_(std::move(layers)...) {}
+
+  V forward(V const& x) {
+    V h = x;
+    std::apply([&](auto&... l) { ((h = layer_of(l).forward(h)), ...); }, layers_);
+    return h;
+  }
+  V operator()(V const& x) { return forward(x); }
+
+  std::vector<NamedParameter<value_type, space>> named_parameters() const {
+    auto [ps, bs] = collect();
+    return ps;
+  }
+  std::vector<NamedBuffer<value_type, space>> named_buffers() const {
+    auto [ps, bs] = collect();
+    return bs;
+  }
+  void set_mode(Mode m) {
+    mode_ = m;
+    std::apply([&](auto&... l) { (layer_of(l).set_mode(m), ...); }, layers_);
+  }
+  Mode mode() const noexcept { return mode_; }
+
+  // The i-th layer (unwrapped from Named).
+  template <std::size_t I>
+  auto& get() {
+    return layer_of(std::get<I>(layers_));
+  }
+
+ private:
+  template <class L>
+  static auto& layer_of(L& l) {
+    if constexpr (requires { l.layer; }) return l.layer; else return l;
+  }
+  template <class L>
+  static auto const& layer_of(L const& l) {
+    if constexpr (requires { l.layer; }) return l.layer; else return l;
+  }
+  template <class L>
+  static std::string name_of(L const& l, std::size_t i) {
+    if constexpr (requires { l.name; }) return l.name; else return std::to_string(i);
+  }
+  auto collect() const {
+    std::vector<NamedParameter<value_type, space>> ps;
+    std::vector<NamedBuffer<value_type, space>> bs;
+    std::size_t i = 0;
+    std::apply([&](auto const&... l) { ((append_prefixed(name_of(l, i), layer_of(l), ps, bs), ++i), ...); }, layers_);
+    return std::pair{std::move(ps), std::move(bs)};
+  }
+
+  std::tuple<Ls...> layers_;
+  Mode mode_ = Mode::kTrain;
+};
+
+// Type-erased model handle (shares the wrapped model).
+template <class T = float, MemorySpace S = HostSpace>
+class AnyModel {
+ public:
+  using value_type = T;
+  using space = S;
+
+  template <Model M>
+    requires(!std::same_as<std::decay_t<M>, AnyModel>)
+  AnyModel(M m) : p_(std::make_shared<Impl<M>>(std::move(m))) {}
+
+  Variable<T, S> forward(Variable<T, S> const& x) { return p_->forward(x); }
+  Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }
+  std::vector<NamedParameter<T, S>> named_parameters() const { return p_->named_parameters(); }
+  std::vector<NamedBuffer<T, S>> named_buffers() const { return p_->named_buffers(); }
+  void set_mode(Mode m) { p_->set_mode(m); }
+  Mode mode() const { return p_->mode(); }
+
+ private:
+  struct Base {
+    virtual ~Base() = default;
+    virtual Variable<T, S> forward(Variable<T, S> const&) = 0;
+    virtual std::vector<NamedParameter<T, S>> named_parameters() const = 0;
+    virtual std::vector<NamedBuffer<T, S>> named_buffers() const = 0;
+    virtual void set_mode(Mode) = 0;
+    virtual Mode mode() const = 0;
+  };
+  template <class M>
+  struct Impl final : Base {
+    M m;
+    explicit Impl(M x) : m(std::move(x)) {}
+    Variable<T, S> forward(Variable<T, S> const& x) override { return m.forward(x); }
+    std::vector<NamedParameter<T, S>> named_parameters() const override { return m.named_parameters(); }
+    std::vector<NamedBuffer<T, S>> named_buffers() const override { return m.named_buffers(); }
+    void set_mode(Mode md) override { m.set_mode(md); }
+    Mode mode() const override { return m.mode(); }
+  };
+  std::shared_ptr<Base> p_;
+};
+
+// Sequential built at run time: push_back(name, layer).
+template <class T = float, MemorySpace S = HostSpace>
+class AnySequential {
+ public:
+  using value_type = T;
+  using space = S;
+
+  template <Model M>
+  AnySequential& push_back(std::string name, M layer) {
+    layers_.push_back({std::move(name), AnyModel<T, S>(std::move(layer))});
+    return *this;
+  }
+  template <Model M>
+  AnySequential& push_back(M layer) {
+    return push_back(std::to_string(layers_.size()), std::move(layer));
+  }
+  std::size_t size() const noexcept { return layers_.size(); }
+
+  Variable<T, S> forward(Variable<T, S> const& x) {
+    Variable<T, S> h = x;
+    for (auto& l : layers_) h = l.layer.forward(h);
+    return h;
+  }
+  Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }
+  std::vector<NamedParameter<T, S>> named_parameters() const {
+    std::vector<NamedParameter<T, S>> ps;
+    std::vector<NamedBuffer<T, S>> bs;
+    for (auto& l : layers_) append_prefixed(l.name, l.layer, ps, bs);
+    return ps;
+  }
+  std::vector<NamedBuffer<T, S>> named_buffers() const {
+    std::vector<NamedParameter<T, S>> ps;
+    std::vector<NamedBuffer<T, S>> bs;
+    for (auto& l : layers_) append_prefixed(l.name, l.layer, ps, bs);
+    return bs;
+  }
+  void set_mode(Mode m) {
+    mode_ = m;
+    for (auto& l : layers_) l.layer.set_mode(m);
+  }
+  Mode mode() const noexcept { return mode_; }
+
+ private:
+  struct Entry {
+    std::string name;
+    AnyModel<T, S> layer;
+  };
+  std::vector<Entry> layers_;
+  Mode mode_ = Mode::kTrain;
+};
+
+static_assert(Model<AnySequential<>>);
+static_assert(Model<AnyModel<>>);
+
+}  // namespace ddp::nn

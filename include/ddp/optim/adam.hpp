@@ -1,0 +1,95 @@
+// Adam (L2 weight decay) and AdamW (decoupled weight decay): PyTorch 1.13's update rules, one fused pass.
+#pragma once
+
+#include <cmath>
+
+#include "ddp/optim/optimizer.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp::optim {
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // Adam's default; AdamW's PyTorch default is 0.01 (see AdamWOptions)
+};
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+// Decoupled selects AdamW. Bias correction uses per-parameter step counts starting at 1.
+template <class T, MemorySpace S, bool Decoupled>
+class basic_adam {
+ public:
+  using value_type = T;
+  using options_type = std::conditional_t<Decoupled, AdamWOptions, AdamOptions>;
+  static std::string name() { return Decoupled ? "adamw" : "adam"; }
+
+  basic_adam(nn::ParameterArena<T, S> arena, options_type opt) : arena_(std::move(arena)), opt_(opt) {
+    if (!(opt.lr >= 0)) throw ArgumentError(ddp::detail::cat(name(), ": lr must be >= 0, got ", opt.lr));
+    if (!(opt.beta1 >= 0 && opt.beta1 < 1) || !(opt.beta2 >= 0 && opt.beta2 < 1))
+      throw ArgumentError(ddp::detail::cat(name(), ": betas must be in [0, 1), got (", opt.beta1, ", ", opt.beta2, ")"));
+    if (!(opt.eps >= 0)) throw ArgumentError(ddp::detail::cat(name(), ": eps must be >= 0, got ", opt.eps));
+    if (!(opt.weight_decay >= 0)) throw ArgumentError(ddp::detail::cat(name(), ": weight_decay must be >= 0, got ", opt.weight_decay));
+    counters_.assign(arena_.count(), 0);
+    exp_avg_ = Tensor<T, S>(Shape{arena_.numel()});
+    exp_avg_sq_ = Tensor<T, S>(Shape{arena_.numel()});
+    Kernels<S>::fill(arena_.numel(), T(0), exp_avg_.data());
+    Kernels<S>::fill(arena_.numel(), T(0), exp_avg_sq_.data());
+  }
+
+  void step() {
+    detail::for_each_run(arena_, counters_, [&](std::size_t first, std::size_t last, std::int64_t off, std::int64_t n) {
+      double const t = double(counters_[last] + 1);
+      double const bc1 = 1.0 - std::pow(opt_.beta1, t), bc2 = 1.0 - std::pow(opt_.beta2, t);
+      AdamStep<T> p{T(opt_.lr), T(opt_.beta1), T(opt_.beta2), T(opt_.eps), T(opt_.weight_decay), Decoupled,
+                    T(opt_.lr / bc1), T(std::sqrt(bc2))};
+      Kernels<S>::adam_update(n, arena_.values().data() + off, arena_.grads().data() + off, exp_avg_.data() + off,
+                              exp_avg_sq_.data() + off, p);
+      for (std::size_t k = first; k <= last; ++k) ++counters_[k];
+    });
+  }
+  void zero_grad() { arena_.zero_grad(); }
+  double lr() const noexcept { return opt_.lr; }
+  void set_lr(double lr) { opt_.lr = lr; }
+  options_type const& options() const noexcept { return opt_; }
+
+  OptimizerState<T> state() const {
+    return {name(), opt_.lr, counters_, {{"exp_avg", host_copy(exp_avg_)}, {"exp_avg_sq", host_copy(exp_avg_sq_)}}};
+  }
+  void load_state(OptimizerState<T> const& st) {
+    detail::check_state(st, name(), arena_.count(), arena_.numel(), {"exp_avg", "exp_avg_sq"});
+    counters_ = st.counters;
+    opt_.lr = st.lr;
+    Kernels<S>::from_host(arena_.numel(), st.buffers[0].data.data(), exp_avg_.data());
+    Kernels<S>::from_host(arena_.numel(), st.buffers[1].data.data(), exp_avg_sq_.data());
+  }
+
+ private:
+  static std::vector<T> host_copy(Tensor<T, S> const& t) {
+    std::vector<T> v(static_cast<std::size_t>(t.numel()));
+    Kernels<S>::to_host(t.numel(), t.data(), v.data());
+    return v;
+  }
+
+  nn::ParameterArena<T, S> arena_;
+  options_type opt_;
+  std::vector<std::int64_t> counters_;
+  Tensor<T, S> exp_avg_, exp_avg_sq_;
+};
+
+template <class T = float, MemorySpace S = HostSpace>
+using basic_adam_l2 = basic_adam<T, S, false>;
+template <class T = float, MemorySpace S = HostSpace>
+using basic_adamw = basic_adam<T, S, true>;
+using Adam = basic_adam<float, HostSpace, false>;
+using AdamW = basic_adam<float, HostSpace, true>;
+static_assert(Optimizer<Adam> && Optimizer<AdamW>);
+
+}  // namespace ddp::optim

@@ -1,0 +1,78 @@
+// SGD with momentum, dampening, Nesterov and weight decay: PyTorch 1.13's update rule, one fused pass.
+#pragma once
+
+#include "ddp/optim/optimizer.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp::optim {
+
+struct SgdOptions {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+// Deterministic: the same gradients give bitwise the same parameters on every rank and run.
+template <class T = float, MemorySpace S = HostSpace>
+class basic_sgd {
+ public:
+  using value_type = T;
+  static std::string name() { return "sgd"; }
+
+  basic_sgd(nn::ParameterArena<T, S> arena, SgdOptions opt) : arena_(std::move(arena)), opt_(opt) {
+    if (!(opt.lr >= 0)) throw ArgumentError(ddp::detail::cat("SGD: lr must be >= 0, got ", opt.lr));
+    if (!(opt.momentum >= 0)) throw ArgumentError(ddp::detail::cat("SGD: momentum must be >= 0, got ", opt.momentum));
+    if (!(opt.weight_decay >= 0)) throw ArgumentError(ddp::detail::cat("SGD: weight_decay must be >= 0, got ", opt.weight_decay));
+    if (opt.nesterov && (opt.momentum <= 0 || opt.dampening != 0))
+      throw ArgumentError("SGD: nesterov needs momentum > 0 and dampening = 0");
+    counters_.assign(arena_.count(), 0);
+    if (opt.momentum != 0) momentum_ = Tensor<T, S>(Shape{arena_.numel()});
+  }
+
+  void step() {
+    detail::for_each_run(arena_, counters_, [&](std::size_t first, std::size_t last, std::int64_t off, std::int64_t n) {
+      SgdStep<T> p{T(opt_.lr), T(opt_.momentum), T(opt_.dampening), T(opt_.weight_decay), opt_.nesterov,
+                   counters_[last] == 0};
+      Kernels<S>::sgd_update(n, arena_.values().data() + off, arena_.grads().data() + off,
+                             momentum_.defined() ? momentum_.data() + off : nullptr, p);
+      for (std::size_t k = first; k <= last; ++k) ++counters_[k];
+    });
+  }
+  void zero_grad() { arena_.zero_grad(); }
+  double lr() const noexcept { return opt_.lr; }
+  void set_lr(double lr) { opt_.lr = lr; }
+  SgdOptions const& options() const noexcept { return opt_; }
+
+  OptimizerState<T> state() const {
+    OptimizerState<T> st{name(), opt_.lr, counters_, {}};
+    if (momentum_.defined()) st.buffers.push_back({"momentum_buffer", host_copy(momentum_)});
+    return st;
+  }
+  void load_state(OptimizerState<T> const& st) {
+    std::vector<std::string> names;
+    if (momentum_.defined()) names.push_back("momentum_buffer");
+    detail::check_state(st, name(), arena_.count(), arena_.numel(), names);
+    counters_ = st.counters;
+    opt_.lr = st.lr;
+    if (momentum_.defined()) Kernels<S>::from_host(arena_.numel(), st.buffers[0].data.data(), momentum_.data());
+  }
+
+ private:
+  static std::vector<T> host_copy(Tensor<T, S> const& t) {
+    std::vector<T> v(static_cast<std::size_t>(t.numel()));
+    Kernels<S>::to_host(t.numel(), t.data(), v.data());
+    return v;
+  }
+
+  nn::ParameterArena<T, S> arena_;
+  SgdOptions opt_;
+  std::vector<std::int64_t> counters_;  // steps taken per parameter (0: momentum not yet initialised)
+  Tensor<T, S> momentum_;
+};
+
+using SGD = basic_sgd<>;
+static_assert(Optimizer<SGD>);
+
+}  // namespace ddp::optim
