@@ -38,6 +38,7 @@ void backward(Variable<T, S> const& root, Tensor<T, S> const& grad_output = {}, 
   std::vector<std::pair<N*, int>> stack;
   r.visit_epoch = epoch;
   r.pending = 0;
+  if (!r.is_leaf) r.grad_defined = false;  // seed, do not add to the seed a previous backward left here
   stack.emplace_back(&r, 0);
   while (!stack.empty()) {
     auto& [n, i] = stack.back();
@@ -46,10 +47,16 @@ void backward(Variable<T, S> const& root, Tensor<T, S> const& grad_output = {}, 
       if (p->visit_epoch != epoch) {
         p->visit_epoch = epoch;
         p->pending = 0;
-        if (p->is_leaf)
+        if (p->is_leaf) {
           order.push_back(p);
-        else
+        } else {
+          // Checked before any gradient is touched: running a freed closure is undefined behaviour.
+          if (p->released())
+            throw ArgumentError(detail::cat("backward() reaches op '", p->op, "', whose graph an earlier backward freed; "
+                                            "pass BackwardOptions{.retain_graph = true} to that backward"));
+          p->grad_defined = false;  // interior gradients are this sweep's scratch (an old root kept its seed)
           stack.emplace_back(p, 0);
+        }
       }
       ++p->pending;
     } else {
