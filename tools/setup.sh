@@ -9,6 +9,7 @@ PKGS=(
   mpich libmpich-dev   # MPI backend and mpirun
   doctest-dev          # unit tests
   zlib1g-dev           # gzip IDX reader
+  nlohmann-json3-dev   # JSON (fixture meta.json, trace files)
   dataset-fashion-mnist  # the main job's data under /usr/share/datasets/fashion-mnist
 )
 

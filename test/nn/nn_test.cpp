@@ -1,0 +1,136 @@
+// nn: layer initialisation, parameter names/order, containers, train/eval, BatchNorm buffers, the arena.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "ddp/ddp.hpp"
+
+using namespace ddp;
+
+TEST_CASE("Linear and Conv2d follow PyTorch's default init bounds and shapes") {
+  Generator g(42);
+  nn::Linear l(100, 7, g);
+  CHECK(l.weight.shape() == Shape{7, 100});
+  CHECK(l.bias.shape() == Shape{7});
+  double const bound = 1.0 / std::sqrt(100.0);
+  double maxabs = 0;
+  for (std::int64_t i = 0; i < 700; ++i) maxabs = std::max(maxabs, double(std::abs(l.weight.value()[i])));
+  CHECK(maxabs <= bound);
+  CHECK(maxabs > 0.9 * bound);  // fills the range
+  nn::Conv2d c(3, 8, 5, g, {.stride = 2, .padding = 1});
+  CHECK(c.weight.shape() == Shape{8, 3, 5, 5});
+  double cb = 1.0 / std::sqrt(75.0), cm = 0;
+  for (std::int64_t i = 0; i < c.weight.numel(); ++i) cm = std::max(cm, double(std::abs(c.weight.value()[i])));
+  CHECK(cm <= cb);
+  auto y = c(Var(zeros<float>({2, 3, 11, 11})));
+  CHECK(y.shape() == Shape{2, 8, 5, 5});
+}
+
+TEST_CASE("init is reproducible from the seed") {
+  Generator a(7), b(7), c(8);
+  nn::Linear la(5, 5, a), lb(5, 5, b), lc(5, 5, c);
+  for (std::int64_t i = 0; i < 25; ++i) CHECK(la.weight.value()[i] == lb.weight.value()[i]);
+  bool differs = false;
+  for (std::int64_t i = 0; i < 25; ++i) differs |= la.weight.value()[i] != lc.weight.value()[i];
+  CHECK(differs);
+}
+
+TEST_CASE("Sequential names parameters by index or given name, in registration order") {
+  Generator g(1);
+  nn::Sequential s(nn::named("fc1", nn::Linear(4, 3, g)), nn::ReLU(), nn::Linear(3, 2, g));
+  auto ps = s.named_parameters();
+  REQUIRE(ps.size() == 4);
+  CHECK(ps[0].name == "fc1.weight");
+  CHECK(ps[1].name == "fc1.bias");
+  CHECK(ps[2].name == "2.weight");
+  CHECK(ps[3].name == "2.bias");
+  static_assert(nn::Model<decltype(s)>);
+  static_assert(!nn::Model<int>);
+
+  nn::AnySequential<float> d;
+  d.push_back("a", nn::Linear(4, 3, g)).push_back(nn::Tanh()).push_back("b", nn::Linear(3, 2, g));
+  auto dp = d.named_parameters();
+  REQUIRE(dp.size() == 4);
+  CHECK(dp[2].name == "b.weight");
+  CHECK(d(Var(zeros<float>({5, 4}))).shape() == Shape{5, 2});
+}
+
+TEST_CASE("BatchNorm2d: batch statistics in training, running estimates in eval") {
+  nn::BatchNorm2d bn(2, {.momentum = 0.5});
+  auto bufs = bn.named_buffers();
+  REQUIRE(bufs.size() == 2);
+  CHECK(bufs[0].name == "running_mean");
+  Tensor<float> x(Shape{2, 2, 1, 2});
+  float vals[] = {1, 3, 10, 10, 5, 7, 20, 30};  // channel 0: 1,3,5,7 channel 1: 10,10,20,30
+  for (int i = 0; i < 8; ++i) x[i] = vals[i];
+  auto y = bn(Var(x));
+  // channel 0: mean 4, biased var 5 -> (1-4)/sqrt(5+eps)
+  CHECK(y.value()[0] == doctest::Approx(-3.0 / std::sqrt(5.0 + 1e-5)).epsilon(1e-5));
+  CHECK(bn.running_mean[0] == doctest::Approx(0.5 * 4));
+  CHECK(bn.running_var[0] == doctest::Approx(0.5 * 1 + 0.5 * (20.0 / 3.0)));  // unbiased var 20/3
+  bn.set_mode(Mode::kEval);
+  auto ye = bn(Var(x));
+  CHECK(ye.value()[0] == doctest::Approx((1 - 2.0) / std::sqrt(0.5 + 10.0 / 3.0 + 1e-5)).epsilon(1e-5));
+}
+
+TEST_CASE("Dropout: seeded masks, identity in eval, scale 1/(1-p)") {
+  nn::Dropout d1(0.25, 3), d2(0.25, 3);
+  auto x = Var(full<float>({1000}, 1.0f));
+  auto a = d1(x), b = d2(x);
+  int zeros_n = 0;
+  for (int i = 0; i < 1000; ++i) {
+    CHECK(a.value()[i] == b.value()[i]);
+    CHECK((a.value()[i] == 0.0f || a.value()[i] == doctest::Approx(1.0f / 0.75f)));
+    zeros_n += a.value()[i] == 0.0f;
+  }
+  CHECK(zeros_n > 180);
+  CHECK(zeros_n < 320);
+  d1.set_mode(Mode::kEval);
+  auto e = d1(x);
+  for (int i = 0; i < 1000; ++i) CHECK(e.value()[i] == 1.0f);
+}
+
+TEST_CASE("ParameterArena packs in reverse registration order and parameters become views") {
+  Generator g(3);
+  nn::Sequential s(nn::Linear(4, 3, g), nn::ReLU(), nn::Linear(3, 2, g));
+  auto before = s.named_parameters();
+  std::vector<float> w0;
+  for (auto& p : before)
+    for (std::int64_t i = 0; i < p.var.numel(); ++i) w0.push_back(p.var.value()[i]);
+  nn::ParameterArena<float> arena(s);
+  auto const& es = arena.entries();
+  REQUIRE(es.size() == 4);
+  CHECK(arena.numel() == 12 + 3 + 6 + 2);
+  CHECK(es[3].offset == 0);  // last registered first
+  CHECK(es[2].offset == 2);
+  CHECK(es[1].offset == 8);
+  CHECK(es[0].offset == 11);
+  // Values were preserved and live in the arena.
+  std::size_t k = 0;
+  for (auto& e : es) {
+    CHECK(e.var.value().data() == arena.values().data() + e.offset);
+    for (std::int64_t i = 0; i < e.numel; ++i) CHECK(e.var.value()[i] == w0[k++]);
+  }
+  // Gradients land in the grad arena; zero_grad forgets them without touching memory.
+  backward(sum(s(Var(full<float>({2, 4}, 1.0f)))));
+  CHECK(arena.all_grads_defined());
+  CHECK(es[3].var.grad().data() == arena.grads().data());
+  CHECK(es[3].var.grad()[0] == doctest::Approx(2.0f));  // d/db of a sum over 2 rows
+  arena.zero_grad();
+  CHECK_FALSE(arena.all_grads_defined());
+  backward(sum(s(Var(full<float>({1, 4}, 1.0f)))));
+  CHECK(es[3].var.grad()[0] == doctest::Approx(1.0f));  // overwritten, not accumulated
+  arena.zero_grad();
+  arena.materialize_grads();
+  for (std::int64_t i = 0; i < arena.numel(); ++i) CHECK(arena.grads()[i] == 0.0f);
+}
+
+TEST_CASE("ParameterArena rejects non-parameters and packs shared weights once") {
+  Var c(zeros<float>({2}));
+  CHECK_THROWS_WITH_AS(nn::ParameterArena<float>(std::vector<nn::NamedParameter<float, HostSpace>>{{"c", c}}),
+                       doctest::Contains("'c'"), ArgumentError);
+  Var w(zeros<float>({3}), RequiresGrad::kYes);
+  nn::ParameterArena<float> a(std::vector<nn::NamedParameter<float, HostSpace>>{{"w", w}, {"tied", w}});
+  CHECK(a.count() == 1);
+  CHECK(a.numel() == 3);
+}
