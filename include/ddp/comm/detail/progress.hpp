@@ -84,11 +84,15 @@ class ProgressQueue : public CompletionState {
   ProgressQueue(ProgressQueue const&) = delete;
   ProgressQueue& operator=(ProgressQueue const&) = delete;
 
-  ~ProgressQueue() {
+  ~ProgressQueue() { stop(); }
+
+  // Runs what is queued, then ends the thread (a later submit() starts a new one).
+  void stop() {
     if (!worker_.joinable()) return;
     stop_.store(true, std::memory_order_seq_cst);
     work_notifier_.notify_all();
     worker_.join();
+    stop_.store(false, std::memory_order_relaxed);
   }
 
   // Enqueues and returns the request's handle; blocks only while `capacity` requests are in flight.
@@ -114,7 +118,7 @@ class ProgressQueue : public CompletionState {
 
  private:
   void run() {
-    std::uint64_t next = 1;
+    std::uint64_t next = done_.load(std::memory_order_acquire) + 1;
     // The idle worker sleeps quickly: it shares the cores with the rank's compute.
     WaitPolicy idle = policy_;
     idle.spin = std::min(idle.spin, std::chrono::nanoseconds(std::chrono::microseconds(5)));

@@ -1,0 +1,154 @@
+// MpiSession: owns MPI initialisation (MPI_THREAD_MULTIPLE) for one program, knows the rank's place on its
+// node, and turns a failing rank into a clear message plus MPI_Abort (ddp::mpi_main).
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "ddp/error.hpp"
+
+namespace ddp {
+
+namespace detail {
+inline std::string mpi_error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return cat("MPI error code ", code);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+// A rank that calls std::exit() mid-run would leave its peers blocked in a collective (Hydra reports a
+// plain exit without naming the rank, or not at all). MpiSession arms this std::atexit hook, which names
+// the rank and calls MPI_Abort. It is a function-local static because atexit callbacks take no context;
+// it holds two ints and a flag, owned by the one live MpiSession.
+struct ExitGuard {
+  std::atomic<bool> armed{false};
+  std::atomic<int> rank{-1};
+  std::atomic<int> world_size{0};
+};
+inline ExitGuard& exit_guard() noexcept {
+  static ExitGuard guard;
+  return guard;
+}
+inline void abort_if_exiting_mid_run() noexcept {
+  ExitGuard& g = exit_guard();
+  if (!g.armed.load()) return;
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  std::fprintf(stderr,
+               "ddp: rank %d of %d exited (std::exit) before MPI_Finalize, leaving its peers in a collective; "
+               "aborting the MPI job (MPI_Abort)\n",
+               g.rank.load(), g.world_size.load());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+}  // namespace detail
+
+// Initialises MPI with MPI_THREAD_MULTIPLE, unless the program already did (then the level is checked), and
+// finalises it on destruction only if it initialised it. No global state: create exactly one, in main.
+//
+// Why MULTIPLE and not SERIALIZED/FUNNELED: MpiBackend runs async collectives on a progress thread while
+// the user's thread may make its own MPI calls (its own communicators, MPI_Abort on failure); SERIALIZED
+// would make every such call a data race unless the user knew to stay off MPI during backward. ddp never
+// runs two collectives on one communicator at once (blocking collectives wait for the queue to drain).
+class MpiSession {
+ public:
+  MpiSession() : MpiSession(nullptr, nullptr) {}
+  MpiSession(int& argc, char**& argv) : MpiSession(&argc, &argv) {}
+  MpiSession(MpiSession const&) = delete;
+  MpiSession& operator=(MpiSession const&) = delete;
+  ~MpiSession() {
+    detail::exit_guard().armed.store(false);
+    if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_ && !finalized) MPI_Finalize();
+  }
+
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+  // From MPI itself (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)): the ranks sharing this node.
+  int local_rank() const noexcept { return local_rank_; }
+  int local_size() const noexcept { return local_size_; }
+
+  // Prints "ddp: rank R of N failed: <why>; aborting the MPI job" and ends every rank of the job.
+  [[noreturn]] void abort(std::string_view why, int code = 1) const noexcept {
+    std::fprintf(stderr, "ddp: rank %d of %d failed: %.*s; aborting the MPI job (MPI_Abort)\n", rank_, world_size_,
+                 static_cast<int>(why.size()), why.data());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] honest if it ever did
+  }
+
+ private:
+  MpiSession(int* argc, char*** argv) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = 0;
+    if (initialized) {
+      MPI_Query_thread(&provided);
+    } else {
+      if (int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided); rc != MPI_SUCCESS) {
+        throw CommError(detail::cat("ddp mpi: MPI_Init_thread failed: ", detail::mpi_error_string(rc)));
+      }
+      owns_ = true;
+    }
+    if (provided < MPI_THREAD_MULTIPLE) {
+      throw CommError(detail::cat("ddp mpi: MPI provides thread level ", provided,
+                                  " but ddp's progress thread needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
+                                  "); use an MPI built with thread support, or let MpiSession initialise MPI"));
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_comm_);
+    MPI_Comm_rank(local_comm_, &local_rank_);
+    MPI_Comm_size(local_comm_, &local_size_);
+    static bool const hooked = std::atexit(detail::abort_if_exiting_mid_run) == 0;
+    if (hooked) {
+      detail::exit_guard().rank.store(rank_);
+      detail::exit_guard().world_size.store(world_size_);
+      detail::exit_guard().armed.store(true);
+    }
+  }
+
+  bool owns_ = false;
+  int rank_ = 0;
+  int world_size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  MPI_Comm local_comm_ = MPI_COMM_NULL;
+};
+
+// The recommended main for MPI programs: return ddp::mpi_main(argc, argv, [](ddp::MpiSession& s) { ... });
+// Any exception escaping fn prints a message naming this rank and calls MPI_Abort, so mpirun/srun end the
+// whole job within seconds instead of leaving the other ranks waiting in a collective forever.
+template <class F>
+  requires std::invocable<F&, MpiSession&>
+int mpi_main(int& argc, char**& argv, F&& fn) {
+  MpiSession session(argc, argv);
+  try {
+    if constexpr (std::is_convertible_v<std::invoke_result_t<F&, MpiSession&>, int>) {
+      return static_cast<int>(fn(session));
+    } else {
+      fn(session);
+      return 0;
+    }
+  } catch (std::exception const& e) {
+    session.abort(e.what());
+  } catch (...) {
+    session.abort("unknown exception");
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,24 @@
+#!/bin/bash
+# usage: compile_fail_test.sh SOURCE DEFINE PATTERN [INCLUDE_DIRS...]
+# Compiles SOURCE with -DDEFINE and passes only if compilation fails with a diagnostic matching PATTERN,
+# proving a misuse is a compile error with an actionable message (and that SOURCE compiles without DEFINE).
+set -uo pipefail
+src="$1"; define="$2"; pattern="$3"; shift 3
+# The repository root: from the arguments, or found from the source's real path (runfiles are symlinks).
+incs=(); for d in "$@"; do incs+=("-I$d"); done
+if [[ ${#incs[@]} -eq 0 ]]; then
+  root="$(cd "$(dirname "$(readlink -f "$src")")/../.." && pwd)"
+  incs=("-I$root/include" "-I$root")
+fi
+cxx="${CXX:-g++}"
+if ! "$cxx" -std=c++20 -fsyntax-only "${incs[@]}" "$src" 2>err_ok.txt; then
+  cat err_ok.txt; echo "FAIL: $src does not compile even without -D$define"; exit 1
+fi
+if "$cxx" -std=c++20 -fsyntax-only "${incs[@]}" "-D$define" "$src" 2>err.txt; then
+  echo "FAIL: $src compiled with -D$define; expected a compile error"; exit 1
+fi
+if ! grep -Eq "$pattern" err.txt; then
+  grep -E "error" err.txt | head -n 20; echo "FAIL: no diagnostic matches /$pattern/"; exit 1
+fi
+grep -Eo "static assertion failed: .*" err.txt | head -n 1
+echo "PASS: -D$define fails to compile with /$pattern/"

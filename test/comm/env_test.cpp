@@ -1,0 +1,136 @@
+// launch_env(): every launcher's variables, partial and inconsistent settings, Slurm's task-count syntax.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "ddp/comm/env.hpp"
+
+namespace {
+
+ddp::EnvLookup fake(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
+    auto it = vars.find(std::string(name));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+std::string error_of(std::map<std::string, std::string> vars) {
+  try {
+    ddp::launch_env(fake(std::move(vars)));
+  } catch (ddp::ArgumentError const& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool contains(std::string const& s, std::string const& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("nothing set: a single process") {
+  auto const e = ddp::launch_env(fake({}));
+  CHECK(e.rank == 0);
+  CHECK(e.world_size == 1);
+  CHECK(e.local_rank == 0);
+  CHECK(e.local_size == 1);
+  CHECK(e.source == "default");
+}
+
+TEST_CASE("torchrun-style variables") {
+  auto const e = ddp::launch_env(fake({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}}));
+  CHECK(e.rank == 5);
+  CHECK(e.world_size == 8);
+  CHECK(e.local_rank == 1);
+  CHECK(e.local_size == 4);
+  CHECK(e.source == "torchrun");
+}
+
+TEST_CASE("MPICH/Hydra and Open MPI variables") {
+  auto const m = ddp::launch_env(fake({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}}));
+  CHECK(m.rank == 3);
+  CHECK(m.local_rank == 1);
+  CHECK(m.local_size == 2);
+  CHECK(m.source == "mpich");
+  auto const o = ddp::launch_env(fake({{"OMPI_COMM_WORLD_RANK", "2"},
+                                       {"OMPI_COMM_WORLD_SIZE", "3"},
+                                       {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}}));
+  CHECK(o.rank == 2);
+  CHECK(o.world_size == 3);
+  CHECK(o.source == "openmpi");
+}
+
+TEST_CASE("Slurm variables, including the compressed SLURM_TASKS_PER_NODE form") {
+  auto const a = ddp::launch_env(
+      fake({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"}, {"SLURM_NTASKS_PER_NODE", "4"}}));
+  CHECK(a.rank == 6);
+  CHECK(a.local_rank == 2);
+  CHECK(a.local_size == 4);
+  CHECK(a.source == "slurm");
+  auto const b = ddp::launch_env(fake({{"SLURM_PROCID", "6"},
+                                       {"SLURM_NTASKS", "7"},
+                                       {"SLURM_LOCALID", "0"},
+                                       {"SLURM_NODEID", "3"},
+                                       {"SLURM_TASKS_PER_NODE", "2(x3),1"}}));
+  CHECK(b.local_size == 1);
+  CHECK(ddp::detail::slurm_tasks_on_node("2(x3),1", 2) == 2);
+  CHECK(ddp::detail::slurm_tasks_on_node("4", 0) == 4);
+}
+
+TEST_CASE("torchrun variables take precedence over Slurm's job-step view") {
+  auto const e = ddp::launch_env(fake({{"RANK", "3"},
+                                       {"WORLD_SIZE", "4"},
+                                       {"LOCAL_RANK", "1"},
+                                       {"LOCAL_WORLD_SIZE", "2"},
+                                       {"SLURM_PROCID", "1"},
+                                       {"SLURM_NTASKS", "2"},
+                                       {"SLURM_LOCALID", "0"}}));
+  CHECK(e.rank == 3);
+  CHECK(e.source == "torchrun");
+}
+
+TEST_CASE("partial settings name what is missing") {
+  auto const a = error_of({{"RANK", "1"}});
+  CHECK(contains(a, "WORLD_SIZE not set but RANK=1 is"));
+  auto const b = error_of({{"LOCAL_RANK", "0"}});
+  CHECK(contains(b, "RANK and WORLD_SIZE not set"));
+  auto const c = error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
+  CHECK(contains(c, "LOCAL_RANK and LOCAL_WORLD_SIZE"));
+  auto const d = error_of({{"SLURM_PROCID", "0"}});
+  CHECK(contains(d, "SLURM_NTASKS not set"));
+}
+
+TEST_CASE("inconsistent settings are errors") {
+  CHECK(contains(error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}}),
+                 "rank 4 is not below world size 4"));
+  CHECK(contains(error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
+                 "local rank 2 is not below local size 2"));
+  CHECK(contains(error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "8"}}),
+                 "local size 8 must be in [1, world size 4]"));
+  CHECK(contains(error_of({{"RANK", "1"},
+                           {"WORLD_SIZE", "2"},
+                           {"LOCAL_RANK", "1"},
+                           {"LOCAL_WORLD_SIZE", "2"},
+                           {"PMI_RANK", "0"},
+                           {"PMI_SIZE", "2"}}),
+                 "inconsistent: RANK=1 WORLD_SIZE=2 (torchrun-style) but the MPI launcher (mpich) says rank 0 of 2"));
+  CHECK(contains(error_of({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}), "RANK=\"x1\" is not a non-negative integer"));
+}
+
+TEST_CASE("launch_env() reads the real process environment (setenv)") {
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  auto const e = ddp::launch_env();
+  CHECK(e.rank == 1);
+  CHECK(e.local_size == 2);
+  unsetenv("WORLD_SIZE");
+  CHECK_THROWS_AS(ddp::launch_env(), ddp::ArgumentError);
+  unsetenv("RANK");
+  unsetenv("LOCAL_RANK");
+  unsetenv("LOCAL_WORLD_SIZE");
+}

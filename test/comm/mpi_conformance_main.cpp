@@ -1,0 +1,67 @@
+// MpiBackend under mpirun -n 2 / -n 4: the same conformance suite as the threads backend, run by doctest on
+// every rank; the job fails if any rank's checks fail.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <span>
+
+#include "ddp/comm/mpi.hpp"
+#include "test/comm/conformance.hpp"
+
+namespace {
+
+ddp::MpiBackend* g_comm = nullptr;  // the job's backend, set in main (tests run on every rank)
+
+struct Mpi {
+  template <class F>
+  static void run(F const& fn) {
+    fn(*g_comm);
+  }
+};
+
+using F32 = ddp::test::Case<Mpi, float>;
+using F64 = ddp::test::Case<Mpi, double>;
+using I32 = ddp::test::Case<Mpi, std::int32_t>;
+using I64 = ddp::test::Case<Mpi, std::int64_t>;
+
+}  // namespace
+
+TYPE_TO_STRING(F32);
+TYPE_TO_STRING(F64);
+TYPE_TO_STRING(I32);
+TYPE_TO_STRING(I64);
+
+namespace ddp::test {
+TEST_CASE_TEMPLATE_INVOKE(all_reduce_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(broadcast_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(gather_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(reduce_scatter_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(async_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(errors_suite, F32, F64, I32, I64);
+}  // namespace ddp::test
+
+static_assert(ddp::Communicator<ddp::MpiBackend>);
+static_assert(ddp::AsyncCommunicator<ddp::MpiBackend>);
+
+TEST_CASE("MpiSession knows the node-local rank from MPI, matching launch_env()") {
+  auto const env = ddp::launch_env();
+  CHECK(env.source == "mpich");
+  CHECK(env.rank == g_comm->rank());
+  CHECK(env.world_size == g_comm->world_size());
+  CHECK(env.local_rank == g_comm->session().local_rank());
+  CHECK(env.local_size == g_comm->session().local_size());
+}
+
+int main(int argc, char** argv) {
+  return ddp::mpi_main(argc, argv, [&](ddp::MpiSession& session) {
+    ddp::MpiBackend comm(session);
+    g_comm = &comm;
+    doctest::Context ctx(argc, argv);
+    ctx.setOption("no-version", true);
+    int failed = ctx.run();
+    comm.all_reduce(std::span(&failed, 1), ddp::ReduceOp::kMax);  // every rank reports the job's result
+    g_comm = nullptr;
+    return failed;
+  });
+}
