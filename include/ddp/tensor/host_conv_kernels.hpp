@@ -131,6 +131,32 @@ struct HostConvKernels {
   template <class T>
   static void maxpool_fwd(ConvGeometry const& g, T const* x, T* y, std::int32_t* idx) {
     i64 const OH = g.OH(), OW = g.OW(), planes = g.N * g.C;
+    if (g.k == 2 && g.stride == 2) {  // the common case, without the generic window loop
+      for (i64 p = 0; p < planes; ++p) {
+        T const* in = x + p * g.H * g.W;
+        for (i64 oh = 0; oh < OH; ++oh) {
+          T const* r0 = in + (2 * oh) * g.W;
+          T const* r1 = r0 + g.W;
+          for (i64 ow = 0; ow < OW; ++ow) {
+            i64 const j = 2 * ow;
+            // Branch-free (random activations defeat the branch predictor); a NaN wins, as in PyTorch.
+            T bv = r0[j];
+            i64 best = j;
+            auto take = [&](T v, i64 at) {
+              bool const t = (v > bv) | (v != v);
+              bv = t ? v : bv;
+              best = t ? at : best;
+            };
+            take(r0[j + 1], j + 1);
+            take(r1[j], g.W + j);
+            take(r1[j + 1], g.W + j + 1);
+            y[(p * OH + oh) * OW + ow] = bv;
+            idx[(p * OH + oh) * OW + ow] = static_cast<std::int32_t>((2 * oh) * g.W + best);
+          }
+        }
+      }
+      return;
+    }
     for (i64 p = 0; p < planes; ++p) {
       T const* in = x + p * g.H * g.W;
       for (i64 oh = 0; oh < OH; ++oh)

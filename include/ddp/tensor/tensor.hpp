@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "ddp/error.hpp"
+#include "ddp/tensor/host_allocator.hpp"
 #include "ddp/tensor/memory_space.hpp"
 #include "ddp/tensor/shape.hpp"
 #include "ddp/tensor/space_span.hpp"
@@ -24,10 +25,12 @@ struct SpaceAllocator {
 
 template <>
 struct SpaceAllocator<HostSpace> {
-  // Uninitialised storage, one allocation (control block and elements together).
+  // Uninitialised, 64-byte aligned storage; large blocks are recycled per thread (host_allocator.hpp).
   template <class T>
   static std::shared_ptr<T[]> allocate(std::size_t n) {
-    return std::make_shared_for_overwrite<T[]>(n);
+    std::size_t const bytes = n * sizeof(T);
+    return std::shared_ptr<T[]>(static_cast<T*>(detail::HostBlockCache::allocate(bytes)),
+                                [bytes](T* p) { detail::HostBlockCache::deallocate(p, bytes); });
   }
 };
 
