@@ -1,15 +1,13 @@
 #!/bin/bash
-# usage: compile_fail_test.sh SOURCE DEFINE PATTERN [INCLUDE_DIRS...]
+# usage: compile_fail_test.sh SOURCE DEFINE PATTERN [EXTRA_INCLUDE_DIRS...]
 # Compiles SOURCE with -DDEFINE and passes only if compilation fails with a diagnostic matching PATTERN,
 # proving a misuse is a compile error with an actionable message (and that SOURCE compiles without DEFINE).
 set -uo pipefail
 src="$1"; define="$2"; pattern="$3"; shift 3
-# The repository root: from the arguments, or found from the source's real path (runfiles are symlinks).
-incs=(); for d in "$@"; do incs+=("-I$d"); done
-if [[ ${#incs[@]} -eq 0 ]]; then
-  root="$(cd "$(dirname "$(readlink -f "$src")")/../.." && pwd)"
-  incs=("-I$root/include" "-I$root")
-fi
+# The repository root comes from the source's real path (runfiles are symlinks into the source tree);
+# extra include directories (CUDA, MPI) follow as arguments.
+root="$(cd "$(dirname "$(readlink -f "$src")")/../.." && pwd)"
+incs=("-I$root/include" "-I$root"); for d in "$@"; do incs+=("-I$d"); done
 cxx="${CXX:-g++}"
 if ! "$cxx" -std=c++20 -fsyntax-only "${incs[@]}" "$src" 2>err_ok.txt; then
   cat err_ok.txt; echo "FAIL: $src does not compile even without -D$define"; exit 1

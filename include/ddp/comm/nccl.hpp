@@ -1,0 +1,361 @@
+// NcclBackend: collectives on CUDA device buffers through NCCL, on the backend's own stream, ordered with
+// the compute stream by events; the ncclUniqueId is bootstrapped over MPI. Depend on //:ddp_nccl.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/mpi_session.hpp"
+#include "ddp/comm/trace.hpp"
+#include "ddp/error.hpp"
+#include "ddp/tensor/device_buffer.hpp"
+
+namespace ddp {
+
+struct NcclOptions {
+  // CUDA device of this rank; -1: the node-local rank (from MPI) modulo the device count.
+  int device = -1;
+  // The stream that produces and consumes the buffers (nullptr: the legacy default stream). Every
+  // collective waits for work already queued on it, and work queued on it afterwards waits for the result.
+  cudaStream_t compute_stream = nullptr;
+  // Async handles in flight before events are reused (a reused event only makes an old handle wait longer).
+  std::size_t max_in_flight = 256;
+  TraceOptions trace{};
+};
+
+namespace detail {
+template <CommElement T>
+inline ncclDataType_t nccl_type() noexcept {
+  if constexpr (std::same_as<T, float>) return ncclFloat32;
+  else if constexpr (std::same_as<T, double>) return ncclFloat64;
+  else if constexpr (std::same_as<T, std::int32_t>) return ncclInt32;
+  else return ncclInt64;
+}
+inline ncclRedOp_t nccl_op(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;  // scaled inside NCCL's reduction
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  return ncclSum;
+}
+}  // namespace detail
+
+class NcclBackend;
+
+// all_reduce_async's handle: an event recorded on the NCCL stream after the collective. wait() blocks the
+// host until it completed (and so does all earlier work of this backend) and reports NCCL's async errors.
+class NcclWork {
+ public:
+  NcclWork() = default;
+  NcclWork(NcclBackend const* owner, cudaEvent_t event) noexcept : owner_(owner), event_(event) {}
+  inline void wait() const;
+  inline bool test() const;
+
+ private:
+  NcclBackend const* owner_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+};
+
+// Collectives are stream-ordered, as in NCCL: they return once enqueued; later work on the compute stream
+// (and synchronous copies on the legacy default stream) sees the result. barrier() and NcclWork::wait()
+// block the host. Results of kSum/kAvg follow NCCL's algorithms: identical on every rank, deterministic for
+// a fixed topology and message size (NCCL's own guarantee). One thread at a time issues collectives.
+class NcclBackend {
+ public:
+  using accepted_spaces = SpaceList<DeviceSpace>;
+  using work_type = NcclWork;
+
+  // Collective over MPI_COMM_WORLD: rank 0 creates the ncclUniqueId and broadcasts it with MPI.
+  explicit NcclBackend(MpiSession const& session, NcclOptions const& opts = {})
+      : rank_(session.rank()), n_(session.world_size()), compute_(opts.compute_stream), tracer_(opts.trace) {
+    try {
+      init(session, opts);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  NcclBackend(NcclBackend const&) = delete;
+  NcclBackend& operator=(NcclBackend const&) = delete;
+  ~NcclBackend() { release(); }
+
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return n_; }
+  int device() const noexcept { return device_; }
+  cudaStream_t stream() const noexcept { return stream_; }
+
+ private:
+  void init(MpiSession const& session, NcclOptions const& opts) {
+    int devices = 0;
+    cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount (no usable CUDA device/driver?)");
+    if (devices == 0) throw CommError(detail::cat("ddp nccl: rank ", rank_, " sees no CUDA device"), rank_);
+    device_ = opts.device >= 0 ? opts.device : session.local_rank() % devices;
+    cuda(cudaSetDevice(device_), "cudaSetDevice");
+    ncclUniqueId id{};
+    if (rank_ == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (int rc = MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD); rc != MPI_SUCCESS) {
+      throw CommError(detail::cat("ddp nccl: rank ", rank_, ": MPI_Bcast of the ncclUniqueId failed: ",
+                                  detail::mpi_error_string(rc)),
+                      rank_);
+    }
+    nccl(ncclCommInitRank(&comm_, n_, id, rank_), "ncclCommInitRank");
+    cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
+    cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    events_.resize(std::max<std::size_t>(opts.max_in_flight, 1));
+    for (auto& e : events_) cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    scratch_ = DeviceBuffer<std::int32_t>(1);
+  }
+  void release() noexcept {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    for (auto e : events_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    comm_ = nullptr;
+    stream_ = nullptr;
+    ready_ = nullptr;
+    events_.clear();
+  }
+
+ public:
+  template <detail::BufferLike B>
+  void all_reduce(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
+    auto s = detail::as_space_span(buf);
+    check_buffer<decltype(s)>();
+    using T = std::remove_cv_t<typename decltype(s)::element_type>;
+    trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, false);
+    enqueue([&] { return ncclAllReduce(s.data(), s.data(), s.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_); },
+            "all_reduce", tag);
+  }
+
+  template <detail::BufferLike B>
+  work_type all_reduce_async(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
+    auto s = detail::as_space_span(buf);
+    check_buffer<decltype(s)>();
+    using T = std::remove_cv_t<typename decltype(s)::element_type>;
+    trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, true);
+    enqueue([&] { return ncclAllReduce(s.data(), s.data(), s.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_); },
+            "all_reduce", tag);
+    cudaEvent_t const e = events_[next_event_++ % events_.size()];
+    cuda(cudaEventRecord(e, stream_), "cudaEventRecord");
+    return NcclWork(this, e);
+  }
+
+  template <detail::BufferLike B>
+  void broadcast(B&& buf, int root, CollectiveTag tag = {}) {
+    auto s = detail::as_space_span(buf);
+    check_buffer<decltype(s)>();
+    using T = std::remove_cv_t<typename decltype(s)::element_type>;
+    trace(CollectiveKind::kBroadcast, s.size(), dtype_of<T>, ReduceOp::kSum, root, tag, false);
+    check_root(root, "broadcast");
+    enqueue([&] { return ncclBroadcast(s.data(), s.data(), s.size(), detail::nccl_type<T>(), root, comm_, stream_); },
+            "broadcast", tag);
+  }
+
+  template <detail::BufferLike I, detail::BufferLike O>
+  void all_gather(I&& in, O&& out, CollectiveTag tag = {}) {
+    auto [src, dst] = pair_of(in, out);
+    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+    trace(CollectiveKind::kAllGather, src.size(), dtype_of<T>, ReduceOp::kSum, -1, tag, false);
+    check_size(dst.size(), src.size() * n_, "all_gather", "out", "world_size * in.size()");
+    enqueue([&] { return ncclAllGather(src.data(), dst.data(), src.size(), detail::nccl_type<T>(), comm_, stream_); },
+            "all_gather", tag);
+  }
+
+  template <detail::BufferLike I, detail::BufferLike O>
+  void reduce_scatter(I&& in, O&& out, ReduceOp op, CollectiveTag tag = {}) {
+    auto [src, dst] = pair_of(in, out);
+    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+    trace(CollectiveKind::kReduceScatter, src.size(), dtype_of<T>, op, -1, tag, false);
+    check_size(src.size(), dst.size() * n_, "reduce_scatter", "in", "world_size * out.size()");
+    enqueue([&] {
+      return ncclReduceScatter(src.data(), dst.data(), dst.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_);
+    }, "reduce_scatter", tag);
+  }
+
+  // NCCL has no gather/scatter: grouped point-to-point sends and receives.
+  template <detail::BufferLike I, detail::BufferLike O>
+  void gather(I&& in, O&& out, int root, CollectiveTag tag = {}) {
+    auto [src, dst] = pair_of(in, out);
+    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+    std::size_t const m = src.size();
+    trace(CollectiveKind::kGather, m, dtype_of<T>, ReduceOp::kSum, root, tag, false);
+    check_root(root, "gather");
+    if (rank_ == root) check_size(dst.size(), m * n_, "gather", "out", "world_size * in.size()");
+    enqueue([&] {
+      ncclResult_t rc = ncclGroupStart();
+      if (rank_ == root) {
+        for (int k = 0; k < n_ && rc == ncclSuccess; ++k) {
+          if (k == rank_) {
+            if (m != 0 && dst.data() + k * m != src.data()) {
+              rc = cudaMemcpyAsync(dst.data() + k * m, src.data(), m * sizeof(T), cudaMemcpyDeviceToDevice, stream_) == cudaSuccess
+                       ? ncclSuccess : ncclUnhandledCudaError;
+            }
+          } else {
+            rc = ncclRecv(dst.data() + k * m, m, detail::nccl_type<T>(), k, comm_, stream_);
+          }
+        }
+      } else {
+        rc = ncclSend(src.data(), m, detail::nccl_type<T>(), root, comm_, stream_);
+      }
+      ncclResult_t const end = ncclGroupEnd();
+      return rc != ncclSuccess ? rc : end;
+    }, "gather", tag);
+  }
+
+  template <detail::BufferLike I, detail::BufferLike O>
+  void scatter(I&& in, O&& out, int root, CollectiveTag tag = {}) {
+    auto [src, dst] = pair_of(in, out);
+    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+    std::size_t const m = dst.size();
+    trace(CollectiveKind::kScatter, m, dtype_of<T>, ReduceOp::kSum, root, tag, false);
+    check_root(root, "scatter");
+    if (rank_ == root) check_size(src.size(), m * n_, "scatter", "in", "world_size * out.size()");
+    enqueue([&] {
+      ncclResult_t rc = ncclGroupStart();
+      if (rank_ == root) {
+        for (int k = 0; k < n_ && rc == ncclSuccess; ++k) {
+          if (k == rank_) {
+            if (m != 0 && src.data() + k * m != dst.data()) {
+              rc = cudaMemcpyAsync(dst.data(), src.data() + k * m, m * sizeof(T), cudaMemcpyDeviceToDevice, stream_) == cudaSuccess
+                       ? ncclSuccess : ncclUnhandledCudaError;
+            }
+          } else {
+            rc = ncclSend(src.data() + k * m, m, detail::nccl_type<T>(), k, comm_, stream_);
+          }
+        }
+      } else {
+        rc = ncclRecv(dst.data(), m, detail::nccl_type<T>(), root, comm_, stream_);
+      }
+      ncclResult_t const end = ncclGroupEnd();
+      return rc != ncclSuccess ? rc : end;
+    }, "scatter", tag);
+  }
+
+  // Blocks the host until every rank arrived and all earlier collectives of this backend finished.
+  void barrier(CollectiveTag tag = {}) {
+    trace(CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1, tag, false);
+    enqueue([&] { return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclInt32, ncclSum, comm_, stream_); }, "barrier", tag);
+    cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    check_async("barrier", tag);
+  }
+
+  // Throws if NCCL reported an asynchronous error (a peer failed, a network error).
+  void check_async(char const* op, CollectiveTag tag) const {
+    ncclResult_t async = ncclSuccess;
+    nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    if (async != ncclSuccess) nccl(async, op, tag);
+  }
+
+ private:
+  template <class S>
+  static constexpr void check_buffer() {
+    static_assert(std::same_as<typename S::space, DeviceSpace>,
+                  "NcclBackend needs device memory (a DeviceSpan), but this buffer is host memory: put it in a "
+                  "DeviceBuffer (ddp/tensor/device_buffer.hpp), or use ThreadsBackend / MpiBackend for host "
+                  "buffers");
+    static_assert(CommElement<std::remove_cv_t<typename S::element_type>>,
+                  "ddp collectives move float, double, std::int32_t or std::int64_t elements only; convert the "
+                  "buffer to one of these");
+  }
+
+  template <class I, class O>
+  static auto pair_of(I&& in, O&& out) {
+    auto src = detail::as_space_span(in);
+    auto dst = detail::as_space_span(out);
+    check_buffer<decltype(src)>();
+    check_buffer<decltype(dst)>();
+    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+    static_assert(std::same_as<std::remove_cv_t<typename decltype(src)::element_type>, T>,
+                  "in and out of a collective must have the same element type");
+    static_assert(!std::is_const_v<typename decltype(dst)::element_type>, "the out buffer must be writable");
+    return std::pair{DeviceSpan<T const>(src.data(), src.size()), DeviceSpan<T>(dst.data(), dst.size())};
+  }
+
+  // Orders the collective after the compute stream's queued work, and later compute work after it.
+  template <class Launch>
+  void enqueue(Launch&& launch, char const* op, CollectiveTag tag) {
+    cuda(cudaEventRecord(ready_, compute_), "cudaEventRecord(compute)");
+    cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    nccl(launch(), op, tag);
+    cuda(cudaEventRecord(ready_, stream_), "cudaEventRecord(nccl)");
+    cuda(cudaStreamWaitEvent(compute_, ready_, 0), "cudaStreamWaitEvent(compute)");
+  }
+
+  void cuda(cudaError_t rc, char const* call) const {
+    if (rc != cudaSuccess) {
+      throw CommError(detail::cat("ddp nccl: rank ", rank_, ": ", call, " failed: ", cudaGetErrorName(rc), " (",
+                                  cudaGetErrorString(rc), ")"),
+                      rank_);
+    }
+  }
+  void nccl(ncclResult_t rc, char const* op, CollectiveTag tag = {}) const {
+    if (rc == ncclSuccess) return;
+    char const* last = comm_ != nullptr ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
+    std::string const tag_text =
+        tag.empty() ? std::string() : detail::cat(" [", tag.label, tag.id >= 0 ? detail::cat(":", tag.id) : std::string(), "]");
+    throw CommError(detail::cat("ddp nccl: ", op, tag_text, " on rank ", rank_, " of ", n_, " failed: ",
+                                ncclGetErrorString(rc), (last && *last) ? detail::cat(" (", last, ")") : std::string()),
+                    rank_);
+  }
+  void check_root(int root, char const* op) const {
+    if (root < 0 || root >= n_) {
+      throw ArgumentError(detail::cat("ddp nccl: ", op, " on rank ", rank_, ": root ", root, " is outside [0, ", n_, ")"));
+    }
+  }
+  void check_size(std::size_t got, std::size_t want, char const* op, char const* what, char const* rule) const {
+    if (got != want) {
+      throw ArgumentError(detail::cat("ddp nccl: ", op, " on rank ", rank_, ": ", what, ".size() is ", got,
+                                      " but must be ", rule, " = ", want));
+    }
+  }
+  void trace(CollectiveKind kind, std::size_t count, Dtype dt, ReduceOp op, int root, CollectiveTag tag,
+             bool async) const noexcept {
+    if (tracer_.enabled()) tracer_(CollectiveRecord{rank_, kind, count, dt, op, root, tag, async});
+  }
+
+  friend class NcclWork;
+
+  int rank_;
+  int n_;
+  int device_ = 0;
+  cudaStream_t compute_;
+  detail::Tracer tracer_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+  std::size_t next_event_ = 0;
+  DeviceBuffer<std::int32_t> scratch_;
+};
+
+static_assert(Communicator<NcclBackend>);
+static_assert(AsyncCommunicator<NcclBackend>);
+
+inline void NcclWork::wait() const {
+  if (owner_ == nullptr) return;
+  owner_->cuda(cudaEventSynchronize(event_), "cudaEventSynchronize");
+  owner_->check_async("all_reduce (async)", {});
+}
+inline bool NcclWork::test() const {
+  if (owner_ == nullptr) return true;
+  cudaError_t const rc = cudaEventQuery(event_);
+  if (rc == cudaErrorNotReady) return false;
+  owner_->cuda(rc, "cudaEventQuery");
+  return true;
+}
+
+}  // namespace ddp

@@ -1,0 +1,120 @@
+// NcclBackend: the conformance suite on device buffers (run on a GPU machine by run_gpu_tests.sh, world size
+// 1 per GPU). Without a usable GPU it checks that construction fails with a CommError naming the rank.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/nccl.hpp"
+#include "ddp/tensor/device_buffer.hpp"
+#include "test/comm/conformance.hpp"
+
+namespace ddp::test {
+// Device buffers for the suite: filled from and read back to the host.
+template <class T>
+struct TestBuffer<DeviceSpace, T> {
+  DeviceBuffer<T> data;
+  explicit TestBuffer(std::vector<T> const& init) : data(std::span<T const>(init)) {}
+  DeviceSpan<T> span() { return data.span(); }
+  DeviceSpan<T> sub(std::size_t off, std::size_t n) { return span().subspan(off, n); }
+  std::vector<T> host() const { return data.to_host(); }
+};
+}  // namespace ddp::test
+
+namespace {
+
+ddp::NcclBackend* g_comm = nullptr;  // the job's backend, set in main
+
+struct Nccl {
+  template <class F>
+  static void run(F const& fn) {
+    fn(*g_comm);
+  }
+};
+
+using F32 = ddp::test::Case<Nccl, float>;
+using F64 = ddp::test::Case<Nccl, double>;
+using I32 = ddp::test::Case<Nccl, std::int32_t>;
+using I64 = ddp::test::Case<Nccl, std::int64_t>;
+
+}  // namespace
+
+TYPE_TO_STRING(F32);
+TYPE_TO_STRING(F64);
+TYPE_TO_STRING(I32);
+TYPE_TO_STRING(I64);
+
+namespace ddp::test {
+TEST_CASE_TEMPLATE_INVOKE(all_reduce_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(broadcast_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(gather_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(reduce_scatter_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(async_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(errors_suite, F32, F64, I32, I64);
+}  // namespace ddp::test
+
+static_assert(ddp::Communicator<ddp::NcclBackend>);
+static_assert(ddp::AsyncCommunicator<ddp::NcclBackend>);
+
+TEST_CASE("collectives order with the compute stream through events") {
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  int const n = g_comm->world_size();
+  std::vector<float> ones(1 << 20, 1.0f);
+  ddp::DeviceBuffer<float> buf(ones.size());
+  // The upload is queued on the compute stream; the all-reduce must wait for it.
+  REQUIRE(cudaMemcpyAsync(buf.data(), ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice, compute) ==
+          cudaSuccess);
+  {
+    ddp::MpiSession session;  // MPI is already initialised by main's session: this one only observes it
+    ddp::NcclBackend comm(session, ddp::NcclOptions{.compute_stream = compute});
+    comm.all_reduce(buf.span(), ddp::ReduceOp::kSum);
+    std::vector<float> back(ones.size());
+    REQUIRE(cudaMemcpyAsync(back.data(), buf.data(), back.size() * sizeof(float), cudaMemcpyDeviceToHost, compute) ==
+            cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+    CHECK(back.front() == static_cast<float>(n));
+    CHECK(back.back() == static_cast<float>(n));
+  }
+  cudaStreamDestroy(compute);
+}
+
+int main(int argc, char** argv) {
+  bool require_gpu = false;  // --require-gpu: a missing GPU is a failure (the GPU-machine test)
+  for (int i = 1; i < argc; ++i) require_gpu = require_gpu || std::string(argv[i]) == "--require-gpu";
+  return ddp::mpi_main(argc, argv, [&](ddp::MpiSession& session) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      if (require_gpu) {
+        std::fprintf(stderr, "FAIL: --require-gpu but no usable CUDA device\n");
+        return 1;
+      }
+      // No GPU here: the backend must refuse with a CommError that names this rank, not crash.
+      try {
+        ddp::NcclBackend comm(session);
+        std::fprintf(stderr, "FAIL: NcclBackend constructed without a usable GPU\n");
+        return 1;
+      } catch (ddp::CommError const& e) {
+        std::string const what = e.what();
+        bool const ok = what.find("rank " + std::to_string(session.rank())) != std::string::npos &&
+                        what.find("cudaGetDeviceCount") != std::string::npos;
+        std::printf("no usable GPU; NcclBackend reported: %s\n%s\n", e.what(), ok ? "PASS" : "FAIL");
+        return ok ? 0 : 1;
+      }
+    }
+    ddp::NcclBackend comm(session);
+    g_comm = &comm;
+    doctest::Context ctx(argc, argv);
+    ctx.setOption("no-version", true);
+    int failed = ctx.run();
+    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    g_comm = nullptr;
+    return failed;
+  });
+}
