@@ -2,6 +2,8 @@
 // zero_grad, NoGradGuard, retain_graph, deep chains, and the errors it raises.
 #include <doctest/doctest.h>
 
+#include <pthread.h>
+
 #include <vector>
 
 #include "test/autograd/testing.hpp"
@@ -290,6 +292,53 @@ TEST_CASE("a deep chain (100000 ops) neither overflows the stack in backward nor
     }
     CHECK_FALSE(x.has_grad());
   }
+}
+
+namespace {
+// Runs f on a thread with a 256 KiB stack (as a rank thread might have): any recursion per node of a
+// 10⁵-node graph overflows it.
+template <class F>
+void on_small_stack(F f) {
+  pthread_attr_t attr;
+  REQUIRE(pthread_attr_init(&attr) == 0);
+  REQUIRE(pthread_attr_setstacksize(&attr, 256 * 1024) == 0);
+  pthread_t t;
+  REQUIRE(pthread_create(
+              &t, &attr, [](void* arg) -> void* { (*static_cast<F*>(arg))(); return nullptr; }, &f) == 0);
+  REQUIRE(pthread_join(t, nullptr) == 0);
+  pthread_attr_destroy(&attr);
+}
+}  // namespace
+
+TEST_CASE("deep chains on a small stack: building, backward, and dropping the graph use O(1) stack depth") {
+  constexpr int kDepth = 100000;
+  // Results are recorded here and checked on the main thread (doctest assertions are not thread-safe).
+  double g_freed = 0, g_retained = 0;
+  bool dropped = false;
+  on_small_stack([&] {
+    VarD x = param(from_values<double>(Shape{1}, {0.5}));
+    {
+      VarD h = x;
+      for (int i = 0; i < kDepth; ++i) h = scale(h, 1.0);
+      backward(sum(h));  // frees as it goes
+    }
+    g_freed = x.grad()[0];
+    x.zero_grad();
+    {
+      VarD h = x;
+      for (int i = 0; i < kDepth; ++i) h = mul(h, h);  // each node holds its parent twice
+      backward(sum(scale(h, 0.0)), {}, BackwardOptions{.retain_graph = true});
+    }  // the retained graph is dropped here
+    g_retained = x.grad()[0];
+    {
+      VarD h = x;
+      for (int i = 0; i < kDepth; ++i) h = tanh(h);
+    }  // never backpropagated: dropped as built
+    dropped = true;
+  });
+  CHECK(g_freed == 1.0);
+  CHECK(g_retained == 0.0);
+  CHECK(dropped);
 }
 
 TEST_CASE("backward's own errors name the shapes") {
