@@ -2,6 +2,7 @@
 // after its last consumer ran.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "ddp/autograd/variable.hpp"
@@ -9,14 +10,35 @@
 
 namespace ddp {
 
+namespace detail {
+inline std::vector<std::function<void()>>& post_backward_queue() {
+  thread_local std::vector<std::function<void()>> q;
+  return q;
+}
+// Runs (and clears) the callbacks queued for the end of this thread's backward.
+inline void run_post_backward() {
+  auto& q = post_backward_queue();
+  if (q.empty()) return;
+  auto callbacks = std::move(q);
+  q.clear();
+  for (auto& f : callbacks) f();
+}
+}  // namespace detail
+
+// Queues f to run once, on this thread, at the end of the next backward() (after every gradient is final
+// and every grad-ready hook has fired). DDP queues its "wait for all buckets" here, so the plain
+// backward(loss) a user writes also finishes the gradient synchronisation. If that backward throws, the
+// queued callbacks are dropped.
+inline void queue_post_backward(std::function<void()> f) { detail::post_backward_queue().push_back(std::move(f)); }
+
 struct BackwardOptions {
   bool retain_graph = false;  // keep closures and saved tensors so backward can run again
 };
 
-// Gradient of `root` with respect to every leaf that requires grad, accumulated (+=) into leaf grads.
-// `grad_output` seeds the sweep (default: 1 for a one-element root). Complexity O(nodes + edges).
+namespace detail {
+// One backward: topological sort, reverse sweep, hooks. See backward() below.
 template <class T, MemorySpace S>
-void backward(Variable<T, S> const& root, Tensor<T, S> const& grad_output = {}, BackwardOptions opts = {}) {
+void backward_sweep(Variable<T, S> const& root, Tensor<T, S> const& grad_output, BackwardOptions opts) {
   using N = Node<T, S>;
   using K = Kernels<S>;
   N& r = root.node();
@@ -105,6 +127,22 @@ void backward(Variable<T, S> const& root, Tensor<T, S> const& grad_output = {}, 
       for (auto& p : n->parents) p.reset();
       n->n_parents = 0;
     }
+}
+
+}  // namespace detail
+
+// Gradient of `root` with respect to every leaf that requires grad, accumulated (+=) into leaf grads.
+// `grad_output` seeds the sweep (default: 1 for a one-element root). Complexity O(nodes + edges).
+// Afterwards, runs the callbacks queued with queue_post_backward (e.g. DDP's bucket synchronisation).
+template <class T, MemorySpace S>
+void backward(Variable<T, S> const& root, Tensor<T, S> const& grad_output = {}, BackwardOptions opts = {}) {
+  try {
+    detail::backward_sweep(root, grad_output, opts);
+  } catch (...) {
+    detail::post_backward_queue().clear();
+    throw;
+  }
+  detail::run_post_backward();
 }
 
 }  // namespace ddp

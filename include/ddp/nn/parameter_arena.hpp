@@ -36,20 +36,31 @@ class ParameterArena {
     requires std::same_as<typename M::value_type, T> && std::same_as<typename M::space, S>
   explicit ParameterArena(M const& model) : ParameterArena(model.named_parameters()) {}
 
-  explicit ParameterArena(std::vector<NamedParameter<T, S>> const& params) {
-    using K = Kernels<S>;
+  // The distinct trainable parameters, validated: shared weights appear once, under their first name.
+  static std::vector<NamedParameter<T, S>> unique(std::vector<NamedParameter<T, S>> const& params) {
+    std::vector<NamedParameter<T, S>> out;
     std::unordered_set<Node<T, S> const*> seen;
     for (auto const& p : params) {
       if (!p.var.defined()) throw ArgumentError(ddp::detail::cat("parameter '", p.name, "' is undefined"));
       if (!p.var.is_leaf() || !p.var.requires_grad())
         throw ArgumentError(ddp::detail::cat("parameter '", p.name, "' must be a leaf that requires grad"));
-      if (!seen.insert(&p.var.node()).second) continue;  // shared weights: packed once, under the first name
-      entries_.push_back({p.name, p.var.shape(), 0, p.var.numel(), p.var});
+      if (seen.insert(&p.var.node()).second) out.push_back(p);
     }
+    return out;
+  }
+
+  // `reserve_after[i]` extra elements are left free right after unique parameter i (registration order) in
+  // both buffers; DDP keeps a bucket's status words there, inside the bucket's all-reduce slice.
+  explicit ParameterArena(std::vector<NamedParameter<T, S>> const& params, std::vector<std::int64_t> const& reserve_after = {}) {
+    using K = Kernels<S>;
+    for (auto const& p : unique(params)) entries_.push_back({p.name, p.var.shape(), 0, p.var.numel(), p.var});
+    if (!reserve_after.empty() && reserve_after.size() != entries_.size())
+      throw ArgumentError(ddp::detail::cat("ParameterArena: reserve_after has ", reserve_after.size(), " entries for ",
+                                           entries_.size(), " parameters"));
     std::int64_t off = 0;
-    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-      it->offset = off;
-      off += it->numel;
+    for (std::size_t k = entries_.size(); k-- > 0;) {
+      entries_[k].offset = off;
+      off += entries_[k].numel + (reserve_after.empty() ? 0 : reserve_after[k]);
     }
     values_ = Tensor<T, S>(Shape{off});
     grads_ = Tensor<T, S>(Shape{off});
@@ -67,7 +78,14 @@ class ParameterArena {
   // Parameters in registration order (names and shapes as the model reports them).
   std::vector<Entry> const& entries() const noexcept { return entries_; }
   std::size_t count() const noexcept { return entries_.size(); }
+  // Elements in each buffer (parameters plus any reserved slots).
   std::int64_t numel() const noexcept { return values_.numel(); }
+  // Elements that belong to parameters.
+  std::int64_t parameter_numel() const noexcept {
+    std::int64_t n = 0;
+    for (auto const& e : entries_) n += e.numel;
+    return n;
+  }
   Tensor<T, S> const& values() const noexcept { return values_; }
   Tensor<T, S> const& grads() const noexcept { return grads_; }
   Entry const& find(std::string const& name) const {

@@ -39,7 +39,7 @@ concept Optimizer = requires(O& o, O const& co, OptimizerState<typename O::value
 };
 
 namespace detail {
-// Calls f(first_entry_index, offset, numel) for each maximal run of parameters that are contiguous in the
+// Calls f(first, last, offset, numel) for each maximal run of parameters (entries first..last) that are contiguous in the
 // arena, have a gradient, and share the same counter value. Parameters without a gradient are skipped
 // (PyTorch skips params whose .grad is None). Usually this is a single run over the whole arena.
 template <class T, MemorySpace S, class F>
@@ -55,7 +55,7 @@ void for_each_run(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_
     std::int64_t const off = es[j].offset, c = counters[j];
     std::int64_t n = es[j].numel;
     std::size_t k = j;
-    while (k > 0 && es[k - 1].var.node().grad_defined && counters[k - 1] == c) {
+    while (k > 0 && es[k - 1].var.node().grad_defined && counters[k - 1] == c && es[k - 1].offset == off + n) {
       --k;
       n += es[k].numel;
     }
