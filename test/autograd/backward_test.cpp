@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 
+#include <thread>
 #include <vector>
 
 #include "test/autograd/testing.hpp"
@@ -206,6 +207,23 @@ TEST_CASE("NoGradGuard records nothing; backward on its result throws ddp::Error
   // Nothing requires grad: the result is a constant too, and backward says so.
   VarD c = constant(uniform(Shape{3}, gen));
   check_throws_with<ArgumentError>([&] { backward(sum(c)); }, {"does not require grad"});
+}
+
+TEST_CASE("NoGradGuard is per thread: a guard on one thread does not stop another from recording") {
+  Generator gen(17);
+  VarD w = param(uniform(Shape{3}, gen));
+  bool other_records = false, other_sees_enabled = false;
+  {
+    NoGradGuard const guard;
+    std::thread t([&] {
+      other_sees_enabled = grad_enabled();
+      other_records = mul(w, w).requires_grad();
+    });
+    t.join();
+    CHECK_FALSE(mul(w, w).requires_grad());
+  }
+  CHECK(other_sees_enabled);
+  CHECK(other_records);
 }
 
 TEST_CASE("backward twice through a freed graph throws; retain_graph keeps it") {
