@@ -1,0 +1,260 @@
+// allreduce: bus bandwidth (nccl-tests convention) of ThreadsBackend and MpiBackend, side by side with the
+// simplest in-process loop and raw MPI_Allreduce on the same buffers, 4 KiB-400 MB, plus small-message
+// latency. Run: mpirun -n P bazel-bin/bench/comm/allreduce  (P ranks for MPI, P threads for the threads part).
+#include <mpi.h>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/comm/mpi.hpp"
+#include "ddp/comm/threads.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::size_t min_bytes = 4096;
+  std::size_t max_bytes = 400'000'000;
+  double budget_s = 0.15;  // per size and variant
+  int max_iters = 200;
+  bool mpi = true;
+  bool threads = true;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string const s = argv[i];
+    auto value = [&](char const* key) -> char const* {
+      return s.rfind(key, 0) == 0 ? s.c_str() + std::strlen(key) : nullptr;
+    };
+    if (auto v = value("--max-bytes=")) a.max_bytes = std::stoull(v);
+    if (auto v = value("--min-bytes=")) a.min_bytes = std::stoull(v);
+    if (auto v = value("--budget-ms=")) a.budget_s = std::stod(v) / 1000.0;
+    if (auto v = value("--max-iters=")) a.max_iters = std::stoi(v);
+    if (s == "--no-mpi") a.mpi = false;
+    if (s == "--no-threads") a.threads = false;
+  }
+  return a;
+}
+
+std::vector<std::size_t> sizes(Args const& a) {
+  std::vector<std::size_t> out;
+  for (std::size_t b = a.min_bytes; b < a.max_bytes; b *= 4) out.push_back(b);
+  out.push_back(a.max_bytes);
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// nccl-tests: algbw = bytes / time, busbw = algbw * 2 (p - 1) / p.
+double busbw_gbs(std::size_t bytes, double seconds, int p) {
+  return seconds <= 0 ? 0.0 : static_cast<double>(bytes) / seconds * 2.0 * (p - 1) / p / 1e9;
+}
+
+int iterations_for(double first_s, Args const& a) {
+  return std::clamp(static_cast<int>(a.budget_s / std::max(first_s, 1e-9)), 3, a.max_iters);
+}
+
+struct Row {
+  std::size_t bytes = 0;
+  double threads = 0, threads_async = 0, loop = 0;  // seconds (median)
+  double mpi = 0, mpi_async = 0, raw = 0;
+};
+
+// ---- MPI: raw MPI_Allreduce and MpiBackend (sync and async), interleaved per iteration ----------------
+void bench_mpi(ddp::MpiBackend& comm, Args const& a, std::vector<Row>& rows) {
+  std::vector<float> buf(a.max_bytes / sizeof(float), 0.0f);
+  MPI_Comm raw_comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
+  for (Row& row : rows) {
+    std::size_t const n = row.bytes / sizeof(float);
+    auto one = [&](int variant) {
+      MPI_Barrier(raw_comm);
+      double const t0 = MPI_Wtime();
+      if (variant == 0) {
+        MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, raw_comm);
+      } else if (variant == 1) {
+        comm.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
+      } else {
+        comm.all_reduce_async(std::span(buf).first(n), ddp::ReduceOp::kSum).wait();
+      }
+      double dt = MPI_Wtime() - t0;
+      MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, raw_comm);  // the slowest rank's time
+      return dt;
+    };
+    double const first = std::max({one(0), one(1), one(2)});
+    int const iters = iterations_for(first, a) / 3 + 1;
+    std::vector<double> t[3];
+    for (int i = 0; i < iters; ++i) {
+      for (int v = 0; v < 3; ++v) t[v].push_back(one(v));
+    }
+    row.raw = median(t[0]);
+    row.mpi = median(t[1]);
+    row.mpi_async = median(t[2]);
+  }
+  MPI_Comm_free(&raw_comm);
+}
+
+// ---- threads: ThreadsBackend (sync, async) and the plain loop, p threads ----------------------------
+void bench_threads(int p, Args const& a, std::vector<Row>& rows, double& lat4, double& lat4k) {
+  std::size_t const cap = a.max_bytes / sizeof(float);
+  std::vector<float*> bufs(static_cast<std::size_t>(p));
+  std::vector<std::vector<double>> times(static_cast<std::size_t>(p), std::vector<double>(a.max_iters + 1));
+  std::barrier sync(p);
+  ddp::spawn(p, [&](ddp::ThreadsBackend& comm) {
+    int const r = comm.rank();
+    std::vector<float> mine(cap, 0.0f);  // first touch on this rank's thread
+    bufs[static_cast<std::size_t>(r)] = mine.data();
+    comm.barrier();
+    // The reference: each thread sums its slice of all buffers, a barrier, each copies the other slices.
+    auto plain_loop = [&](std::size_t n) {
+      std::size_t const per = (n + p - 1) / p;
+      std::size_t const lo = std::min(n, per * r), hi = std::min(n, lo + per);
+      float* own = mine.data();
+      for (int k = 0; k < p; ++k) {
+        if (k == r) continue;
+        float const* other = bufs[static_cast<std::size_t>(k)];
+        for (std::size_t i = lo; i < hi; ++i) own[i] += other[i];
+      }
+      sync.arrive_and_wait();
+      for (int k = 0; k < p; ++k) {
+        if (k == r) continue;
+        std::size_t const klo = std::min(n, per * k), khi = std::min(n, klo + per);
+        std::memcpy(own + klo, bufs[static_cast<std::size_t>(k)] + klo, (khi - klo) * sizeof(float));
+      }
+      sync.arrive_and_wait();
+    };
+    auto run = [&](int variant, std::size_t n, int iters) {
+      for (int i = 0; i < iters; ++i) {
+        comm.barrier();
+        auto const t0 = Clock::now();
+        if (variant == 0) {
+          comm.all_reduce(std::span(mine).first(n), ddp::ReduceOp::kSum);
+        } else if (variant == 1) {
+          comm.all_reduce_async(std::span(mine).first(n), ddp::ReduceOp::kSum).wait();
+        } else {
+          plain_loop(n);
+        }
+        times[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] =
+            std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+      comm.barrier();
+      std::vector<double> worst(static_cast<std::size_t>(iters));
+      for (int i = 0; i < iters; ++i) {
+        for (int k = 0; k < p; ++k) worst[i] = std::max(worst[i], times[static_cast<std::size_t>(k)][i]);
+      }
+      comm.barrier();
+      return median(worst);
+    };
+    for (Row& row : rows) {
+      std::size_t const n = row.bytes / sizeof(float);
+      std::int64_t iters = iterations_for(std::max({run(0, n, 1), run(1, n, 1), run(2, n, 1)}), a);
+      comm.broadcast(std::span(&iters, 1), 0);  // every rank runs the same count
+      double t[3] = {};
+      for (int round = 0; round < 3; ++round) {  // interleave the variants against drift
+        for (int v = 0; v < 3; ++v) {
+          double const m = run(v, n, static_cast<int>(std::max<std::int64_t>(1, iters / 3)));
+          t[v] = round == 0 ? m : std::min(t[v], m);
+        }
+      }
+      if (r == 0) {
+        row.threads = t[0];
+        row.threads_async = t[1];
+        row.loop = t[2];
+      }
+    }
+    // Small-message latency: batches of back-to-back all-reduces, median batch.
+    auto latency = [&](std::size_t n) {
+      std::vector<double> per_op;
+      for (int batch = 0; batch < 25; ++batch) {
+        comm.barrier();
+        auto const t0 = Clock::now();
+        for (int i = 0; i < 2000; ++i) comm.all_reduce(std::span(mine).first(n), ddp::ReduceOp::kSum);
+        per_op.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 2000);
+      }
+      return median(per_op);
+    };
+    double const l4 = latency(1);
+    double const l4k = latency(1024);
+    if (r == 0) {
+      lat4 = l4;
+      lat4k = l4k;
+    }
+  });
+}
+
+// Other MPI ranks wait here while rank 0 runs the threads part, without MPICH's busy polling.
+void idle_barrier() {
+  MPI_Request req;
+  MPI_Ibarrier(MPI_COMM_WORLD, &req);
+  int done = 0;
+  while (!done) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+std::string human(std::size_t b) {
+  char buf[32];
+  if (b % (1u << 20) == 0) std::snprintf(buf, sizeof buf, "%zu MiB", b >> 20);
+  else if (b % 1024 == 0) std::snprintf(buf, sizeof buf, "%zu KiB", b >> 10);
+  else std::snprintf(buf, sizeof buf, "%.0f MB", static_cast<double>(b) / 1e6);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args const a = parse(argc, argv);
+  return ddp::mpi_main(argc, argv, [&](ddp::MpiSession& session) {
+    int const p = session.world_size();
+    std::vector<Row> rows;
+    for (std::size_t b : sizes(a)) rows.push_back(Row{.bytes = b});
+    double mpi_lat = 0;
+    if (a.mpi && p > 1) {
+      ddp::MpiBackend comm(session);
+      bench_mpi(comm, a, rows);
+      std::vector<float> x(1, 0.0f);
+      std::vector<double> per_op;
+      for (int batch = 0; batch < 15; ++batch) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double const t0 = MPI_Wtime();
+        for (int i = 0; i < 1000; ++i) comm.all_reduce(x, ddp::ReduceOp::kSum);
+        per_op.push_back((MPI_Wtime() - t0) / 1000);
+      }
+      mpi_lat = median(per_op);
+    }
+    double lat4 = 0, lat4k = 0;
+    if (a.threads) {
+      if (session.rank() == 0) bench_threads(p, a, rows, lat4, lat4k);
+      idle_barrier();
+    }
+    if (session.rank() != 0) return 0;
+    std::printf("world size %d; busbw in GB/s (median iteration, slowest rank), float32 sum\n\n", p);
+    std::printf("| size | threads | threads async | plain loop | threads / loop | MpiBackend | MpiBackend async | raw MPI_Allreduce | MpiBackend / raw |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (Row const& row : rows) {
+      auto bw = [&](double t) { return busbw_gbs(row.bytes, t, p); };
+      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", human(row.bytes).c_str(), bw(row.threads),
+                  bw(row.threads_async), bw(row.loop), row.threads > 0 ? row.loop / row.threads : 0.0, bw(row.mpi),
+                  bw(row.mpi_async), bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0);
+    }
+    std::printf("\nlatency: threads all_reduce 4 B %.2f us, 4 KiB %.2f us; MpiBackend 4 B %.2f us\n", lat4 * 1e6,
+                lat4k * 1e6, mpi_lat * 1e6);
+    std::printf("400 MB times: threads %.1f ms, plain loop %.1f ms, MpiBackend %.1f ms, raw MPI %.1f ms\n",
+                rows.back().threads * 1e3, rows.back().loop * 1e3, rows.back().mpi * 1e3, rows.back().raw * 1e3);
+    return 0;
+  });
+}
