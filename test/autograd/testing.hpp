@@ -73,6 +73,20 @@ double max_abs_diff(Tensor<T> const& a, Tensor<T> const& b) {
   return m;
 }
 
+inline Tensor<float> to_float(Tensor<double> const& t) {
+  Tensor<float> f(t.shape());
+  for (std::int64_t i = 0; i < t.numel(); ++i) f[i] = static_cast<float>(t[i]);
+  return f;
+}
+
+// max |f - d| / max(1, |d|) between a float result and its double counterpart.
+inline double float_vs_double(Tensor<float> const& f, Tensor<double> const& d) {
+  if (!(f.shape() == d.shape())) return INFINITY;
+  double m = 0;
+  for (std::int64_t i = 0; i < d.numel(); ++i) m = std::max(m, std::abs(double(f[i]) - d[i]) / std::max(1.0, std::abs(d[i])));
+  return m;
+}
+
 // Does `what` contain `part`?
 inline bool contains(std::string const& what, std::string const& part) { return what.find(part) != std::string::npos; }
 

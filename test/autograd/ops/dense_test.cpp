@@ -254,11 +254,6 @@ TEST_CASE("reshape and flatten: values shared, shapes as documented, errors name
 TEST_CASE("float and double agree on a small network's forward and gradients") {
   Generator gen(29);
   Tensor<double> const xd = uniform(Shape{4, 3}, gen), wd = uniform(Shape{5, 3}, gen), bd = uniform(Shape{5}, gen);
-  auto to_float = [](Tensor<double> const& t) {
-    Tensor<float> f(t.shape());
-    for (std::int64_t i = 0; i < t.numel(); ++i) f[i] = static_cast<float>(t[i]);
-    return f;
-  };
   VarD w = param(clone(wd)), b = param(clone(bd));
   Var wf(to_float(wd), RequiresGrad::kYes), bf(to_float(bd), RequiresGrad::kYes);
   VarD const ld = mean(mul(sigmoid(linear(constant(xd), w, b)), tanh(scale(linear(constant(xd), w), 0.5))));

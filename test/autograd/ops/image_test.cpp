@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "test/autograd/testing.hpp"
 
@@ -243,4 +244,36 @@ TEST_CASE("a small CNN end to end: conv -> batch_norm -> tanh -> max_pool -> fla
     return linear(flatten(max_pool2d(h, 3)), v[5], v[6]);
   };
   check_grad("small CNN", f, {x, w, cb, g, bb, fw, fb});
+}
+
+TEST_CASE("float and double agree on conv2d -> batch_norm2d -> relu -> max_pool2d -> cross_entropy, forward and gradients") {
+  Generator gen(901);
+  Tensor<double> const x = uniform(Shape{3, 2, 7, 7}, gen), w = uniform(Shape{4, 2, 3, 3}, gen), cb = uniform(Shape{4}, gen),
+                       g = uniform(Shape{4}, gen, 0.5, 1.5), bb = uniform(Shape{4}, gen), fw = uniform(Shape{5, 36}, gen);
+  Tensor<std::int32_t> const t = random_targets(3, 5, gen);
+  auto net = [&t](auto const& x_, auto const& w_, auto const& cb_, auto const& g_, auto const& bb_, auto const& fw_, auto const& rm,
+                  auto const& rv) {
+    auto h = conv2d(x_, w_, cb_, Conv2dArgs{.stride = 2, .padding = 1});
+    h = relu(batch_norm2d(h, g_, bb_, rm, rv, Mode::kTrain));
+    return cross_entropy(linear(flatten(max_pool2d(h, 2, 1)), fw_), t);
+  };
+  std::vector<VarD> d;
+  std::vector<Var> f;
+  for (auto const* p : {&x, &w, &cb, &g, &bb, &fw}) {
+    d.push_back(param(clone(*p)));
+    f.emplace_back(to_float(*p), RequiresGrad::kYes);
+  }
+  Tensor<double> rmd = zeros<double>(Shape{4}), rvd = full<double>(Shape{4}, 1.0);
+  Tensor<float> rmf = zeros<float>(Shape{4}), rvf = full<float>(Shape{4}, 1.0f);
+  VarD const ld = net(d[0], d[1], d[2], d[3], d[4], d[5], rmd, rvd);
+  Var const lf = net(f[0], f[1], f[2], f[3], f[4], f[5], rmf, rvf);
+  CHECK(lf.item() == doctest::Approx(ld.item()).epsilon(1e-5));
+  CHECK(float_vs_double(rmf, rmd) < 1e-5);
+  CHECK(float_vs_double(rvf, rvd) < 1e-5);
+  backward(ld);
+  backward(lf);
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    INFO("input ", i);
+    CHECK(float_vs_double(f[i].grad(), d[i].grad()) < 1e-4);
+  }
 }
