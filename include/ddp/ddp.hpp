@@ -9,3 +9,5 @@
 #include "ddp/autograd/autograd.hpp"
 #include "ddp/nn/nn.hpp"
 #include "ddp/optim/optim.hpp"
+#include "ddp/comm/threads.hpp"
+#include "ddp/parallel/parallel.hpp"

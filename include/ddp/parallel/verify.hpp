@@ -1,0 +1,97 @@
+// Cross-rank checks DDP runs at construction: same parameters (count, names, shapes) and same bucket plan
+// on every rank. A mismatch raises the same error on every rank instead of a hang or silent corruption.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ddp/bucket/plan.hpp"
+#include "ddp/comm/communicator.hpp"
+#include "ddp/error.hpp"
+#include "ddp/tensor/shape.hpp"
+
+namespace ddp {
+
+// Raised by DistributedDataParallel on every rank for the same cause.
+class DdpError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+
+struct ParamSignature {
+  std::string name;
+  Shape shape;
+};
+
+inline constexpr std::size_t kNameWords = 12;                 // 96 bytes of name per parameter
+inline constexpr std::size_t kSigWords = 1 + 4 + kNameWords;  // rank, dims[4], name
+
+inline void encode(ParamSignature const& p, std::int64_t* out) {
+  std::fill(out, out + kSigWords, std::int64_t{0});
+  out[0] = p.shape.rank();
+  for (int d = 0; d < p.shape.rank(); ++d) out[1 + d] = p.shape[d];
+  std::memcpy(out + 5, p.name.data(), std::min(p.name.size(), kNameWords * 8));
+}
+inline ParamSignature decode(std::int64_t const* in) {
+  ParamSignature p;
+  char buf[kNameWords * 8 + 1] = {};
+  std::memcpy(buf, in + 5, kNameWords * 8);
+  p.name = buf;
+  std::vector<std::int64_t> dims(in + 1, in + 1 + std::clamp<std::int64_t>(in[0], 0, 4));
+  p.shape = Shape::from_range(dims.begin(), dims.end());
+  return p;
+}
+
+// All ranks exchange their parameter lists; every rank then finds the same first difference (lowest
+// parameter index, then lowest rank) and throws the same DdpError naming it and both shapes.
+template <Communicator C>
+void verify_parameters_match(C& comm, std::vector<ParamSignature> const& mine) {
+  int const n = comm.world_size();
+  std::vector<std::int64_t> count{static_cast<std::int64_t>(mine.size())}, counts(static_cast<std::size_t>(n));
+  comm.all_gather(count, counts, CollectiveTag{"ddp.param_count"});
+  std::int64_t const pmax = *std::max_element(counts.begin(), counts.end());
+  std::vector<std::int64_t> local(static_cast<std::size_t>(pmax) * kSigWords, 0);
+  for (std::size_t i = 0; i < mine.size(); ++i) encode(mine[i], local.data() + i * kSigWords);
+  std::vector<std::int64_t> all(local.size() * static_cast<std::size_t>(n));
+  comm.all_gather(local, all, CollectiveTag{"ddp.param_shapes"});
+  auto at = [&](int r, std::int64_t i) { return all.data() + (static_cast<std::size_t>(r) * pmax + i) * kSigWords; };
+  for (std::int64_t i = 0; i < pmax; ++i) {
+    for (int r = 1; r < n; ++r) {
+      bool const has0 = i < counts[0], hasr = i < counts[static_cast<std::size_t>(r)];
+      if (has0 && hasr && std::equal(at(0, i), at(0, i) + kSigWords, at(r, i))) continue;
+      if (!has0 && !hasr) continue;
+      std::string msg = detail::cat("DistributedDataParallel: the model differs across ranks at parameter ", i, ": ");
+      auto describe = [&](int rank, bool has) {
+        if (!has) return detail::cat("rank ", rank, " has only ", counts[static_cast<std::size_t>(rank)], " parameters");
+        auto p = decode(at(rank, i));
+        return detail::cat("rank ", rank, " has '", p.name, "' with shape ", p.shape);
+      };
+      msg += describe(0, has0) + ", " + describe(r, hasr) +
+             ". Every rank must build the same model (same layers, order and sizes) before wrapping it.";
+      throw DdpError(msg);
+    }
+  }
+}
+
+// Same bucket plan everywhere (a rank with a different bucket cap would all-reduce different slices).
+template <Communicator C>
+void verify_plan_match(C& comm, BucketPlan const& plan, std::string const& policy) {
+  std::int64_t h = 1469598103934665603LL;
+  for (auto const& b : plan.buckets) h = (h ^ b.numel) * 1099511628211LL ^ static_cast<std::int64_t>(b.params.size());
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(plan.buckets.size()), h};
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm.world_size()));
+  comm.all_gather(mine, all, CollectiveTag{"ddp.bucket_plan"});
+  for (int r = 1; r < comm.world_size(); ++r)
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
+      throw DdpError(detail::cat("DistributedDataParallel: the bucket plan differs across ranks (rank 0: ", all[0],
+                                 " buckets, rank ", r, ": ", all[2 * r], " buckets; this rank uses ", policy,
+                                 "). Pass the same bucket configuration on every rank."));
+}
+
+}  // namespace detail
+}  // namespace ddp

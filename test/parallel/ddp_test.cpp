@@ -1,0 +1,70 @@
+// DistributedDataParallel on the threads backend: equivalence, cross-rank errors, no_sync, buffers,
+// collective order.
+#include <doctest/doctest.h>
+
+#include <mutex>
+
+#include "test/parallel/ddp_cases.hpp"
+
+using namespace ddp;
+
+TEST_CASE("N ranks on B/N equal one process on B after 20 SGD-momentum steps") {
+  for (int n : {1, 2, 4}) {
+    for (BucketConfig cfg : {BucketConfig{}, BucketConfig{.cap_bytes = 256, .first_cap_bytes = 64}, BucketConfig{.cap_bytes = 0, .first_cap_bytes = 0}}) {
+      CAPTURE(n);
+      CAPTURE(cfg.cap_bytes);
+      std::vector<double> rel(n);
+      spawn(n, [&](ThreadsBackend& comm) { rel[comm.rank()] = test::equivalence(comm, 16, 20, cfg); });
+      for (double d : rel) CHECK(d <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("a shape mismatch raises on every rank, naming the parameter and both shapes") {
+  for (int n : {2, 3}) spawn(n, [](ThreadsBackend& comm) { test::shape_mismatch(comm); });
+}
+
+TEST_CASE("an unused parameter is an error on every rank; find_unused_parameters treats it as zero") {
+  for (int n : {1, 2, 4}) spawn(n, [](ThreadsBackend& comm) { test::unused_parameter(comm); });
+}
+
+TEST_CASE("no_sync: k accumulated micro-batches then one synced step equal one big batch") {
+  for (int n : {1, 2, 4}) {
+    std::vector<double> d(n);
+    spawn(n, [&](ThreadsBackend& comm) { d[comm.rank()] = test::no_sync_accumulation(comm); });
+    for (double x : d) CHECK(x <= 1e-6);
+  }
+}
+
+TEST_CASE("buffers are broadcast from rank 0 at construction and before each forward") {
+  spawn(3, [](ThreadsBackend& comm) { test::buffer_broadcast(comm); });
+}
+
+TEST_CASE("collectives: one broadcast per parameter, one all-reduce per bucket per step, same order on every rank") {
+  for (BucketConfig cfg : {BucketConfig{.cap_bytes = 0, .first_cap_bytes = 0}, BucketConfig{.cap_bytes = 1024, .first_cap_bytes = 256}}) {
+    std::vector<std::vector<CollectiveRecord>> recs(2);
+    spawn(2, [&](ThreadsBackend& comm) { recs[comm.rank()] = test::collective_order(comm, cfg); });
+    auto const& a = recs[0];
+    REQUIRE(a.size() == recs[1].size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i].op == recs[1][i].op);
+      CHECK(a[i].count == recs[1][i].count);
+      CHECK(a[i].tag.id == recs[1][i].tag.id);
+    }
+    auto model = test::make_mlp(8, 64, 4, 1);
+    auto plan = assign_buckets(std::vector<std::int64_t>{64 * 8, 64, 4 * 64, 4}, 4, cfg);
+    std::size_t bcast = 0, reduces = 0;
+    std::int64_t expect_bucket = 0;
+    for (auto const& r : a) {
+      if (r.op == CollectiveKind::kBroadcast && r.tag.label == std::string_view("ddp.param")) ++bcast;
+      if (r.op == CollectiveKind::kAllReduce && r.tag.label == std::string_view("bucket")) {
+        CHECK(r.tag.id == expect_bucket);  // plan order
+        CHECK(r.count == std::size_t(plan.buckets[r.tag.id].numel + 2));
+        expect_bucket = (expect_bucket + 1) % std::int64_t(plan.buckets.size());
+        ++reduces;
+      }
+    }
+    CHECK(bcast == 4);
+    CHECK(reduces == 2 * plan.buckets.size());
+  }
+}
