@@ -11,3 +11,4 @@
 #include "ddp/optim/optim.hpp"
 #include "ddp/comm/threads.hpp"
 #include "ddp/parallel/parallel.hpp"
+#include "ddp/data/data.hpp"

@@ -1,0 +1,9 @@
+// ddp data: datasets, samplers, the DataLoader, evaluation metrics and the IDX / Fashion-MNIST readers.
+#pragma once
+
+#include "ddp/data/dataset.hpp"
+#include "ddp/data/fashion_mnist.hpp"
+#include "ddp/data/idx.hpp"
+#include "ddp/data/loader.hpp"
+#include "ddp/data/metrics.hpp"
+#include "ddp/data/sampler.hpp"

@@ -1,0 +1,108 @@
+// DataLoader: cuts a sampler's index list into batches and collates each through the Dataset.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <span>
+#include <vector>
+
+#include "ddp/data/dataset.hpp"
+#include "ddp/data/sampler.hpp"
+#include "ddp/error.hpp"
+
+namespace ddp {
+
+struct LoaderOptions {
+  std::int64_t batch_size = 1;  // samples per batch (per rank, under a DistributedSampler)
+  bool drop_last = false;       // drop the final batch when it has fewer than batch_size samples (PyTorch's)
+};
+
+// torch.utils.data.DataLoader without worker processes: batch i holds indices[i·B, min((i+1)·B, n)) of the
+// index list it was built from (a copy, so the sampler may move to its next epoch meanwhile), collated by
+// the dataset. Batches are made on demand: batch(i) and iteration allocate one x and one y tensor each,
+// cost O(B · sample size), and are deterministic. The loader keeps a reference to the dataset, which must
+// outlive it. batch(i) is const and may be called from several threads at once when the dataset's collate
+// may (TensorDataset's can).
+//
+//   sampler.set_epoch(epoch);
+//   for (auto const& b : DataLoader(dataset, sampler, {.batch_size = 32, .drop_last = true})) step(b.x, b.y);
+template <Dataset D>
+class DataLoader {
+ public:
+  using batch_type = batch_t<D>;
+
+  DataLoader(D const& dataset, std::span<std::int64_t const> indices, LoaderOptions const& opts)
+      : dataset_(&dataset), indices_(indices.begin(), indices.end()), opts_(opts) {
+    if (opts_.batch_size < 1)
+      throw ArgumentError(detail::cat("DataLoader: batch_size = ", opts_.batch_size, " must be at least 1"));
+    std::int64_t const n = static_cast<std::int64_t>(indices_.size());
+    std::int64_t const size = static_cast<std::int64_t>(dataset.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int64_t const k = indices_[static_cast<std::size_t>(i)];
+      if (k < 0 || k >= size)
+        throw ArgumentError(detail::cat("DataLoader: index ", k, " at position ", i,
+                                        " of the index list is outside the dataset's [0, ", size, ")"));
+    }
+    num_batches_ = opts_.drop_last ? n / opts_.batch_size : (n + opts_.batch_size - 1) / opts_.batch_size;
+  }
+
+  template <Sampler S>
+  DataLoader(D const& dataset, S const& sampler, LoaderOptions const& opts)
+      : DataLoader(dataset, std::span<std::int64_t const>(sampler.indices()), opts) {}
+
+  std::int64_t num_batches() const noexcept { return num_batches_; }
+  std::int64_t batch_size() const noexcept { return opts_.batch_size; }
+  // Number of samples the batches cover (the index list, less a dropped tail).
+  std::int64_t num_samples() const noexcept {
+    return num_batches_ == 0 ? 0
+                             : std::min<std::int64_t>(static_cast<std::int64_t>(indices_.size()),
+                                                      num_batches_ * opts_.batch_size);
+  }
+
+  // The dataset indices of batch i.
+  std::span<std::int64_t const> batch_indices(std::int64_t i) const {
+    if (i < 0 || i >= num_batches_)
+      throw ArgumentError(detail::cat("DataLoader: batch ", i, " is outside [0, ", num_batches_, ")"));
+    std::size_t const first = static_cast<std::size_t>(i * opts_.batch_size);
+    std::size_t const count = std::min(static_cast<std::size_t>(opts_.batch_size), indices_.size() - first);
+    return std::span<std::int64_t const>(indices_).subspan(first, count);
+  }
+
+  batch_type batch(std::int64_t i) const { return dataset_->collate(batch_indices(i)); }
+
+  // Input iterator over the batches; dereferencing collates (returns the batch by value).
+  class iterator {
+   public:
+    using value_type = batch_type;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::input_iterator_tag;
+
+    iterator() = default;
+    iterator(DataLoader const* loader, std::int64_t i) : loader_(loader), i_(i) {}
+    batch_type operator*() const { return loader_->batch(i_); }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    void operator++(int) { ++i_; }
+    friend bool operator==(iterator const& a, iterator const& b) noexcept { return a.i_ == b.i_; }
+    std::int64_t index() const noexcept { return i_; }
+
+   private:
+    DataLoader const* loader_ = nullptr;
+    std::int64_t i_ = 0;
+  };
+
+  iterator begin() const { return {this, 0}; }
+  iterator end() const { return {this, num_batches_}; }
+
+ private:
+  D const* dataset_;
+  std::vector<std::int64_t> indices_;
+  LoaderOptions opts_;
+  std::int64_t num_batches_ = 0;
+};
+
+}  // namespace ddp
