@@ -6,6 +6,7 @@
 #include <concepts>
 #include <cstdint>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -35,10 +36,13 @@ struct GradCheckResult {
   std::int64_t elements_checked = 0;
 
   std::string summary() const {
-    if (worst_input < 0) return detail::cat("grad_check: ", elements_checked, " elements checked, none differ");
-    return detail::cat("grad_check ", ok ? "passed" : "FAILED", ": worst error ", max_error, " at input ", worst_input,
-                       " element ", worst_element, " (backward ", worst_analytic, ", finite difference ", worst_numeric,
-                       "); ", elements_checked, " elements checked");
+    if (worst_input < 0) return detail::cat("grad_check: ", elements_checked, " elements checked");
+    std::ostringstream os;
+    os.precision(12);  // enough digits to see a 1e-7 relative difference between the two sides
+    os << "grad_check " << (ok ? "passed" : "FAILED") << ": worst error " << max_error << " at input " << worst_input
+       << " element " << worst_element << " (backward " << worst_analytic << ", finite difference " << worst_numeric
+       << "); " << elements_checked << " elements checked";
+    return os.str();
   }
 };
 
@@ -65,7 +69,8 @@ inline double contract(Tensor<double> const& v, Tensor<double> const& y) {
 // the absolute error; above it, the relative error, so large gradients are held to the same number of
 // correct digits. It is symmetric in a and n, so neither side is privileged as "the truth".
 //
-// Costs 2·(elements checked) + 1 evaluations of fn. Leaves the inputs' gradients holding backward's result.
+// Costs 2·(elements checked) + 1 evaluations of fn. Calls zero_grad() on the inputs first and leaves their
+// gradients holding backward's result.
 template <class Fn>
   requires std::invocable<Fn&, std::vector<Variable<double>> const&>
 GradCheckResult grad_check(Fn&& fn, std::vector<Variable<double>> const& inputs, GradCheckOptions const& opts = {}) {
