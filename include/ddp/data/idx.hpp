@@ -97,14 +97,14 @@ class IdxSource {
   bool truncated_gzip() const noexcept { return truncated_gzip_; }
 
   // Reads up to n bytes; returns how many were read (fewer only at the end of the data, or of a truncated
-  // gzip stream). Corrupt gzip data throws, naming the file and what the caller was reading (`what`).
-  std::uint64_t read(void* dst, std::uint64_t n, std::string_view what) {
+  // gzip stream). Corrupt gzip data (bad deflate data, CRC or length mismatch) throws IoError naming the file.
+  std::uint64_t read(void* dst, std::uint64_t n) {
     auto* p = static_cast<unsigned char*>(dst);
     std::uint64_t done = 0;
     while (done < n) {
       auto const chunk = static_cast<unsigned>(std::min<std::uint64_t>(n - done, 1u << 30));
       int const got = gzread(f_, p + done, chunk);
-      check(what);
+      check();
       if (got > 0) done += static_cast<std::uint64_t>(got);
       if (got <= 0 || truncated_gzip_) break;
       if (static_cast<unsigned>(got) < chunk) break;
@@ -113,18 +113,18 @@ class IdxSource {
   }
 
   // Reads to the end, discarding; returns the number of bytes (decompressed, for gzip).
-  std::uint64_t skip_to_end(std::string_view what) {
+  std::uint64_t skip_to_end() {
     std::vector<unsigned char> scratch(1u << 17);
     std::uint64_t total = 0;
     for (;;) {
-      std::uint64_t const got = read(scratch.data(), scratch.size(), what);
+      std::uint64_t const got = read(scratch.data(), scratch.size());
       total += got;
       if (got < scratch.size()) return total;
     }
   }
 
  private:
-  void check(std::string_view what) {
+  void check() {
     int err = Z_OK;
     char const* msg = gzerror(f_, &err);
     if (err == Z_OK) return;
@@ -132,7 +132,10 @@ class IdxSource {
       truncated_gzip_ = true;
       return;
     }
-    throw IoError(cat(name_, ": corrupt ", gzip_ ? "gzip data" : "file", " (zlib: ", msg, ") while reading ", what));
+    std::string_view text(msg ? msg : "unknown error");
+    if (text.starts_with(name_ + ": ")) text.remove_prefix(name_.size() + 2);  // zlib prefixes the path
+    if (err == Z_ERRNO) throw IoError(cat(name_, ": read error: ", std::strerror(errno)));
+    throw IoError(cat(name_, ": corrupt ", gzip_ ? "gzip data" : "file", " (zlib: ", text, ")"));
   }
 
   std::string name_;
@@ -158,7 +161,7 @@ inline IdxHeader read_idx_header(IdxSource& src, int ndims, char const* kind, ch
       ndims > 0 ? hex32((std::uint32_t{kIdxUint8} << 8) | static_cast<std::uint32_t>(ndims)) : "0x000008nn";
 
   std::array<unsigned char, 4> m{};
-  if (auto const got = src.read(m.data(), 4, "the IDX header"); got < 4)
+  if (auto const got = src.read(m.data(), 4); got < 4)
     throw IoError(cat(name, ": truncated: the file has ", got, " byte", got == 1 ? "" : "s",
                       src.gzip() ? " of data after decompression" : "", ", less than the 4-byte IDX magic number (",
                       expected_magic, " for ", kind, ")"));
@@ -180,7 +183,7 @@ inline IdxHeader read_idx_header(IdxSource& src, int ndims, char const* kind, ch
   h.header_bytes = 4 + 4 * static_cast<std::uint64_t>(nd);
   h.dims.resize(static_cast<std::size_t>(nd));
   std::vector<unsigned char> raw(4 * static_cast<std::size_t>(nd));
-  if (auto const got = src.read(raw.data(), raw.size(), "the IDX header"); got < raw.size())
+  if (auto const got = src.read(raw.data(), raw.size()); got < raw.size())
     throw IoError(cat(name, ": truncated: the file ends ", 4 + got, " bytes in, inside the ", h.header_bytes,
                       "-byte IDX header"));
   constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 40;
@@ -221,7 +224,7 @@ inline IdxContents read_idx_u8(std::filesystem::path const& path, int ndims, cha
   auto const size_error = [&](std::uint64_t found) {
     bool const short_data = found < h.data_bytes || src.truncated_gzip();
     std::string extra = found > h.data_bytes ? cat(" (", found - h.data_bytes, " extra bytes)") : std::string{};
-    if (src.gzip()) extra += src.truncated_gzip() ? " before the gzip stream ends early" : " after decompression";
+    if (src.gzip()) extra += src.truncated_gzip() ? "; the gzip stream ends early (file cut short)" : " after decompression";
     return IoError(cat(src.name(), ": ", short_data ? "truncated" : "trailing garbage", ": header says ", h.shape_text,
                        " = ", h.data_bytes, " bytes of data, found ", found, extra));
   };
@@ -229,10 +232,10 @@ inline IdxContents read_idx_u8(std::filesystem::path const& path, int ndims, cha
     throw size_error(src.plain_size() < h.header_bytes ? 0 : src.plain_size() - h.header_bytes);
 
   out.data.resize(static_cast<std::size_t>(kept * item_bytes));
-  std::uint64_t found = src.read(out.data.data(), out.data.size(), "the data");
+  std::uint64_t found = src.read(out.data.data(), out.data.size());
   if (found < out.data.size()) throw size_error(found);
   if (src.gzip()) {
-    found += src.skip_to_end("the data");
+    found += src.skip_to_end();
     if (found != h.data_bytes || src.truncated_gzip()) throw size_error(found);
   }
   out.kept = static_cast<std::int64_t>(kept);
