@@ -236,12 +236,17 @@ TEST_CASE("backward twice through a freed graph throws; retain_graph keeps it") 
   }
   SUBCASE("retain_graph: a second backward adds the same gradient again") {
     VarD w = param(uniform(Shape{2, 3}, gen));
+    HookLog log;
+    watch(w, log);
     VarD loss = sum(tanh(mul(w, w)));
     backward(loss, {}, BackwardOptions{.retain_graph = true});
+    CHECK(log.calls == 1);
     std::vector<double> const g1 = values(clone(w.grad()));
     backward(loss, {}, BackwardOptions{.retain_graph = true});
     for (std::size_t i = 0; i < g1.size(); ++i)
       CHECK(w.grad()[static_cast<std::int64_t>(i)] == doctest::Approx(2 * g1[i]).epsilon(1e-14));
+    CHECK(log.calls == 2);  // once per backward, also through a retained graph
+    CHECK(log.grad == values(w.grad()));
     backward(loss);  // the last one frees
     for (std::size_t i = 0; i < g1.size(); ++i)
       CHECK(w.grad()[static_cast<std::int64_t>(i)] == doctest::Approx(3 * g1[i]).epsilon(1e-14));

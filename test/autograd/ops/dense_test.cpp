@@ -53,12 +53,12 @@ TEST_CASE("matmul forward equals the triple loop") {
     }
 }
 
-TEST_CASE("linear: with and without bias, 2-D and 3-D input, every input's gradient") {
+TEST_CASE("linear: with and without bias, 1-D to 4-D input, every input's gradient") {
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
     Generator gen(seed);
     std::int64_t const B = dim(gen, 1, 5), A = dim(gen, 1, 3), in = dim(gen, 1, 6), out = dim(gen, 1, 6);
     VarD w = param(uniform(Shape{out, in}, gen)), b = param(uniform(Shape{out}, gen));
-    for (Shape xs : {Shape{B, in}, Shape{A, B, in}, Shape{2, A, B, in}}) {
+    for (Shape xs : {Shape{in}, Shape{B, in}, Shape{A, B, in}, Shape{2, A, B, in}}) {
       VarD x = param(uniform(xs, gen));
       check_grad(label("linear+bias", seed, xs), [](Inputs const& v) { return linear(v[0], v[1], v[2]); }, {x, w, b});
       check_grad(label("linear", seed, xs), [](Inputs const& v) { return linear(v[0], v[1]); }, {x, w});
