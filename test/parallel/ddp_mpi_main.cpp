@@ -1,0 +1,35 @@
+// The DDP scenarios of ddp_cases.hpp under mpirun (MpiBackend): run by mpi_test with -n 2 and -n 4.
+// Exits 0 when every scenario passes on every rank; a failing rank aborts the job with its message.
+#include <cstdio>
+
+#include "ddp/comm/mpi.hpp"
+#include "test/parallel/ddp_cases.hpp"
+
+int main(int argc, char** argv) {
+  ddp::MpiSession session(argc, argv);
+  try {
+    ddp::MpiBackend comm(session);
+    double const eq = ddp::test::equivalence(comm, 16, 20);
+    ddp::test::expect(eq <= 1e-6, "equivalence: relative max difference " + std::to_string(eq));
+    double const eq_small = ddp::test::equivalence(comm, 16, 20, {.cap_bytes = 0, .first_cap_bytes = 0});
+    ddp::test::expect(eq_small <= 1e-6, "equivalence (one bucket per parameter): " + std::to_string(eq_small));
+    ddp::test::shape_mismatch(comm);
+    ddp::test::unused_parameter(comm);
+    double const ns = ddp::test::no_sync_accumulation(comm);
+    ddp::test::expect(ns <= 1e-6, "no_sync accumulation differs by " + std::to_string(ns));
+    ddp::test::buffer_broadcast(comm);
+    auto recs = ddp::test::collective_order(comm, {.cap_bytes = 1024, .first_cap_bytes = 256});
+    // Every rank's sequence must equal rank 0's: compare a fingerprint.
+    std::int64_t h = 0;
+    for (auto const& r : recs) h = h * 1000003 + static_cast<std::int64_t>(r.op) * 7919 + static_cast<std::int64_t>(r.count) * 31 + r.tag.id;
+    std::vector<std::int64_t> mine{h}, all(static_cast<std::size_t>(comm.world_size()));
+    comm.all_gather(mine, all);
+    for (auto x : all) ddp::test::expect(x == all[0], "collective sequences differ across ranks");
+    if (comm.rank() == 0)
+      std::printf("ddp mpi tests passed on %d ranks (equivalence %.3g, %.3g; no_sync %.3g)\n", comm.world_size(), eq,
+                  eq_small, ns);
+  } catch (std::exception const& e) {
+    session.abort(e.what());
+  }
+  return 0;
+}
