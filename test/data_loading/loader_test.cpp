@@ -106,6 +106,16 @@ TEST_CASE("DataLoader cuts the index list into batches; drop_last drops only an 
   CHECK(i == 3);
   CHECK(samples == 11);
 
+  // Resuming part-way visits the remaining batches only.
+  std::int64_t resumed = 0;
+  for (auto const& b : keep.from(1)) {
+    CHECK(b.x[0] == keep.batch(1 + resumed).x[0]);
+    ++resumed;
+  }
+  CHECK(resumed == 2);
+  CHECK(keep.from(3).empty());
+  CHECK_THROWS_AS(keep.from(4), ArgumentError);
+
   // The loader copies the list: the sampler may move on to its next epoch.
   DistributedSampler sampler(20, 2, 1);
   DataLoader loader(ds, sampler, {.batch_size = 5});

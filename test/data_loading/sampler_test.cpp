@@ -183,6 +183,9 @@ TEST_CASE("DistributedSampler pads by repeating from the head, or drops the tail
   CHECK(lists(0, 2, false) == L{{}, {}});
 
   DistributedSampler s(10, 4, 1);
+  CHECK(detail::cat(s) ==
+        "DistributedSampler{n=10, num_replicas=4, rank=1, shuffle=true, seed=0, drop_last=false, epoch=0}");
+  CHECK(detail::cat(EvalSampler(10, 4, 3)) == "EvalSampler{n=10, num_replicas=4, rank=3}");
   CHECK(s.size() == 3);
   CHECK(s.total_size() == 12);
   CHECK(DistributedSampler(10, 4, 1, {.drop_last = true}).total_size() == 8);

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <ranges>
 #include <span>
 #include <vector>
 
@@ -97,6 +98,14 @@ class DataLoader {
 
   iterator begin() const { return {this, 0}; }
   iterator end() const { return {this, num_batches_}; }
+
+  // Batches first_batch, ..., num_batches() - 1: resuming an epoch part-way (e.g. after a checkpoint saved
+  // mid-epoch) visits exactly the batches an uninterrupted run would have.
+  std::ranges::subrange<iterator> from(std::int64_t first_batch) const {
+    if (first_batch < 0 || first_batch > num_batches_)
+      throw ArgumentError(detail::cat("DataLoader::from: batch ", first_batch, " is outside [0, ", num_batches_, "]"));
+    return {iterator(this, first_batch), end()};
+  }
 
  private:
   D const* dataset_;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -104,6 +105,14 @@ class DistributedSampler {
   int rank() const noexcept { return rank_; }
   SamplerOptions const& options() const noexcept { return opts_; }
 
+  // For logs: what was composed, e.g. DistributedSampler{n=100, num_replicas=2, rank=0, shuffle=true, ...}.
+  friend std::ostream& operator<<(std::ostream& os, DistributedSampler const& s) {
+    return os << "DistributedSampler{n=" << s.n_ << ", num_replicas=" << s.replicas_ << ", rank=" << s.rank_
+              << ", shuffle=" << (s.opts_.shuffle ? "true" : "false") << ", seed=" << s.opts_.seed
+              << ", drop_last=" << (s.opts_.drop_last ? "true" : "false")
+              << ", epoch=" << s.epoch_ << "}";
+  }
+
  private:
   void rebuild() {
     auto const order =
@@ -130,7 +139,8 @@ class DistributedSampler {
 // all_reduce_counts (metrics.hpp) for exact accuracy. O(n / R) time and memory.
 class EvalSampler {
  public:
-  EvalSampler(std::int64_t dataset_size, int num_replicas, int rank) : n_(dataset_size) {
+  EvalSampler(std::int64_t dataset_size, int num_replicas, int rank)
+      : n_(dataset_size), replicas_(num_replicas), rank_(rank) {
     detail::check_dataset_size(n_, "EvalSampler");
     detail::check_replicas(num_replicas, rank, "EvalSampler");
     for (std::int64_t i = rank; i < n_; i += num_replicas) indices_.push_back(i);
@@ -146,8 +156,14 @@ class EvalSampler {
   std::int64_t size() const noexcept { return static_cast<std::int64_t>(indices_.size()); }
   std::int64_t dataset_size() const noexcept { return n_; }
 
+  friend std::ostream& operator<<(std::ostream& os, EvalSampler const& s) {
+    return os << "EvalSampler{n=" << s.n_ << ", num_replicas=" << s.replicas_ << ", rank=" << s.rank_ << "}";
+  }
+
  private:
   std::int64_t n_;
+  int replicas_;
+  int rank_;
   std::vector<std::int64_t> indices_;
 };
 
