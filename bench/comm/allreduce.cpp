@@ -1,6 +1,7 @@
 // allreduce: bus bandwidth (nccl-tests convention) of ThreadsBackend and MpiBackend, side by side with the
 // simplest in-process loop and raw MPI_Allreduce on the same buffers, 4 KiB-400 MB, plus small-message
-// latency. Run: mpirun -n P bazel-bin/bench/comm/allreduce  (P ranks for MPI, P threads for the threads part).
+// latency. Run: mpirun -n P bazel-bin/bench/comm/allreduce  (P ranks for MPI, P threads for the threads part);
+// threads only: bazel-bin/bench/comm/allreduce --no-mpi --threads-world=P. Options: --max-bytes= --budget-ms=.
 #include <mpi.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@ struct Args {
   int max_iters = 200;
   bool mpi = true;
   bool threads = true;
+  int threads_world = 0;  // 0: the MPI world size
 };
 
 Args parse(int argc, char** argv) {
@@ -40,6 +42,7 @@ Args parse(int argc, char** argv) {
     if (auto v = value("--min-bytes=")) a.min_bytes = std::stoull(v);
     if (auto v = value("--budget-ms=")) a.budget_s = std::stod(v) / 1000.0;
     if (auto v = value("--max-iters=")) a.max_iters = std::stoi(v);
+    if (auto v = value("--threads-world=")) a.threads_world = std::stoi(v);
     if (s == "--no-mpi") a.mpi = false;
     if (s == "--no-threads") a.threads = false;
   }
@@ -238,10 +241,11 @@ int main(int argc, char** argv) {
     }
     double lat4 = 0, lat4k = 0;
     if (a.threads) {
-      if (session.rank() == 0) bench_threads(p, a, rows, lat4, lat4k);
+      if (session.rank() == 0) bench_threads(a.threads_world > 0 ? a.threads_world : p, a, rows, lat4, lat4k);
       idle_barrier();
     }
     if (session.rank() != 0) return 0;
+    if (a.threads_world > 0 && a.threads_world != p) std::printf("threads world size %d; ", a.threads_world);
     std::printf("world size %d; busbw in GB/s (median iteration, slowest rank), float32 sum\n\n", p);
     std::printf("| size | threads | threads async | plain loop | threads / loop | MpiBackend | MpiBackend async | raw MPI_Allreduce | MpiBackend / raw |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");

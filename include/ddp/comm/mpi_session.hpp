@@ -5,6 +5,8 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -23,6 +25,10 @@ inline std::string mpi_error_string(int code) {
   if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return cat("MPI error code ", code);
   return std::string(buf, static_cast<std::size_t>(len));
 }
+
+// MPI_Abort tears the job down at once, and mpirun (Hydra) then drops output its proxies have not forwarded
+// yet, sometimes the very message explaining the abort. A short pause before aborting lets it through.
+inline void let_launcher_forward_output() noexcept { std::this_thread::sleep_for(std::chrono::milliseconds(250)); }
 
 // A rank that calls std::exit() mid-run would leave its peers blocked in a collective (Hydra reports a
 // plain exit without naming the rank, or not at all). MpiSession arms this std::atexit hook, which names
@@ -50,6 +56,7 @@ inline void abort_if_exiting_mid_run() noexcept {
                "aborting the MPI job (MPI_Abort)\n",
                g.rank.load(), g.world_size.load());
   std::fflush(stderr);
+  let_launcher_forward_output();
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
@@ -87,6 +94,7 @@ class MpiSession {
     std::fprintf(stderr, "ddp: rank %d of %d failed: %.*s; aborting the MPI job (MPI_Abort)\n", rank_, world_size_,
                  static_cast<int>(why.size()), why.data());
     std::fflush(stderr);
+    detail::let_launcher_forward_output();
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] honest if it ever did
   }
