@@ -182,8 +182,9 @@ TEST_CASE("defective IDX files throw IoError naming the file and the defect") {
     bad[2] = 0x0D;
     auto const p = write_gz("float-images.gz", bad);
     CHECK(io_error([&] { read_idx_images(p); }) ==
-          p.string() + ": magic number 0x00000D03 has dtype byte 0x0D (float32); only 0x08 (uint8) is supported "
-                       "(expected 0x00000803 for images)");
+          p.string() +
+              ": magic number 0x00000D03 has dtype byte 0x0D (float32); only 0x08 (uint8) is supported "
+              "(expected 0x00000803 for images)");
   }
   SUBCASE("wrong number of dimensions: a label file read as images and the reverse") {
     auto const lp = write_plain("labels-as-images", label_file({1, 2, 3}));
@@ -265,8 +266,8 @@ TEST_CASE("the real Fashion-MNIST files (installed by tools/setup.sh): first 100
     mean += v;
   }
   mean /= static_cast<double>(ds.x().numel());
-  CHECK(mn == lo);  // background pixels are 0
-  CHECK(mx == hi);  // and some pixel is saturated
+  CHECK(mn == lo);              // background pixels are 0
+  CHECK(mx == hi);              // and some pixel is saturated
   CHECK(std::abs(mean) < 0.3);  // normalised with the dataset's own statistics
   std::vector<int> per_class(10, 0);
   for (std::int64_t i = 0; i < 100; ++i) {
@@ -274,7 +275,7 @@ TEST_CASE("the real Fashion-MNIST files (installed by tools/setup.sh): first 100
     ++per_class[static_cast<std::size_t>(ds.y()[i])];
   }
   for (int c : per_class) CHECK(c > 0);  // 100 test samples cover all 10 classes
-  CHECK(ds.y()[0] == 9);                  // the first test image is an ankle boot
+  CHECK(ds.y()[0] == 9);                 // the first test image is an ankle boot
 }
 
 TEST_CASE("the mlp fixture's inputs are the first 256 training images, normalised as read_idx_images does") {

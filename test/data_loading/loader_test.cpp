@@ -138,9 +138,9 @@ TEST_CASE("DataLoader validates its options and the index list") {
 }
 
 TEST_CASE("argmax_correct counts argmax hits; ties go to the first class, NaN wins, shapes are checked") {
-  auto logits = from_values<float>({4, 3}, {0.1f, 0.7f, 0.2f,                                 // 1
-                                            5.0f, 5.0f, 1.0f,                                 // tie -> 0
-                                            -1.0f, -2.0f, -0.5f,                              // 2
+  auto logits = from_values<float>({4, 3}, {0.1f, 0.7f, 0.2f,                                       // 1
+                                            5.0f, 5.0f, 1.0f,                                       // tie -> 0
+                                            -1.0f, -2.0f, -0.5f,                                    // 2
                                             0.0f, std::numeric_limits<float>::quiet_NaN(), 9.0f});  // NaN -> 1
   auto pred = argmax_rows(logits);
   CHECK(pred[0] == 1);

@@ -141,8 +141,10 @@ TEST_CASE("the shuffled mlp fixture has DistributedSampler's structure, and so d
             order.push_back(k);
           }
       CHECK(std::count(seen.begin(), seen.end(), 1) == kN);
-      if (e == 0) first_epoch = order;
-      else epochs_differ |= order != first_epoch;
+      if (e == 0)
+        first_epoch = order;
+      else
+        epochs_differ |= order != first_epoch;
     }
     CHECK(epochs_differ);  // set_epoch reshuffled
 
@@ -171,14 +173,14 @@ TEST_CASE("DistributedSampler pads by repeating from the head, or drops the tail
     return out;
   };
   using L = std::vector<std::vector<std::int64_t>>;
-  CHECK(lists(5, 2, false) == L{{0, 2, 4}, {1, 3, 0}});                  // total 6: [0 1 2 3 4 | 0]
-  CHECK(lists(5, 2, true) == L{{0, 2}, {1, 3}});                         // total 4: sample 4 dropped
-  CHECK(lists(7, 3, false) == L{{0, 3, 6}, {1, 4, 0}, {2, 5, 1}});       // total 9: [.. | 0 1]
-  CHECK(lists(7, 3, true) == L{{0, 3}, {1, 4}, {2, 5}});                 // total 6
-  CHECK(lists(2, 5, false) == L{{0}, {1}, {0}, {1}, {0}});               // n < R: [0 1 | 0 1 0]
+  CHECK(lists(5, 2, false) == L{{0, 2, 4}, {1, 3, 0}});                    // total 6: [0 1 2 3 4 | 0]
+  CHECK(lists(5, 2, true) == L{{0, 2}, {1, 3}});                           // total 4: sample 4 dropped
+  CHECK(lists(7, 3, false) == L{{0, 3, 6}, {1, 4, 0}, {2, 5, 1}});         // total 9: [.. | 0 1]
+  CHECK(lists(7, 3, true) == L{{0, 3}, {1, 4}, {2, 5}});                   // total 6
+  CHECK(lists(2, 5, false) == L{{0}, {1}, {0}, {1}, {0}});                 // n < R: [0 1 | 0 1 0]
   CHECK(lists(3, 8, false) == L{{0}, {1}, {2}, {0}, {1}, {2}, {0}, {1}});  // repeated as often as needed
-  CHECK(lists(2, 5, true) == L{{}, {}, {}, {}, {}});                     // floor(2 / 5) = 0
-  CHECK(lists(6, 3, true) == L{{0, 3}, {1, 4}, {2, 5}});                 // divisible: drop_last changes nothing
+  CHECK(lists(2, 5, true) == L{{}, {}, {}, {}, {}});                       // floor(2 / 5) = 0
+  CHECK(lists(6, 3, true) == L{{0, 3}, {1, 4}, {2, 5}});                   // divisible: drop_last changes nothing
   CHECK(lists(6, 3, false) == L{{0, 3}, {1, 4}, {2, 5}});
   CHECK(lists(0, 2, false) == L{{}, {}});
 

@@ -64,8 +64,8 @@ Tensor<T> gather_rows(Tensor<T> const& src, std::span<std::int64_t const> idx, c
   for (std::size_t i = 0; i < idx.size(); ++i) {
     std::int64_t const k = idx[i];
     if (k < 0 || k >= n)
-      throw ArgumentError(detail::cat(what, ": sample index ", k, " (position ", i, " of the batch) is outside [0, ",
-                                      n, ")"));
+      throw ArgumentError(
+          detail::cat(what, ": sample index ", k, " (position ", i, " of the batch) is outside [0, ", n, ")"));
     if (row) std::memcpy(out.data() + static_cast<std::int64_t>(i) * row, src.data() + k * row, sizeof(T) * row);
   }
   return out;

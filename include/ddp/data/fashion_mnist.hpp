@@ -22,7 +22,7 @@ inline constexpr std::string_view kFashionMnistDefaultDir = "/usr/share/datasets
 struct FashionMnistOptions {
   std::filesystem::path dir = std::filesystem::path(kFashionMnistDefaultDir);
   Split split = Split::kTrain;
-  std::int64_t limit = 0;  // keep only the first `limit` samples (0: all 60000 / 10000)
+  std::int64_t limit = 0;          // keep only the first `limit` samples (0: all 60000 / 10000)
   double normalize_mean = 0.2860;  // the training set's pixel mean and std (after / 255), as the seeds use
   double normalize_std = 0.3530;
 };
@@ -62,13 +62,12 @@ struct FashionMnist {
       throw IoError(detail::cat("Fashion-MNIST ", name(opts.split), " split: ", img_path.string(), " has ", n_images,
                                 " images but ", lbl_path.string(), " has ", n_labels,
                                 " labels; the files must come from the same split"));
-    auto x = read_idx_images(img_path, {.normalize_mean = opts.normalize_mean,
-                                        .normalize_std = opts.normalize_std,
-                                        .limit = opts.limit});
+    auto x = read_idx_images(
+        img_path, {.normalize_mean = opts.normalize_mean, .normalize_std = opts.normalize_std, .limit = opts.limit});
     auto y = read_idx_labels(lbl_path, {.num_classes = kNumClasses, .limit = opts.limit});
     if (x.size(2) != kRows || x.size(3) != kCols)
-      throw IoError(detail::cat(img_path.string(), ": images are ", x.size(2), "×", x.size(3),
-                                "; Fashion-MNIST's are 28×28"));
+      throw IoError(
+          detail::cat(img_path.string(), ": images are ", x.size(2), "×", x.size(3), "; Fashion-MNIST's are 28×28"));
     return TensorDataset<std::int32_t>(std::move(x), std::move(y));
   }
 

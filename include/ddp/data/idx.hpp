@@ -55,6 +55,12 @@ inline std::string hex32(std::uint32_t v) {
   std::snprintf(buf, sizeof buf, "0x%08X", v);
   return buf;
 }
+
+// Big-endian uint32 at p (IDX headers are big-endian).
+inline std::uint32_t be32(unsigned char const* p) noexcept {
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+}
+
 inline std::string hex8(std::uint8_t v) {
   char buf[8];
   std::snprintf(buf, sizeof buf, "0x%02X", v);
@@ -165,14 +171,13 @@ inline IdxHeader read_idx_header(IdxSource& src, int ndims, char const* kind, ch
     throw IoError(cat(name, ": truncated: the file has ", got, " byte", got == 1 ? "" : "s",
                       src.gzip() ? " of data after decompression" : "", ", less than the 4-byte IDX magic number (",
                       expected_magic, " for ", kind, ")"));
-  std::uint32_t const magic = (std::uint32_t{m[0]} << 24) | (std::uint32_t{m[1]} << 16) | (std::uint32_t{m[2]} << 8) | m[3];
+  std::uint32_t const magic = be32(m.data());
   if (m[0] != 0 || m[1] != 0)
-    throw IoError(cat(name, ": bad magic number ", hex32(magic), ": not an IDX file (expected ", expected_magic, " for ",
-                      kind, ")"));
+    throw IoError(cat(name, ": bad magic number ", hex32(magic), ": not an IDX file (expected ", expected_magic,
+                      " for ", kind, ")"));
   if (m[2] != kIdxUint8)
-    throw IoError(cat(name, ": magic number ", hex32(magic), " has dtype byte ", hex8(m[2]), " (",
-                      idx_dtype_name(m[2]), "); only 0x08 (uint8) is supported (expected ", expected_magic, " for ",
-                      kind, ")"));
+    throw IoError(cat(name, ": magic number ", hex32(magic), " has dtype byte ", hex8(m[2]), " (", idx_dtype_name(m[2]),
+                      "); only 0x08 (uint8) is supported (expected ", expected_magic, " for ", kind, ")"));
   if (ndims > 0 ? m[3] != ndims : (m[3] < 1 || m[3] > 4))
     throw IoError(cat(name, ": magic number ", hex32(magic), " says ", int(m[3]), " dimension", m[3] == 1 ? "" : "s",
                       ", but ", kind, " have ", ndims > 0 ? std::to_string(ndims) : std::string("1 to 4"), " ",
@@ -189,12 +194,12 @@ inline IdxHeader read_idx_header(IdxSource& src, int ndims, char const* kind, ch
   constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 40;
   h.data_bytes = 1;
   for (int d = 0; d < nd; ++d) {
-    unsigned char const* b = raw.data() + 4 * d;
-    std::uint32_t const v = (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) | b[3];
+    std::uint32_t const v = be32(raw.data() + 4 * d);
     h.dims[static_cast<std::size_t>(d)] = v;
     h.shape_text += (d ? "×" : "") + std::to_string(v);
     if (v == 0)
-      throw IoError(cat(name, ": header gives dimension ", d, " of ", dim_names, " as 0; ", kind, " must not be empty"));
+      throw IoError(
+          cat(name, ": header gives dimension ", d, " of ", dim_names, " as 0; ", kind, " must not be empty"));
     h.data_bytes *= v;
     if (h.data_bytes > kMaxBytes)
       throw IoError(cat(name, ": header's sizes (", h.shape_text, "...) exceed 1 TiB of data; the header is corrupt"));
@@ -224,7 +229,8 @@ inline IdxContents read_idx_u8(std::filesystem::path const& path, int ndims, cha
   auto const size_error = [&](std::uint64_t found) {
     bool const short_data = found < h.data_bytes || src.truncated_gzip();
     std::string extra = found > h.data_bytes ? cat(" (", found - h.data_bytes, " extra bytes)") : std::string{};
-    if (src.gzip()) extra += src.truncated_gzip() ? "; the gzip stream ends early (file cut short)" : " after decompression";
+    if (src.gzip())
+      extra += src.truncated_gzip() ? "; the gzip stream ends early (file cut short)" : " after decompression";
     return IoError(cat(src.name(), ": ", short_data ? "truncated" : "trailing garbage", ": header says ", h.shape_text,
                        " = ", h.data_bytes, " bytes of data, found ", found, extra));
   };

@@ -57,9 +57,9 @@ class DataLoader {
   std::int64_t batch_size() const noexcept { return opts_.batch_size; }
   // Number of samples the batches cover (the index list, less a dropped tail).
   std::int64_t num_samples() const noexcept {
-    return num_batches_ == 0 ? 0
-                             : std::min<std::int64_t>(static_cast<std::int64_t>(indices_.size()),
-                                                      num_batches_ * opts_.batch_size);
+    return num_batches_ == 0
+               ? 0
+               : std::min<std::int64_t>(static_cast<std::int64_t>(indices_.size()), num_batches_ * opts_.batch_size);
   }
 
   // The dataset indices of batch i.

@@ -1,4 +1,4 @@
-// Samplers: which sample indices this rank visits, in which order (DistributedSampler, EvalSampler, Sequential, Random).
+// Samplers: which sample indices a rank visits, in which order (Distributed, Eval, Sequential, Random).
 #pragma once
 
 #include <concepts>
@@ -26,16 +26,22 @@ concept Sampler = requires(S const& s) {
 
 namespace detail {
 
+// What samplers need of a communicator: its rank and world size.
+template <class C>
+concept RankedGroup = requires(C const& c) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.world_size() } -> std::convertible_to<int>;
+};
+
 inline void check_dataset_size(std::int64_t n, std::string_view who) {
   if (n < 0) throw ArgumentError(detail::cat(who, ": dataset size ", n, " is negative"));
 }
 
 inline void check_replicas(int num_replicas, int rank, std::string_view who) {
-  if (num_replicas < 1)
-    throw ArgumentError(detail::cat(who, ": num_replicas = ", num_replicas, " must be at least 1"));
+  if (num_replicas < 1) throw ArgumentError(detail::cat(who, ": num_replicas = ", num_replicas, " must be at least 1"));
   if (rank < 0 || rank >= num_replicas)
-    throw ArgumentError(detail::cat(who, ": rank ", rank, " is outside [0, ", num_replicas, ") (num_replicas = ",
-                                    num_replicas, ")"));
+    throw ArgumentError(
+        detail::cat(who, ": rank ", rank, " is outside [0, ", num_replicas, ") (num_replicas = ", num_replicas, ")"));
 }
 
 // 0..n-1, Fisher-Yates shuffled with Generator(seed + epoch) when `shuffle` (see DistributedSampler).
@@ -53,9 +59,9 @@ inline std::vector<std::int64_t> epoch_order(std::int64_t n, bool shuffle, std::
 
 // Options of DistributedSampler and RandomSampler (PyTorch's defaults).
 struct SamplerOptions {
-  bool shuffle = true;      // permute every epoch (with Generator(seed + epoch))
-  std::uint64_t seed = 0;   // must be the same on every rank
-  bool drop_last = false;   // drop the tail so every rank gets floor(n / R) samples, instead of padding up
+  bool shuffle = true;     // permute every epoch (with Generator(seed + epoch))
+  std::uint64_t seed = 0;  // must be the same on every rank
+  bool drop_last = false;  // drop the tail so every rank gets floor(n / R) samples, instead of padding up
 };
 
 // torch.utils.data.DistributedSampler, with the same index lists:
@@ -80,11 +86,7 @@ class DistributedSampler {
   }
 
   // Takes num_replicas and rank from a communicator (anything with rank() and world_size()).
-  template <class C>
-    requires requires(C const& c) {
-      { c.rank() } -> std::convertible_to<int>;
-      { c.world_size() } -> std::convertible_to<int>;
-    }
+  template <detail::RankedGroup C>
   DistributedSampler(std::int64_t dataset_size, C const& comm, SamplerOptions const& opts = {})
       : DistributedSampler(dataset_size, comm.world_size(), comm.rank(), opts) {}
 
@@ -109,8 +111,7 @@ class DistributedSampler {
   friend std::ostream& operator<<(std::ostream& os, DistributedSampler const& s) {
     return os << "DistributedSampler{n=" << s.n_ << ", num_replicas=" << s.replicas_ << ", rank=" << s.rank_
               << ", shuffle=" << (s.opts_.shuffle ? "true" : "false") << ", seed=" << s.opts_.seed
-              << ", drop_last=" << (s.opts_.drop_last ? "true" : "false")
-              << ", epoch=" << s.epoch_ << "}";
+              << ", drop_last=" << (s.opts_.drop_last ? "true" : "false") << ", epoch=" << s.epoch_ << "}";
   }
 
  private:
@@ -145,11 +146,7 @@ class EvalSampler {
     detail::check_replicas(num_replicas, rank, "EvalSampler");
     for (std::int64_t i = rank; i < n_; i += num_replicas) indices_.push_back(i);
   }
-  template <class C>
-    requires requires(C const& c) {
-      { c.rank() } -> std::convertible_to<int>;
-      { c.world_size() } -> std::convertible_to<int>;
-    }
+  template <detail::RankedGroup C>
   EvalSampler(std::int64_t dataset_size, C const& comm) : EvalSampler(dataset_size, comm.world_size(), comm.rank()) {}
 
   std::span<std::int64_t const> indices() const noexcept { return indices_; }
