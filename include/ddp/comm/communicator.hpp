@@ -180,6 +180,13 @@ using span_of_t = decltype(as_space_span(std::declval<R>()));
 template <class R>
 using element_of_t = std::remove_cv_t<typename span_of_t<R>::element_type>;
 
+// all_reduce and broadcast write their buffer in place.
+template <class S>
+constexpr void check_writable() {
+  static_assert(!std::is_const_v<typename S::element_type>,
+                "all_reduce and broadcast work in place: pass a writable buffer, not a span of const elements");
+}
+
 }  // namespace detail
 
 }  // namespace ddp

@@ -86,6 +86,7 @@ class MpiBackend {
   void all_reduce(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
     auto s = detail::as_space_span(buf);
     check_buffer<decltype(s)>();
+    detail::check_writable<decltype(s)>();
     using T = std::remove_cv_t<typename decltype(s)::element_type>;
     trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, false);
     enter();
@@ -96,6 +97,7 @@ class MpiBackend {
   work_type all_reduce_async(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
     auto s = detail::as_space_span(buf);
     check_buffer<decltype(s)>();
+    detail::check_writable<decltype(s)>();
     using T = std::remove_cv_t<typename decltype(s)::element_type>;
     trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, true);
     return queue_.submit(Request{dtype_of<T>, op, s.data(), s.size(), tag});
@@ -105,6 +107,7 @@ class MpiBackend {
   void broadcast(B&& buf, int root, CollectiveTag tag = {}) {
     auto s = detail::as_space_span(buf);
     check_buffer<decltype(s)>();
+    detail::check_writable<decltype(s)>();
     using T = std::remove_cv_t<typename decltype(s)::element_type>;
     trace(CollectiveKind::kBroadcast, s.size(), dtype_of<T>, ReduceOp::kSum, root, tag, false);
     check_root(root, CollectiveKind::kBroadcast);

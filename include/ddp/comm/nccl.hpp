@@ -135,6 +135,7 @@ class NcclBackend {
   void all_reduce(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
     auto s = detail::as_space_span(buf);
     check_buffer<decltype(s)>();
+    detail::check_writable<decltype(s)>();
     using T = std::remove_cv_t<typename decltype(s)::element_type>;
     trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, false);
     enqueue([&] { return ncclAllReduce(s.data(), s.data(), s.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_); },
@@ -145,6 +146,7 @@ class NcclBackend {
   work_type all_reduce_async(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
     auto s = detail::as_space_span(buf);
     check_buffer<decltype(s)>();
+    detail::check_writable<decltype(s)>();
     using T = std::remove_cv_t<typename decltype(s)::element_type>;
     trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, true);
     enqueue([&] { return ncclAllReduce(s.data(), s.data(), s.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_); },
@@ -158,6 +160,7 @@ class NcclBackend {
   void broadcast(B&& buf, int root, CollectiveTag tag = {}) {
     auto s = detail::as_space_span(buf);
     check_buffer<decltype(s)>();
+    detail::check_writable<decltype(s)>();
     using T = std::remove_cv_t<typename decltype(s)::element_type>;
     trace(CollectiveKind::kBroadcast, s.size(), dtype_of<T>, ReduceOp::kSum, root, tag, false);
     check_root(root, "broadcast");
