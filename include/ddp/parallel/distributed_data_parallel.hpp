@@ -14,6 +14,7 @@
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter_arena.hpp"
 #include "ddp/parallel/verify.hpp"
+#include "ddp/trace/timeline.hpp"
 
 namespace ddp {
 
@@ -23,6 +24,8 @@ struct DdpOptions {
   // false: a parameter that got no gradient in a synchronised backward is an error on every rank, naming
   // it. true: its gradient counts as zero (PyTorch's find_unused_parameters=True).
   bool find_unused_parameters = false;
+  // When set, forward, backward and each bucket's all-reduce (launch to observed completion) are recorded.
+  Timeline* timeline = nullptr;
 };
 
 // Wraps a model whose replicas live on the ranks of `comm`. Guarantees:
@@ -96,6 +99,8 @@ class DistributedDataParallel {
     pending_.assign(nb, 0);
     missing_.assign(nb, 0);
     works_.resize(nb);
+    launched_at_.resize(nb);
+    bucket_done_.assign(nb, 0);
     for (std::size_t i = 0; i < np; ++i) {
       arena_.entries()[i].var.node().grad_hook = [this, i](Node<T, S>&) { on_grad_ready(i); };
     }
@@ -126,7 +131,12 @@ class DistributedDataParallel {
         });
       }
     }
-    return model_->forward(x);
+    if (!opts_.timeline) return model_->forward(x);
+    auto const t0 = Timeline::clock::now();
+    V y = model_->forward(x);
+    backward_start_ = Timeline::clock::now();
+    opts_.timeline->add("forward", "step", t0, backward_start_);
+    return y;
   }
   V operator()(V const& x) { return forward(x); }
 
@@ -166,16 +176,21 @@ class DistributedDataParallel {
       }
       mark_ready(i);
     }
+    auto const t_wait = Timeline::clock::now();
+    if (opts_.timeline) opts_.timeline->add("backward", "step", backward_start_, t_wait);
     std::exception_ptr err;
-    for (auto& w : works_) {
+    for (std::size_t b = 0; b < works_.size(); ++b) {
+      auto& w = works_[b];
       if (!w) continue;
       try {
         w->wait();
       } catch (...) {
         if (!err) err = std::current_exception();
       }
+      if (opts_.timeline) record_bucket(b);
       w.reset();
     }
+    if (opts_.timeline) opts_.timeline->add("wait for all-reduce", "step", t_wait, Timeline::clock::now());
     if (err) std::rethrow_exception(err);
     bool any_missing = local_missing;
     for (std::size_t b = 0; b < slices_.size(); ++b) {
@@ -228,7 +243,20 @@ class DistributedDataParallel {
 
   void on_grad_ready(std::size_t i) {
     if (!sync_ || ready_[i]) return;
+    if (opts_.timeline) poll_buckets();
     mark_ready(i);
+  }
+
+  // Timeline only: a bucket's span ends when its completion is first observed (here or in finalize).
+  void poll_buckets() {
+    for (std::size_t b = 0; b < next_launch_; ++b)
+      if (works_[b] && !bucket_done_[b] && works_[b]->test()) record_bucket(b);
+  }
+  void record_bucket(std::size_t b) {
+    if (bucket_done_[b]) return;
+    bucket_done_[b] = 1;
+    opts_.timeline->add(detail::cat("all_reduce bucket ", b), "comm", launched_at_[b], Timeline::clock::now(),
+                        Timeline::kComm);
   }
 
   void mark_ready(std::size_t i) {
@@ -243,6 +271,10 @@ class DistributedDataParallel {
     st[0] = missing_[b] ? T(1) : T(0);
     st[1] = T(b + 1);
     if (comm_->world_size() == 1) return;
+    if (opts_.timeline) {
+      launched_at_[b] = Timeline::clock::now();
+      bucket_done_[b] = 0;
+    }
     works_[b].emplace(comm_->all_reduce_async(SpaceSpan<T, S>(slice, static_cast<std::size_t>(slices_[b].numel)),
                                               ReduceOp::kAvg, CollectiveTag{"bucket", static_cast<std::int64_t>(b)}));
   }
@@ -284,6 +316,9 @@ class DistributedDataParallel {
   using work_t = decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<T, S>>(), ReduceOp::kAvg,
                                                                CollectiveTag{}));
   std::vector<std::optional<work_t>> works_;
+  std::vector<Timeline::clock::time_point> launched_at_;
+  std::vector<char> bucket_done_;
+  Timeline::clock::time_point backward_start_{};
   std::size_t next_launch_ = 0;
   bool sync_ = false;
   bool finalize_queued_ = false;
