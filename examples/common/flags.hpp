@@ -1,0 +1,112 @@
+// Flags: a small command-line parser for the examples: --name value or --name=value, typed values,
+// defaults, --help text; unknown flags and bad values are clear errors.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ddp/error.hpp"
+
+namespace ddp::examples {
+
+class Flags {
+ public:
+  explicit Flags(std::string program, std::string summary) : program_(std::move(program)), summary_(std::move(summary)) {}
+
+  Flags& add(std::string name, std::string default_value, std::string help) {
+    order_.push_back(name);
+    flags_[name] = {std::move(default_value), std::move(help), false};
+    return *this;
+  }
+  // Parses argv; returns false when --help was given (usage already printed). Throws ArgumentError.
+  bool parse(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "--help" || a == "-h") {
+        print_usage();
+        return false;
+      }
+      if (a.rfind("--", 0) != 0) throw ArgumentError(detail::cat(program_, ": unexpected argument '", a, "' (flags start with --; see --help)"));
+      std::string name = a.substr(2), value;
+      if (auto eq = name.find('='); eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      } else {
+        auto it = flags_.find(name);
+        if (it != flags_.end() && (it->second.value == "true" || it->second.value == "false") &&
+            (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0)) {
+          value = "true";  // boolean flag given alone
+        } else {
+          if (i + 1 >= argc) throw ArgumentError(detail::cat(program_, ": flag --", name, " needs a value"));
+          value = argv[++i];
+        }
+      }
+      auto it = flags_.find(name);
+      if (it == flags_.end()) throw ArgumentError(detail::cat(program_, ": unknown flag --", name, " (see --help)"));
+      it->second.value = value;
+      it->second.set = true;
+    }
+    return true;
+  }
+
+  std::string str(std::string const& name) const { return get(name).value; }
+  bool is_set(std::string const& name) const { return get(name).set; }
+  std::int64_t integer(std::string const& name) const {
+    std::string const& v = get(name).value;
+    char* end = nullptr;
+    long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0') throw ArgumentError(detail::cat(program_, ": --", name, " must be an integer, got '", v, "'"));
+    return x;
+  }
+  double real(std::string const& name) const {
+    std::string const& v = get(name).value;
+    char* end = nullptr;
+    double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0') throw ArgumentError(detail::cat(program_, ": --", name, " must be a number, got '", v, "'"));
+    return x;
+  }
+  bool boolean(std::string const& name) const {
+    std::string const& v = get(name).value;
+    if (v == "true" || v == "1" || v == "yes") return true;
+    if (v == "false" || v == "0" || v == "no") return false;
+    throw ArgumentError(detail::cat(program_, ": --", name, " must be true or false, got '", v, "'"));
+  }
+  std::string choice(std::string const& name, std::vector<std::string> const& allowed) const {
+    std::string const& v = get(name).value;
+    for (auto const& a : allowed)
+      if (a == v) return v;
+    std::string list;
+    for (auto const& a : allowed) list += (list.empty() ? "" : "|") + a;
+    throw ArgumentError(detail::cat(program_, ": --", name, " must be one of ", list, ", got '", v, "'"));
+  }
+  std::string usage() const {
+    std::ostringstream os;
+    os << "usage: " << program_ << " [flags]\n" << summary_ << "\n\nflags:\n";
+    for (auto const& n : order_) {
+      auto const& f = flags_.at(n);
+      os << "  --" << n << (f.value.empty() ? "" : " (default: " + f.value + ")") << "\n      " << f.help << "\n";
+    }
+    return os.str();
+  }
+  void print_usage() const { std::fputs(usage().c_str(), stdout); }
+
+ private:
+  struct Flag {
+    std::string value, help;
+    bool set;
+  };
+  Flag const& get(std::string const& name) const {
+    auto it = flags_.find(name);
+    if (it == flags_.end()) throw ArgumentError(detail::cat(program_, ": internal: flag --", name, " was never declared"));
+    return it->second;
+  }
+  std::string program_, summary_;
+  std::vector<std::string> order_;
+  std::map<std::string, Flag> flags_;
+};
+
+}  // namespace ddp::examples
