@@ -1,0 +1,109 @@
+// 04_replay: trains exactly what a PyTorch reference fixture recorded (model, loss, optimizer, steps,
+// per-rank batches) and compares the final weights with PyTorch's. Works for any directory in the
+// ddp-fixture-v2 format. Exit 0 when within the fixture's tolerance, 1 past it, 2 on bad input.
+//   replay --fixture test/data/mlp --run ws2                 (threads backend, 2 ranks)
+//   mpirun -n 4 replay --fixture test/data/mlp --run ws4 --backend mpi
+#include <cmath>
+#include <cstdio>
+
+#include "examples/common/flags.hpp"
+#include "examples/common/launch.hpp"
+#include "tools/fixture/fixture.hpp"
+
+using namespace ddp;
+
+namespace {
+
+struct Outcome {
+  double max_abs_diff = 0, max_loss_diff = 0;
+  bool ok = false;
+};
+
+template <class Arena, class Fwd>
+std::vector<double> train(fixture::Fixture const& f, fixture::RunInfo const& run, int rank, Arena& params, Fwd&& forward) {
+  auto opt = f.make_optimizer(params);
+  auto const idx = f.batch_indices(run);
+  std::vector<double> losses;
+  for (std::int64_t s = 0; s < f.steps(); ++s) {
+    auto ids = f.rank_batch(idx, run, rank, s);
+    std::visit([](auto& o) { o.zero_grad(); }, opt);
+    Var loss = f.loss(forward(Var(f.batch_x(ids))), ids);
+    losses.push_back(loss.item());
+    backward(loss);
+    std::visit([](auto& o) { o.step(); }, opt);
+  }
+  return losses;
+}
+
+// One rank's replay; every rank returns the same outcome (rank 0 compares and broadcasts).
+template <class Comm>
+Outcome replay_rank(Comm& comm, fixture::Fixture const& f, fixture::RunInfo const& run) {
+  if (comm.world_size() != run.world_size)
+    throw ArgumentError(detail::cat("run '", run.name, "' of fixture ", f.name(), " was recorded with world size ",
+                                    run.world_size, "; this job has ", comm.world_size(), " ranks"));
+  int const r = comm.rank();
+  Generator gen(0);
+  auto model = f.build_model(gen);
+  std::vector<float> weights;
+  std::vector<double> losses;
+  {
+    nn::ParameterArena<float> init(model);
+    f.load_init(init);
+    if (!run.ddp) {
+      losses = train(f, run, r, init, [&](Var const& x) { return model(x); });
+      weights = f.gather_weights(init);
+    }
+  }
+  if (run.ddp) {
+    DistributedDataParallel ddp(model, comm);
+    losses = train(f, run, r, ddp.parameters(), [&](Var const& x) { return ddp(x); });
+    weights = f.gather_weights(ddp.parameters());
+  }
+  Outcome out;
+  if (!run.losses_per_rank.empty())
+    for (std::size_t s = 0; s < losses.size(); ++s)
+      out.max_loss_diff = std::max(out.max_loss_diff, std::abs(losses[s] - run.losses_per_rank.at(static_cast<std::size_t>(r)).at(s)));
+  std::vector<double> summary{0, 0, 0, out.max_loss_diff};
+  if (r == 0) {
+    auto c = f.compare(weights, run);
+    summary = {c.max_abs_diff, c.ok() ? 1.0 : 0.0, c.max_abs_final, out.max_loss_diff};
+    std::printf("fixture %s run %s (world size %d, %s): max|final - ours| = %.3g (max|w| %.3g, max change %.3g; "
+                "tolerance %.3g·max(1,max|w|) and %.3g·max change); max loss difference %.3g -> %s\n",
+                f.name().c_str(), run.name.c_str(), run.world_size, run.ddp ? "DDP" : "plain", c.max_abs_diff,
+                c.max_abs_final, c.max_abs_change, c.tol_weight, c.tol_change, out.max_loss_diff, c.ok() ? "OK" : "MISMATCH");
+  }
+  comm.broadcast(summary, 0);
+  out.max_abs_diff = summary[0];
+  out.ok = summary[1] == 1.0;
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  examples::Flags flags("replay", "Replays a PyTorch reference fixture run and compares the final weights.");
+  flags.add("fixture", "", "fixture directory (format ddp-fixture-v2; see ../shared/fixtures/pytorch/README.md)")
+      .add("run", "plain", "run name in meta.json (plain, ws1, ws2, ...)")
+      .add("backend", "threads", "threads (all ranks in this process) or mpi (under mpirun -n <world size>)");
+  fixture::Fixture f;
+  examples::Backend backend{};
+  try {
+    if (!flags.parse(argc, argv)) return 0;
+    if (flags.str("fixture").empty()) throw ArgumentError("replay: --fixture DIR is required (see --help)");
+    backend = examples::parse_backend(flags.str("backend"));
+    f = fixture::Fixture::load(flags.str("fixture"));
+    (void)f.run(flags.str("run"));
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  auto const& run = f.run(flags.str("run"));
+  bool ok = false;
+  int const rc = examples::launch(backend, backend == examples::Backend::kThreads ? run.world_size : 0, argc, argv,
+                                  [&](auto& comm) {
+                                    auto o = replay_rank(comm, f, run);
+                                    if (comm.rank() == 0 || backend == examples::Backend::kMpi) ok = o.ok;
+                                  });
+  if (rc != 0) return rc;
+  return ok ? 0 : 1;
+}
