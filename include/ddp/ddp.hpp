@@ -12,3 +12,4 @@
 #include "ddp/comm/threads.hpp"
 #include "ddp/parallel/parallel.hpp"
 #include "ddp/data/data.hpp"
+#include "ddp/train/trainer.hpp"

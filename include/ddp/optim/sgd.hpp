@@ -19,6 +19,7 @@ template <class T = float, MemorySpace S = HostSpace>
 class basic_sgd {
  public:
   using value_type = T;
+  using options_type = SgdOptions;
   static std::string name() { return "sgd"; }
 
   basic_sgd(nn::ParameterArena<T, S> arena, SgdOptions opt) : arena_(std::move(arena)), opt_(opt) {
