@@ -1,0 +1,364 @@
+// 05_fashion_mnist: the main job — a CNN (the seeds' BasicNet) or an MLP trained data-parallel on
+// Fashion-MNIST with AdamW, on threads or under mpirun; progress bar, exact distributed evaluation,
+// atomic checkpoints with exact resume, a metrics CSV + SVG plot and a per-rank Chrome/Perfetto timeline.
+//   bazel run //examples:fashion_mnist                       (threads, 2 ranks, CNN, 2 epochs)
+//   bazel run //examples:fashion_mnist -- --model mlp --out /tmp/fm --trace /tmp/fm
+//   mpirun -n 2 bazel-bin/examples/fashion_mnist --backend mpi
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ddp/ddp.hpp>
+#include <ddp/train/checkpoint.hpp>
+#include <ddp/train/metrics_log.hpp>
+#include <ddp/train/progress.hpp>
+
+#include "examples/common/flags.hpp"
+#include "examples/common/launch.hpp"
+
+namespace {
+
+using namespace ddp;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Config {
+  std::string model, optimizer, schedule;
+  examples::Backend backend = examples::Backend::kThreads;
+  int world_size = 2;  // 0: take it from mpirun
+  std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1;
+  double lr = 1e-3, bucket_cap_mb = 25;
+  fs::path data_dir, checkpoint, resume, trace_dir, out_dir;
+};
+
+// A path given on the command line, relative to where the user ran `bazel run` (not the runfiles tree).
+fs::path user_path(std::string const& s) {
+  if (s.empty()) return {};
+  fs::path p(s);
+  if (char const* wd = std::getenv("BUILD_WORKING_DIRECTORY"); wd && p.is_relative()) p = fs::path(wd) / p;
+  return p;
+}
+
+// The model and handles to its dropout layers' generators (shared with the layers).
+struct Net {
+  nn::AnySequential<> seq;
+  std::vector<nn::Dropout> dropouts;
+};
+
+// BasicNet (PyTorch's MNIST example): conv 1→32 3×3, ReLU, conv 32→64 3×3, ReLU, max-pool 2, dropout 0.25,
+// flatten, fc 9216→128, ReLU, dropout 0.5, fc 128→10. 1,199,882 parameters.
+Net make_cnn(Generator& gen) {
+  Net n;
+  n.dropouts = {nn::Dropout(0.25), nn::Dropout(0.5)};
+  n.seq.push_back("conv1", nn::Conv2d(1, 32, 3, gen)).push_back(nn::ReLU());
+  n.seq.push_back("conv2", nn::Conv2d(32, 64, 3, gen)).push_back(nn::ReLU());
+  n.seq.push_back(nn::MaxPool2d(2)).push_back(n.dropouts[0]).push_back(nn::Flatten());
+  n.seq.push_back("fc1", nn::Linear(9216, 128, gen)).push_back(nn::ReLU()).push_back(n.dropouts[1]);
+  n.seq.push_back("fc2", nn::Linear(128, 10, gen));
+  return n;
+}
+
+// 784-256-128-10 with ReLU. 235,146 parameters.
+Net make_mlp(Generator& gen) {
+  Net n;
+  n.seq.push_back(nn::Flatten());
+  n.seq.push_back("fc1", nn::Linear(784, 256, gen)).push_back(nn::ReLU());
+  n.seq.push_back("fc2", nn::Linear(256, 128, gen)).push_back(nn::ReLU());
+  n.seq.push_back("fc3", nn::Linear(128, 10, gen));
+  return n;
+}
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Dropout masks depend only on (seed, rank, epoch, step, layer): each step reseeds the generators, so a run
+// resumed from a checkpoint draws the same masks as one never interrupted. Ranks differ (seed + rank).
+void reseed_dropouts(Net& net, std::int64_t seed, int rank, std::int64_t epoch, std::int64_t step) {
+  for (std::size_t k = 0; k < net.dropouts.size(); ++k)
+    net.dropouts[k].generator().seed(static_cast<std::uint64_t>(seed + rank),
+                                     mix(mix(static_cast<std::uint64_t>(epoch)) ^ static_cast<std::uint64_t>(step) * 131 ^ k));
+}
+
+std::string thousands(std::int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  return s;
+}
+
+// Test loss and accuracy over all ranks: EvalSampler gives each test sample to exactly one rank, and the
+// integer counts are summed exactly. The model runs without DDP (no collectives per batch, so ranks with
+// one batch more or less stay in step) and without autograd.
+template <class Comm>
+Counts evaluate(Comm& comm, nn::AnySequential<>& model, TensorDataset<std::int32_t> const& test) {
+  model.set_mode(nn::Mode::kEval);
+  NoGradGuard no_grad;
+  EvalSampler sampler(static_cast<std::int64_t>(test.size()), comm);
+  Counts local;
+  for (auto const& b : DataLoader(test, sampler, {.batch_size = 500})) {
+    Var logits = model(Var(b.x));
+    local.add_batch(argmax_correct(logits.value(), b.y), b.y.numel(), cross_entropy(logits, b.y).item());
+  }
+  model.set_mode(nn::Mode::kTrain);
+  return all_reduce_counts(comm, local);
+}
+
+template <class Comm>
+void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train_set,
+         TensorDataset<std::int32_t> const& test_set) {
+  int const rank = comm.rank(), world = comm.world_size();
+  bool const leader = rank == 0;
+  if (cfg.global_batch % world != 0)
+    throw ArgumentError(detail::cat("--batch-size ", cfg.global_batch, " must be a multiple of the world size ", world,
+                                    " (it is the global batch; each rank takes batch-size / world-size)"));
+  std::int64_t const local_batch = cfg.global_batch / world;
+
+  Generator init(static_cast<std::uint64_t>(cfg.seed));  // the same on every rank (DDP broadcasts rank 0's anyway)
+  Net net = cfg.model == "cnn" ? make_cnn(init) : make_mlp(init);
+  Timeline timeline(rank);
+  auto const cap = static_cast<std::size_t>(cfg.bucket_cap_mb * double(1 << 20));
+  DistributedDataParallel ddp(net.seq, comm, DdpOptions{.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
+                              SizeCapped{BucketConfig{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
+
+  auto body = [&](auto& opt) {
+    optim::StepLR step_lr(opt, {.step_size = 1, .gamma = 0.7});
+    optim::CosineAnnealingLR cosine(opt, {.t_max = std::max<std::int64_t>(1, cfg.epochs)});
+    auto set_schedule_epoch = [&](std::int64_t e) {
+      if (cfg.schedule == "step") step_lr.set_epoch(e);
+      if (cfg.schedule == "cosine") cosine.set_epoch(e);
+    };
+    auto schedule_epoch = [&] { return cfg.schedule == "step" ? step_lr.epoch() : cfg.schedule == "cosine" ? cosine.epoch() : 0; };
+
+    DistributedSampler sampler(static_cast<std::int64_t>(train_set.size()), comm,
+                               {.shuffle = true, .seed = static_cast<std::uint64_t>(cfg.seed)});
+    std::int64_t const steps_per_epoch = DataLoader(train_set, sampler, {.batch_size = local_batch}).num_batches();
+    TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
+
+    if (leader) {
+      std::printf("fashion_mnist: model %s (%s parameters), %s backend, world size %d, global batch %lld (%lld per rank)\n",
+                  cfg.model.c_str(), thousands(ddp.parameters().parameter_numel()).c_str(),
+                  cfg.backend == examples::Backend::kThreads ? "threads" : "mpi", world,
+                  static_cast<long long>(cfg.global_batch), static_cast<long long>(local_batch));
+      std::printf("optimizer %s lr %g, schedule %s, %lld epochs of %lld steps, seed %lld\n", cfg.optimizer.c_str(), cfg.lr,
+                  cfg.schedule.c_str(), static_cast<long long>(cfg.epochs), static_cast<long long>(steps_per_epoch),
+                  static_cast<long long>(cfg.seed));
+      std::printf("data: %lld train / %lld test images from %s\n", static_cast<long long>(train_set.size()),
+                  static_cast<long long>(test_set.size()),
+                  cfg.data_dir.string().c_str());
+      std::printf("%s\n", ddp.describe().c_str());
+      std::fflush(stdout);
+    }
+
+    if (!cfg.resume.empty()) {
+      pos = load_checkpoint(cfg.resume, comm, ddp.parameters(), opt);
+      if (pos.step > 0 && (pos.world_size != world || pos.global_batch != cfg.global_batch || pos.seed != cfg.seed))
+        throw ArgumentError(detail::cat("checkpoint ", cfg.resume.string(), " was taken at step ", pos.step,
+                                        " of an epoch with world size ", pos.world_size, ", global batch ",
+                                        pos.global_batch, " and seed ", pos.seed,
+                                        "; resuming mid-epoch needs the same three (this run: ", world, ", ",
+                                        cfg.global_batch, ", ", cfg.seed, ")"));
+      pos.world_size = world;
+      pos.global_batch = cfg.global_batch;
+      pos.seed = cfg.seed;
+      if (leader)
+        std::printf("resumed from %s: epoch %lld, step %lld (%lld optimizer steps so far)\n", cfg.resume.string().c_str(),
+                    static_cast<long long>(pos.epoch + 1), static_cast<long long>(pos.step),
+                    static_cast<long long>(pos.global_step));
+    }
+    set_schedule_epoch(pos.scheduler_epoch);
+
+    MetricsLog log;
+    Counts final_counts;
+    for (std::int64_t epoch = pos.epoch; epoch < cfg.epochs; ++epoch) {
+      sampler.set_epoch(epoch);
+      DataLoader loader(train_set, sampler, {.batch_size = local_batch});
+      std::optional<ProgressBar> bar;
+      if (leader)
+        bar.emplace(epoch + 1, cfg.epochs, loader.num_batches(), cfg.global_batch,
+                    ProgressOptions{.interactive = stdout_is_terminal()}, pos.step);
+      double const lr = opt.lr();
+      Counts train_counts;
+      auto const t0 = Clock::now();
+      std::int64_t step = pos.step;
+      for (auto const& b : loader.from(pos.step)) {
+        reseed_dropouts(net, cfg.seed, rank, epoch, step);
+        opt.zero_grad();
+        Var loss = cross_entropy(ddp(Var(b.x)), b.y);
+        backward(loss);  // DDP averages the gradients over the ranks, overlapping backward
+        {
+          auto span = timeline.scope("optimizer step", "step");
+          opt.step();
+        }
+        ++step;
+        ++pos.global_step;
+        double const l = loss.item();
+        train_counts.add_batch(0, b.y.numel(), l);
+        if (bar) bar->update(step, l);
+      }
+      double const seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (bar) bar->finish();
+      std::int64_t const steps_done = step - pos.step;
+      Counts const train_all = all_reduce_counts(comm, train_counts);
+      Counts const test_all = evaluate(comm, net.seq, test_set);
+      final_counts = test_all;
+      EpochMetrics m{.epoch = epoch + 1,
+                     .train_loss = train_all.mean_loss(),
+                     .test_loss = test_all.mean_loss(),
+                     .test_accuracy = test_all.accuracy(),
+                     .test_correct = test_all.correct,
+                     .test_total = test_all.total,
+                     .seconds = seconds,
+                     .steps = steps_done,
+                     .samples = train_all.total,
+                     .lr = lr};
+      log.add(m);
+      if (leader) {
+        std::printf("%s\n", format_epoch_summary(m, cfg.epochs).c_str());
+        std::fflush(stdout);
+      }
+      set_schedule_epoch(epoch + 1);
+      pos.epoch = epoch + 1;
+      pos.step = 0;
+      pos.scheduler_epoch = schedule_epoch();
+      if (!cfg.checkpoint.empty()) {
+        save_checkpoint(cfg.checkpoint, comm, ddp.parameters(), opt, pos);
+        if (leader) std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoint.string().c_str(), static_cast<long long>(epoch + 1));
+      }
+    }
+
+    if (!cfg.trace_dir.empty()) {
+      auto const file = cfg.trace_dir / detail::cat("trace_rank", rank, ".json");
+      timeline.write_json(file.string());
+      if (leader)
+        std::printf("timeline: %s (one per rank; open in ui.perfetto.dev or chrome://tracing)\n",
+                    (cfg.trace_dir / "trace_rank*.json").string().c_str());
+    }
+    if (leader) {
+      if (!cfg.out_dir.empty() && !log.empty()) {
+        log.write_csv(cfg.out_dir / "metrics.csv");
+        log.write_svg(cfg.out_dir / "metrics.svg", detail::cat("Fashion-MNIST, ", cfg.model, ", ", cfg.optimizer, ", world size ", world));
+        std::printf("metrics: %s, %s\n", (cfg.out_dir / "metrics.csv").string().c_str(),
+                    (cfg.out_dir / "metrics.svg").string().c_str());
+      }
+      if (final_counts.total > 0)
+        std::printf("test accuracy: %.2f%% (%lld/%lld)\n", 100.0 * final_counts.accuracy(),
+                    static_cast<long long>(final_counts.correct), static_cast<long long>(final_counts.total));
+      else
+        std::printf("nothing to train: the checkpoint is already at epoch %lld of %lld\n",
+                    static_cast<long long>(pos.epoch), static_cast<long long>(cfg.epochs));
+      std::fflush(stdout);
+    }
+  };
+
+  auto& arena = ddp.parameters();
+  if (cfg.optimizer == "adamw") {
+    optim::AdamW opt(arena, {.lr = cfg.lr});
+    body(opt);
+  } else if (cfg.optimizer == "adam") {
+    optim::Adam opt(arena, {.lr = cfg.lr});
+    body(opt);
+  } else {
+    optim::SGD opt(arena, {.lr = cfg.lr, .momentum = 0.9});
+    body(opt);
+  }
+}
+
+// Parses and checks the flags; throws ArgumentError. Returns nullopt after --help.
+std::optional<Config> parse(int argc, char** argv) {
+  examples::Flags f("fashion_mnist",
+                    "Trains a CNN or an MLP on Fashion-MNIST with DistributedDataParallel and reports the test accuracy.");
+  f.add("model", "cnn", "cnn (BasicNet: 2 conv, max-pool, dropout, 2 fc) or mlp (784-256-128-10)")
+      .add("backend", "threads", "threads (N ranks as threads of this process) or mpi (run under mpirun -n N)")
+      .add("world-size", "2", "ranks for the threads backend; with mpi it must match mpirun -n (default: take it)")
+      .add("epochs", "2", "epochs to train (a resumed run continues up to this many)")
+      .add("batch-size", "64", "global batch: samples per step over all ranks (a multiple of the world size)")
+      .add("lr", "0.001", "learning rate")
+      .add("optimizer", "adamw", "sgd (momentum 0.9), adam or adamw (weight decay 0.01)")
+      .add("schedule", "step", "learning-rate schedule per epoch: none, step (x0.7 each epoch) or cosine")
+      .add("bucket-cap-mb", "25", "DDP gradient bucket size cap in MiB (the first bucket is at most 1 MiB)")
+      .add("seed", "1", "seed of the initial weights, the shuffle order and (plus the rank) dropout")
+      .add("data-dir", std::string(kFashionMnistDefaultDir), "directory with the four Fashion-MNIST IDX files (.gz)")
+      .add("checkpoint", "", "write a checkpoint to this file at the end of every epoch (atomically)")
+      .add("resume", "", "resume from this checkpoint (weights, optimizer, schedule, epoch and step)")
+      .add("trace", "", "write a Chrome/Perfetto timeline per rank into this directory (trace_rank<r>.json)")
+      .add("out", "", "write metrics.csv and metrics.svg (loss and accuracy per epoch) into this directory")
+      .add("limit-train", "0", "use only the first N training images (0: all 60000)")
+      .add("limit-test", "0", "use only the first N test images (0: all 10000)");
+  if (!f.parse(argc, argv)) return std::nullopt;
+  Config c;
+  c.model = f.choice("model", {"cnn", "mlp"});
+  c.backend = examples::parse_backend(f.choice("backend", {"threads", "mpi"}));
+  c.optimizer = f.choice("optimizer", {"sgd", "adam", "adamw"});
+  c.schedule = f.choice("schedule", {"none", "step", "cosine"});
+  auto positive = [&](char const* name, std::int64_t lo) {
+    std::int64_t const v = f.integer(name);
+    if (v < lo) throw ArgumentError(detail::cat("fashion_mnist: --", name, " must be at least ", lo, ", got ", v));
+    return v;
+  };
+  std::int64_t const ws = positive("world-size", 1);
+  if (ws > 1024) throw ArgumentError(detail::cat("fashion_mnist: --world-size ", ws, " is more than 1024"));
+  c.world_size = c.backend == examples::Backend::kMpi && !f.is_set("world-size") ? 0 : static_cast<int>(ws);
+  c.epochs = positive("epochs", 1);
+  c.global_batch = positive("batch-size", 1);
+  c.limit_train = positive("limit-train", 0);
+  c.limit_test = positive("limit-test", 0);
+  c.seed = positive("seed", 0);
+  c.lr = f.real("lr");
+  if (!(c.lr > 0 && c.lr < 100)) throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
+  c.bucket_cap_mb = f.real("bucket-cap-mb");
+  if (!(c.bucket_cap_mb >= 0 && c.bucket_cap_mb <= 4096))
+    throw ArgumentError(detail::cat("fashion_mnist: --bucket-cap-mb must be in [0, 4096], got ", f.str("bucket-cap-mb")));
+  if (c.backend == examples::Backend::kThreads && c.global_batch % c.world_size != 0)
+    throw ArgumentError(detail::cat("fashion_mnist: --batch-size ", c.global_batch, " must be a multiple of --world-size ",
+                                    c.world_size, " (it is the global batch)"));
+  c.data_dir = user_path(f.str("data-dir"));
+  c.checkpoint = user_path(f.str("checkpoint"));
+  c.resume = user_path(f.str("resume"));
+  c.trace_dir = user_path(f.str("trace"));
+  c.out_dir = user_path(f.str("out"));
+  for (auto const* d : {&c.trace_dir, &c.out_dir}) {
+    std::error_code ec;
+    if (!d->empty() && !fs::create_directories(*d, ec) && ec)
+      throw ArgumentError(detail::cat("fashion_mnist: cannot create directory ", d->string(), ": ", ec.message()));
+  }
+  if (!c.resume.empty() && !fs::exists(c.resume))
+    throw ArgumentError(detail::cat("fashion_mnist: --resume ", c.resume.string(), " does not exist"));
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<Config> cfg;
+  try {
+    cfg = parse(argc, argv);
+    if (!cfg) return 0;
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  // Loaded once per process: the threads backend's ranks share it (collate is thread-safe).
+  std::optional<TensorDataset<std::int32_t>> train_set, test_set;
+  try {
+    train_set.emplace(FashionMnist::load({.dir = cfg->data_dir, .split = Split::kTrain, .limit = cfg->limit_train}));
+    test_set.emplace(FashionMnist::load({.dir = cfg->data_dir, .split = Split::kTest, .limit = cfg->limit_test}));
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  try {
+    return examples::launch(cfg->backend, cfg->world_size, argc, argv,
+                            [&](auto& comm) { run(comm, *cfg, *train_set, *test_set); });
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+}
