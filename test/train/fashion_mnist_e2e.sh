@@ -1,0 +1,49 @@
+#!/bin/bash
+# usage: fashion_mnist_e2e.sh BINARY: runs the main job on a slice of Fashion-MNIST (threads, 2 ranks, MLP,
+# 1 epoch), checks its output, CSV, SVG, per-rank traces and checkpoint, then resumes from the checkpoint.
+set -euo pipefail
+bin="$1"
+dir="${TEST_TMPDIR:-$(mktemp -d)}/fm"
+mkdir -p "$dir"
+log="$dir/log.txt"
+timeout --kill-after=5 120 "$bin" --limit-train 2048 --limit-test 512 --epochs 1 --model mlp \
+  --out "$dir/out" --trace "$dir/trace" --checkpoint "$dir/ckpt.bin" >"$log" 2>&1 || { cat "$log"; echo "FAIL: exit $?"; exit 1; }
+cat "$log"
+fail() { echo "FAIL: $*"; exit 1; }
+grep -q '^epoch 1/1: train loss [0-9.]*  test loss [0-9.]*  test accuracy [0-9.]*% ([0-9]*/512)' "$log" || fail "no epoch summary"
+grep -q '^test accuracy: [0-9.]*% ([0-9]*/512)$' "$log" || fail "no final accuracy"
+acc=$(sed -n 's/^test accuracy: \([0-9]*\)\..*/\1/p' "$log")
+[ "$acc" -ge 50 ] || fail "accuracy ${acc}% after one epoch on 2048 images is implausibly low"
+csv="$dir/out/metrics.csv"
+[ -s "$csv" ] || fail "no $csv"
+head -1 "$csv" | grep -q '^epoch,train_loss,test_loss,test_accuracy,' || fail "bad CSV header"
+[ "$(wc -l <"$csv")" -eq 2 ] || fail "CSV should have a header and one epoch"
+svg="$dir/out/metrics.svg"
+grep -q '<svg xmlns="http://www.w3.org/2000/svg"' "$svg" || fail "SVG has no svg element"
+tail -1 "$svg" | grep -q '</svg>' || fail "SVG is not closed"
+grep -q 'polyline' "$svg" || fail "SVG has no curve"
+for r in 0 1; do
+  t="$dir/trace/trace_rank$r.json"
+  [ -s "$t" ] || fail "no $t"
+  grep -q '"name":"optimizer step"' "$t" || fail "$t has no optimizer step span"
+  grep -q '"name":"backward"' "$t" || fail "$t has no backward span"
+  grep -q '"tid":1' "$t" || fail "$t has no communication lane"
+  tail -1 "$t" | grep -q '}' || fail "$t is not closed"
+done
+[ -s "$dir/ckpt.bin" ] || fail "no checkpoint"
+head -c 7 "$dir/ckpt.bin" | grep -q 'DDPCKPT' || fail "checkpoint has no magic"
+ls -a "$dir" | grep -q '\.tmp\.' && fail "a temporary checkpoint file was left behind"
+# Resume for a second epoch.
+timeout --kill-after=5 120 "$bin" --limit-train 2048 --limit-test 512 --epochs 2 --model mlp \
+  --resume "$dir/ckpt.bin" >"$log" 2>&1 || { cat "$log"; fail "resume exited non-zero"; }
+cat "$log"
+grep -q '^resumed from .*ckpt.bin: epoch 2, step 0' "$log" || fail "no resume line"
+grep -q '^epoch 2/2: ' "$log" || fail "resumed run did not train epoch 2"
+grep -q '^epoch 1/2: ' "$log" && fail "resumed run repeated epoch 1"
+# Resuming a CNN from the MLP's checkpoint is a clear error on every rank, not a crash or a hang.
+if timeout --kill-after=5 60 "$bin" --limit-train 256 --limit-test 64 --model cnn --resume "$dir/ckpt.bin" >"$log" 2>&1; then
+  cat "$log"; fail "resuming a CNN from an MLP checkpoint succeeded"
+fi
+cat "$log"
+grep -q "does not fit this model" "$log" || fail "mismatch error does not say what is wrong"
+echo PASS

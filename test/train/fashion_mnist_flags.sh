@@ -1,0 +1,29 @@
+#!/bin/bash
+# usage: fashion_mnist_flags.sh BINARY: bad flags and values exit 2 with a message naming the problem.
+set -uo pipefail
+bin="$1"
+fail() { echo "FAIL: $*"; exit 1; }
+expect() {  # expect REGEX ARGS...: exit status 2 and REGEX on stderr
+  local want="$1"; shift
+  local err rc
+  err=$(timeout 30 "$bin" "$@" 2>&1 >/dev/null); rc=$?
+  [ "$rc" -eq 2 ] || fail "'$*' exited $rc, expected 2 (stderr: $err)"
+  echo "$err" | grep -q "$want" || fail "'$*': stderr '$err' does not match '$want'"
+  echo "ok: $* -> $err"
+}
+expect "unknown flag --bogus" --bogus 1
+expect "must be one of cnn|mlp, got 'resnet'" --model resnet
+expect "must be one of threads|mpi" --backend nccl
+expect "--epochs must be an integer, got 'two'" --epochs two
+expect "--epochs must be at least 1" --epochs 0
+expect "--world-size must be at least 1" --world-size -3
+expect "--lr must be in" --lr -1
+expect "--lr must be a number" --lr fast
+expect "must be a multiple of --world-size 3" --batch-size 64 --world-size 3
+expect "--optimizer must be one of sgd|adam|adamw" --optimizer lbfgs
+expect "flag --epochs needs a value" --epochs
+expect "does not exist" --resume /nonexistent/ckpt.bin
+expect "unexpected argument 'extra'" extra
+out=$("$bin" --help) || fail "--help exited non-zero"
+echo "$out" | grep -q -- "--limit-train" || fail "--help does not list --limit-train"
+echo PASS
