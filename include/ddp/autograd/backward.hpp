@@ -11,17 +11,27 @@
 namespace ddp {
 
 namespace detail {
-inline std::vector<std::function<void()>>& post_backward_queue() {
-  thread_local std::vector<std::function<void()>> q;
+struct PostBackward {
+  void const* owner;
+  std::function<void()> fn;
+};
+inline std::vector<PostBackward>& post_backward_queue() {
+  thread_local std::vector<PostBackward> q;
   return q;
 }
 // Runs (and clears) the callbacks queued for the end of this thread's backward.
 inline void run_post_backward() {
   auto& q = post_backward_queue();
   if (q.empty()) return;
+  if (q.size() == 1) {  // the common case (one DDP wrapper): no vector copy
+    auto cb = std::move(q.front().fn);
+    q.clear();
+    cb();
+    return;
+  }
   auto callbacks = std::move(q);
   q.clear();
-  for (auto& f : callbacks) f();
+  for (auto& c : callbacks) c.fn();
 }
 }  // namespace detail
 
@@ -29,7 +39,15 @@ inline void run_post_backward() {
 // and every grad-ready hook has fired). DDP queues its "wait for all buckets" here, so the plain
 // backward(loss) a user writes also finishes the gradient synchronisation. If that backward throws, the
 // queued callbacks are dropped.
-inline void queue_post_backward(std::function<void()> f) { detail::post_backward_queue().push_back(std::move(f)); }
+// `owner` identifies the callback for cancel_post_backward (e.g. an object that dies before the backward).
+inline void queue_post_backward(void const* owner, std::function<void()> f) {
+  detail::post_backward_queue().push_back({owner, std::move(f)});
+}
+// Removes this thread's queued callbacks that belong to `owner`.
+inline void cancel_post_backward(void const* owner) noexcept {
+  auto& q = detail::post_backward_queue();
+  std::erase_if(q, [owner](detail::PostBackward const& c) { return c.owner == owner; });
+}
 
 struct BackwardOptions {
   bool retain_graph = false;  // keep closures and saved tensors so backward can run again

@@ -62,7 +62,7 @@ class DistributedDataParallel {
   static constexpr std::int64_t kStatusSlots = 2;
 
   DistributedDataParallel(M& model, C& comm, DdpOptions opts = {}, B bucketer = {})
-      : model_(&model), comm_(&comm), opts_(opts), bucketer_(std::move(bucketer)), alive_(std::make_shared<int>(0)) {
+      : model_(&model), comm_(&comm), opts_(opts), bucketer_(std::move(bucketer)) {
     auto params = nn::ParameterArena<T, S>::unique(model.named_parameters());
     std::vector<detail::ParamSignature> sigs;
     std::vector<std::int64_t> numels;
@@ -116,6 +116,7 @@ class DistributedDataParallel {
         } catch (...) {
         }
     for (auto const& e : arena_.entries()) e.var.node().grad_hook = nullptr;
+    if (finalize_queued_) cancel_post_backward(this);  // a forward without its backward (same thread)
   }
 
   // Runs the model; records whether the coming backward synchronises (not inside no_sync()).
@@ -125,10 +126,7 @@ class DistributedDataParallel {
       prepare(no_sync_depth_ == 0);
       if (!finalize_queued_) {
         finalize_queued_ = true;
-        std::weak_ptr<int> alive = alive_;
-        queue_post_backward([this, alive] {
-          if (!alive.expired()) finalize();
-        });
+        queue_post_backward(this, [this] { finalize(); });  // fits std::function's small buffer: no allocation
       }
     }
     if (!opts_.timeline) return model_->forward(x);
@@ -323,7 +321,6 @@ class DistributedDataParallel {
   bool sync_ = false;
   bool finalize_queued_ = false;
   int no_sync_depth_ = 0;
-  std::shared_ptr<int> alive_;
 };
 
 }  // namespace ddp

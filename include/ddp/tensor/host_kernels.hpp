@@ -57,7 +57,16 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
     if (skinny_gemm(ta, tb, M, N, K, alpha, A, B, beta, C)) return;
     CMapMat<T> a(A, ta == Trans::kNo ? M : K, ta == Trans::kNo ? K : M);
     CMapMat<T> b(B, tb == Trans::kNo ? K : N, tb == Trans::kNo ? N : K);
+    bool const tiny = M * N * K <= kTinyGemm;
     auto run = [&](auto const& opa, auto const& opb) {
+      if (tiny) {  // coefficient-based: no packing or blocking overhead for toy-sized products
+        if (beta == T(0)) c.noalias() = alpha * opa.lazyProduct(opb);
+        else {
+          if (beta != T(1)) c *= beta;
+          c.noalias() += alpha * opa.lazyProduct(opb);
+        }
+        return;
+      }
       if (beta == T(0)) {
         if (alpha == T(1)) c.noalias() = opa * opb; else c.noalias() = alpha * (opa * opb);
       } else {
@@ -75,6 +84,7 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
   // large operand (an extra pass over, e.g., a 400 MB weight) and zero C before accumulating. These loops
   // stream the large operand once and write C once. Returns false when the shape is not skinny.
   static constexpr i64 kSkinny = 4;
+  static constexpr i64 kTinyGemm = 8192;  // M·N·K below which Eigen's GEMM packing costs more than it saves
   template <class T>
   static bool skinny_gemm(Trans ta, Trans tb, i64 M, i64 N, i64 K, T alpha, T const* A, T const* B, T beta, T* C) {
     using Row = Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>>;

@@ -1,0 +1,122 @@
+// bench/ddp_step: one DDP training step for the toy, MLP and wide models, split into forward, backward
+// (including DDP's wait for its buckets), optimizer, and exposed communication = DDP step − plain step.
+// Medians over many steps after warm-up; rank 0 reports.
+//   bazel run //bench:ddp_step -- --world-size 2            (threads)
+//   mpirun -n 2 bazel-bin/bench/ddp_step --backend mpi
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "examples/common/flags.hpp"
+#include "examples/common/launch.hpp"
+
+using namespace ddp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Phases {
+  double fwd = 0, bwd = 0, opt = 0, step = 0;  // seconds (medians)
+};
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+template <class Fwd, class Opt, class Loss>
+Phases time_steps(Fwd&& fwd, Opt& opt, Tensor<float> const& x, Loss&& loss, int warmup, int iters) {
+  std::vector<double> f, b, o, s;
+  for (int i = 0; i < warmup + iters; ++i) {
+    auto const t0 = Clock::now();
+    opt.zero_grad();
+    Var l = loss(fwd(Var(x)));
+    auto const t1 = Clock::now();
+    backward(l);
+    auto const t2 = Clock::now();
+    opt.step();
+    auto const t3 = Clock::now();
+    if (i < warmup) continue;
+    f.push_back(std::chrono::duration<double>(t1 - t0).count());
+    b.push_back(std::chrono::duration<double>(t2 - t1).count());
+    o.push_back(std::chrono::duration<double>(t3 - t2).count());
+    s.push_back(std::chrono::duration<double>(t3 - t0).count());
+  }
+  return {median(f), median(b), median(o), median(s)};
+}
+
+Tensor<float> rnd(Shape s, Generator& g) {
+  Tensor<float> t(s);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t[i] = g.uniform(-1.0f, 1.0f);
+  return t;
+}
+
+template <class Comm, class MakeModel, class MakeOpt, class Loss>
+void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x, Loss&& loss,
+           int warmup, int iters, double target, char const* unit, std::size_t cap) {
+  double const k = std::string(unit) == "us" ? 1e6 : 1e3;
+  // Plain (no DDP) on every rank at once, so the machine is as loaded as in the DDP run.
+  auto pm = make_model();
+  nn::ParameterArena<float> pa(pm);
+  auto popt = make_opt(pa);
+  comm.barrier();
+  Phases plain = time_steps([&](Var const& v) { return pm(v); }, popt, x, loss, warmup, iters);
+  auto dm = make_model();
+  DistributedDataParallel ddp(dm, comm, {}, SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
+  auto dopt = make_opt(ddp.parameters());
+  comm.barrier();
+  Phases d = time_steps([&](Var const& v) { return ddp(v); }, dopt, x, loss, warmup, iters);
+  if (comm.rank() == 0) {
+    std::printf("%-5s ws=%d  plain %8.3f %s | ddp %8.3f %s (fwd %.3f, bwd+wait %.3f, opt %.3f) | exposed comm %8.3f %s | "
+                "ddp/plain %.3f | %zu buckets | target <= %g %s %s\n",
+                name, comm.world_size(), plain.step * k, unit, d.step * k, unit, d.fwd * k, d.bwd * k, d.opt * k,
+                (d.step - plain.step) * k, unit, d.step / plain.step, ddp.plan().buckets.size(), target, unit,
+                comm.world_size() == 1 ? (d.step <= 1.03 * plain.step ? "(ws1: within 3%: OK)" : "(ws1: within 3%: MISS)")
+                                       : (d.step * k <= target ? "OK" : "MISS"));
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  examples::Flags flags("ddp_step", "DDP step time split into phases, vs plain training.");
+  flags.add("backend", "threads", "threads or mpi").add("world-size", "2", "ranks (threads backend)")
+      .add("models", "toy,mlp,wide", "comma-separated subset of toy,mlp,wide");
+  try {
+    if (!flags.parse(argc, argv)) return 0;
+    auto const backend = examples::parse_backend(flags.choice("backend", {"threads", "mpi"}));
+    int const ws = backend == examples::Backend::kMpi && !flags.is_set("world-size") ? 0 : int(flags.integer("world-size"));
+    std::string const models = "," + flags.str("models") + ",";
+    return examples::launch(backend, ws, argc, argv, [&](auto& comm) {
+      Generator g(1 + static_cast<std::uint64_t>(comm.rank()));
+      if (comm.rank() == 0) std::printf("ddp_step: backend %s, world size %d\n", flags.str("backend").c_str(), comm.world_size());
+      if (models.find(",toy,") != std::string::npos) {
+        auto x = rnd({5, 10}, g), y = rnd({5, 5}, g);
+        bench(comm, "toy", [] { Generator i(0); return nn::Sequential(nn::Linear(10, 10, i), nn::ReLU(), nn::Linear(10, 5, i)); },
+              [](auto& p) { return optim::SGD(p, {.lr = 0.001}); }, x, [&](Var const& o) { return mse_loss(o, y); }, 2000,
+              20000, 20, "us", kDefaultBucketCapBytes);
+      }
+      if (models.find(",mlp,") != std::string::npos) {
+        auto x = rnd({32, 1, 28, 28}, g);
+        Tensor<std::int32_t> y(Shape{32});
+        for (int i = 0; i < 32; ++i) y[i] = static_cast<std::int32_t>(g.below(10));
+        bench(comm, "mlp",
+              [] { Generator i(0); return nn::Sequential(nn::Flatten(), nn::Linear(784, 256, i), nn::ReLU(), nn::Linear(256, 128, i), nn::ReLU(), nn::Linear(128, 10, i)); },
+              [](auto& p) { return optim::SGD(p, {.lr = 0.01, .momentum = 0.9}); }, x,
+              [&](Var const& o) { return cross_entropy(o, y); }, 50, 500, 0.6, "ms", kDefaultBucketCapBytes);
+      }
+      if (models.find(",wide,") != std::string::npos) {
+        auto x = rnd({2, 10}, g), y = rnd({2, 5}, g);
+        bench(comm, "wide",
+              [] { Generator i(0); return nn::Sequential(nn::Linear(10, 10000, i), nn::ReLU(), nn::Linear(10000, 10000, i), nn::ReLU(), nn::Linear(10000, 5, i)); },
+              [](auto& p) { return optim::SGD(p, {.lr = 0.001}); }, x, [&](Var const& o) { return mse_loss(o, y); }, 2, 9,
+              300, "ms", std::size_t{1} << 20);
+      }
+    });
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+}
