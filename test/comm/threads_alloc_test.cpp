@@ -34,7 +34,7 @@ TEST_CASE("async bucket all-reduces and blocking collectives allocate nothing af
     ddp::spawn(n, [](ddp::ThreadsBackend& comm) {
       std::vector<float> arena(1 << 18, 1.0f);
       std::vector<std::size_t> const edges = {0, 1000, 70000, 200000, arena.size()};
-      std::vector<ddp::detail::QueueWork> works(edges.size() - 1);
+      std::vector<ddp::Work> works(edges.size() - 1);
       auto step = [&] {
         for (std::size_t b = 0; b + 1 < edges.size(); ++b) {
           works[b] = comm.all_reduce_async(std::span(arena).subspan(edges[b], edges[b + 1] - edges[b]), ddp::ReduceOp::kAvg,

@@ -186,7 +186,7 @@ TEST_CASE("Recording sees one all-reduce per bucket, in the same order on every 
   ddp::spawn(n, [&](ddp::ThreadsBackend& c) {
     ddp::Recording<ddp::ThreadsBackend> rec(c);
     std::vector<float> arena(1000, 1.0f);
-    std::vector<ddp::detail::QueueWork> works;
+    std::vector<ddp::Work> works;
     for (int b = 0; b < 4; ++b) {
       works.push_back(rec.all_reduce_async(std::span(arena).subspan(250 * b, 250), ddp::ReduceOp::kAvg, {"bucket", b}));
     }

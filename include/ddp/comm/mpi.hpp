@@ -54,7 +54,7 @@ inline MPI_Op mpi_op(ReduceOp op) noexcept {
 class MpiBackend {
  public:
   using accepted_spaces = SpaceList<HostSpace>;
-  using work_type = detail::QueueWork;
+  using work_type = Work;
 
   // Collective over opts.comm: every rank of it constructs its backend (MPI_Comm_dup).
   explicit MpiBackend(MpiSession const& session, MpiOptions const& opts = {})

@@ -10,10 +10,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "ddp/comm/env.hpp"
 #include "ddp/error.hpp"
 
 namespace ddp {
@@ -122,12 +124,35 @@ class MpiSession {
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_comm_);
     MPI_Comm_rank(local_comm_, &local_rank_);
     MPI_Comm_size(local_comm_, &local_size_);
+    try {
+      check_launcher();
+    } catch (...) {
+      MPI_Comm_free(&local_comm_);
+      if (owns_) MPI_Finalize();
+      throw;
+    }
     static bool const hooked = std::atexit(detail::abort_if_exiting_mid_run) == 0;
     if (hooked) {
       detail::exit_guard().rank.store(rank_);
       detail::exit_guard().world_size.store(world_size_);
       detail::exit_guard().armed.store(true);
     }
+  }
+
+  // The launcher's variables must describe the same job MPI sees. The classic failure: every process is an
+  // MPI singleton (started by torchrun, or by another MPI's mpirun) and believes it is rank 0 of 1.
+  // Slurm's variables are not compared: under sbatch + mpirun they describe the job step.
+  void check_launcher() const {
+    LaunchEnv const env = launch_env();  // throws ArgumentError on partial or inconsistent variables
+    if (env.source == "default" || env.source == "slurm") return;
+    if (env.rank == rank_ && env.world_size == world_size_) return;
+    throw CommError(detail::cat("ddp mpi: the launcher's ", env.source, " variables say rank ", env.rank, " of ",
+                                env.world_size, " but MPI says rank ", rank_, " of ", world_size_,
+                                world_size_ == 1 ? "; this process started as an MPI singleton: launch with this MPI's "
+                                                   "mpirun/mpiexec or srun (torchrun cannot start MPI processes, and "
+                                                   "another MPI's mpirun cannot start this program)"
+                                                 : "; unset the stale variables"),
+                    rank_);
   }
 
   bool owns_ = false;
@@ -144,7 +169,14 @@ class MpiSession {
 template <class F>
   requires std::invocable<F&, MpiSession&>
 int mpi_main(int& argc, char**& argv, F&& fn) {
-  MpiSession session(argc, argv);
+  std::optional<MpiSession> started;
+  try {
+    started.emplace(argc, argv);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "ddp: MPI setup failed: %s\n", e.what());
+    return 1;
+  }
+  MpiSession& session = *started;
   try {
     if constexpr (std::is_convertible_v<std::invoke_result_t<F&, MpiSession&>, int>) {
       return static_cast<int>(fn(session));

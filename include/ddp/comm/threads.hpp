@@ -32,7 +32,7 @@ namespace ddp {
 class ThreadsBackend {
  public:
   using accepted_spaces = SpaceList<HostSpace>;
-  using work_type = detail::QueueWork;
+  using work_type = Work;
 
   ThreadsBackend(std::shared_ptr<detail::ThreadsGroup> group, int rank)
       : group_(std::move(group)),
