@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -54,6 +55,7 @@ inline MPI_Op mpi_op(ReduceOp op) noexcept {
 class MpiBackend {
  public:
   using accepted_spaces = SpaceList<HostSpace>;
+  static constexpr std::string_view backend_name = "mpi";  // for logs: which backend was composed
   using work_type = Work;
 
   // Collective over opts.comm: every rank of it constructs its backend (MPI_Comm_dup).

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -74,6 +75,7 @@ class NcclWork {
 class NcclBackend {
  public:
   using accepted_spaces = SpaceList<DeviceSpace>;
+  static constexpr std::string_view backend_name = "nccl";  // for logs: which backend was composed
   using work_type = NcclWork;
 
   // Collective over MPI_COMM_WORLD: rank 0 creates the ncclUniqueId and broadcasts it with MPI.

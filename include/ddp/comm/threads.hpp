@@ -7,6 +7,8 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -32,6 +34,7 @@ namespace ddp {
 class ThreadsBackend {
  public:
   using accepted_spaces = SpaceList<HostSpace>;
+  static constexpr std::string_view backend_name = "threads";  // for logs: which backend was composed
   using work_type = Work;
 
   ThreadsBackend(std::shared_ptr<detail::ThreadsGroup> group, int rank)
