@@ -3,7 +3,10 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <immintrin.h>
+
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -37,6 +40,37 @@ DDP_ALWAYS_INLINE void assign_or_add(Dst&& dst, Expr const& expr, T beta) {
     dst += expr;
   else
     dst = beta * dst + expr;
+}
+// out[j] = Σ_{k<K} coef[k] · B[k·N + j] for j < N, written with non-temporal stores where the ISA has
+// them (AVX-512 / AVX), plain stores otherwise. Call stream_fence() before the data is read elsewhere.
+inline void stream_combination(std::int64_t N, std::int64_t K, float const* coef, float const* B, float* out) {
+  std::int64_t j = 0;
+  auto scalar = [&](std::int64_t jj) {
+    float v = 0;
+    for (std::int64_t k = 0; k < K; ++k) v += coef[k] * B[k * N + jj];
+    out[jj] = v;
+  };
+#if defined(__AVX512F__)
+  for (; j < N && (reinterpret_cast<std::uintptr_t>(out + j) & 63) != 0; ++j) scalar(j);
+  for (; j + 16 <= N; j += 16) {
+    __m512 v = _mm512_mul_ps(_mm512_set1_ps(coef[0]), _mm512_loadu_ps(B + j));
+    for (std::int64_t k = 1; k < K; ++k) v = _mm512_fmadd_ps(_mm512_set1_ps(coef[k]), _mm512_loadu_ps(B + k * N + j), v);
+    _mm512_stream_ps(out + j, v);
+  }
+#elif defined(__AVX__)
+  for (; j < N && (reinterpret_cast<std::uintptr_t>(out + j) & 31) != 0; ++j) scalar(j);
+  for (; j + 8 <= N; j += 8) {
+    __m256 v = _mm256_mul_ps(_mm256_set1_ps(coef[0]), _mm256_loadu_ps(B + j));
+    for (std::int64_t k = 1; k < K; ++k) v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_set1_ps(coef[k]), _mm256_loadu_ps(B + k * N + j)));
+    _mm256_stream_ps(out + j, v);
+  }
+#endif
+  for (; j < N; ++j) scalar(j);
+}
+inline void stream_fence() noexcept {
+#if defined(__AVX__) || defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 }  // namespace detail
 
@@ -84,7 +118,8 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
   // large operand (an extra pass over, e.g., a 400 MB weight) and zero C before accumulating. These loops
   // stream the large operand once and write C once. Returns false when the shape is not skinny.
   static constexpr i64 kSkinny = 4;
-  static constexpr i64 kTinyGemm = 8192;  // M·N·K below which Eigen's GEMM packing costs more than it saves
+  static constexpr i64 kTinyGemm = 8192;
+  static constexpr i64 kStreamBytes = i64{64} << 20;  // results this large bypass the caches  // M·N·K below which Eigen's GEMM packing costs more than it saves
   template <class T>
   static bool skinny_gemm(Trans ta, Trans tb, i64 M, i64 N, i64 K, T alpha, T const* A, T const* B, T beta, T* C) {
     using Row = Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>>;
@@ -115,6 +150,19 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
     }
     if (K <= kSkinny && tb == Trans::kNo && N >= 64) {
       // Outer-product shape: C[i, :] = beta C[i, :] + Σ_k alpha op(A)[i, k] B[k, :]; C written once.
+      if constexpr (std::same_as<T, float>) {
+        // A fresh result far larger than the caches (a big weight's gradient) is written with streaming
+        // stores: no read-for-ownership of C, which halves its memory traffic.
+        if (beta == T(0) && M * N * i64(sizeof(T)) >= kStreamBytes) {
+          for (i64 i = 0; i < M; ++i) {
+            T coef[kSkinny];
+            for (i64 k = 0; k < K; ++k) coef[k] = alpha * a_at(i, k);
+            detail::stream_combination(N, K, coef, B, C + i * N);
+          }
+          detail::stream_fence();
+          return true;
+        }
+      }
       for (i64 i = 0; i < M; ++i) {
         Row c(C + i * N, N);
         auto term = [&](i64 k) { return (alpha * a_at(i, k)) * CRow(B + k * N, N); };
