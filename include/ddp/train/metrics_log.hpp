@@ -51,7 +51,12 @@ inline std::vector<double> nice_ticks(double lo, double hi, int target = 5) {
       break;
     }
   std::vector<double> t;
-  for (double v = std::floor(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
+  double const first = std::floor(lo / step);
+  for (int i = 0; i < 1000; ++i) {  // up to the first tick at or above hi
+    double const v = (first + i) * step;
+    t.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
+    if (v >= hi - step * 1e-9) break;
+  }
   return t;
 }
 
@@ -92,7 +97,7 @@ class MetricsLog {
   // Two panels side by side: train and test loss (left), test accuracy in % (right), against the epoch;
   // axes with ticks, axis labels, a title and a legend per panel. Plain SVG 1.1, no scripts or fonts.
   std::string svg(std::string_view title = "training metrics") const {
-    constexpr int kW = 900, kH = 380, kPanelW = 400, kPanelH = 260, kTop = 60, kLeft0 = 70, kLeft1 = 520;
+    constexpr int kW = 900, kH = 380, kPanelW = 400, kPanelH = 260, kTop = 60, kLeft0 = 70, kLeft1 = 570;
     std::ostringstream os;
     os << R"(<?xml version="1.0" encoding="UTF-8"?>)" << "\n"
        << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << kW << R"(" height=")" << kH << R"(" viewBox="0 0 )"
@@ -109,7 +114,7 @@ class MetricsLog {
     }
     panel(os, kLeft0, kTop, kPanelW, kPanelH, "loss", ep, {{"train loss", "#1f77b4", &train}, {"test loss", "#ff7f0e", &test}},
           false);
-    panel(os, kLeft1, kTop, kPanelW - 90, kPanelH, "test accuracy (%)", ep, {{"test accuracy", "#2ca02c", &acc}}, true);
+    panel(os, kLeft1, kTop, kPanelW - 110, kPanelH, "test accuracy (%)", ep, {{"test accuracy", "#2ca02c", &acc}}, true);
     os << "</svg>\n";
     return os.str();
   }

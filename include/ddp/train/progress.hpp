@@ -79,7 +79,7 @@ inline std::string format_progress(ProgressStatus const& s, int bar_width = 0) {
 inline std::string format_epoch_summary(EpochMetrics const& m, std::int64_t epochs) {
   char b[320];
   std::snprintf(b, sizeof b,
-                "epoch %lld/%lld: train loss %.4f  test loss %.4f  test accuracy %.2f%% (%lld/%lld)  time %.1f s "
+                "epoch %lld/%lld: train loss %.4f  test loss %.4f  test accuracy %.2f%% (%lld/%lld)  time %.2f s "
                 "(%.1f ms/step, %.0f samples/s)",
                 static_cast<long long>(m.epoch), static_cast<long long>(epochs), m.train_loss, m.test_loss,
                 100.0 * m.test_accuracy, static_cast<long long>(m.test_correct), static_cast<long long>(m.test_total),

@@ -1,0 +1,398 @@
+// Checkpoints: round trip of every field, atomic writes, corrupted/truncated/foreign/mismatched files are
+// clear errors on every rank, and resuming (threads, 2 ranks, real Fashion-MNIST slice) is bitwise exact.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ddp/ddp.hpp>
+#include <ddp/train/checkpoint.hpp>
+
+using namespace ddp;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(std::string const& name) {
+  char const* t = std::getenv("TEST_TMPDIR");
+  fs::path d = fs::path(t ? t : "/tmp") / ("checkpoint_test_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string slurp(fs::path const& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+void dump(fs::path const& p, std::string const& bytes) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << bytes;
+}
+
+auto small_model(std::uint64_t seed, std::int64_t hidden = 3) {
+  Generator g(seed);
+  return nn::Sequential(nn::named("fc1", nn::Linear(4, hidden, g)), nn::ReLU(), nn::named("fc2", nn::Linear(hidden, 2, g)));
+}
+
+template <class M, class O>
+void take_steps(M& model, O& opt, int steps) {
+  Generator g(7);
+  Tensor<float> x(Shape{5, 4}), y(Shape{5, 2});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = g.uniform(-1.0f, 1.0f);
+  for (std::int64_t i = 0; i < y.numel(); ++i) y[i] = g.uniform(-1.0f, 1.0f);
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    backward(mse_loss(model(Var(x)), y));
+    opt.step();
+  }
+}
+
+std::vector<float> values_of(nn::ParameterArena<float> const& a) {
+  std::vector<float> v;
+  for (auto const& e : a.entries())
+    v.insert(v.end(), a.values().data() + e.offset, a.values().data() + e.offset + e.numel);
+  return v;
+}
+
+bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TrainPosition const kPos{.epoch = 3, .step = 17, .global_step = 1234, .scheduler_epoch = 2, .world_size = 4,
+                         .global_batch = 256, .seed = 99};
+
+// A valid checkpoint of small_model after 3 AdamW steps, written to dir/name.
+fs::path write_valid(fs::path const& dir, std::string const& name = "ckpt.bin") {
+  auto m = small_model(1);
+  nn::ParameterArena<float> arena(m);
+  optim::AdamW opt(arena, {.lr = 0.01});
+  take_steps(m, opt, 3);
+  auto const path = dir / name;
+  write_checkpoint_file(path, capture_checkpoint(arena, opt, kPos));
+  return path;
+}
+
+// Runs load_checkpoint on `world` thread ranks and returns each rank's error message ("" when it loaded).
+template <class MakeModel>
+std::vector<std::string> load_on_ranks(int world, fs::path const& path, MakeModel make, bool sgd_on_rank1 = false) {
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  std::mutex mu;
+  spawn(world, [&](ThreadsBackend& comm) {
+    auto m = make(comm.rank());
+    nn::ParameterArena<float> arena(m);
+    std::string err;
+    try {
+      if (sgd_on_rank1 && comm.rank() == 1) {
+        optim::SGD opt(arena, {.lr = 0.1, .momentum = 0.9});
+        load_checkpoint(path, comm, arena, opt);
+      } else {
+        optim::AdamW opt(arena, {});
+        load_checkpoint(path, comm, arena, opt);
+      }
+    } catch (Error const& e) {
+      err = e.what();
+      if (err.empty()) err = "(empty message)";
+    }
+    std::lock_guard lock(mu);
+    errors[static_cast<std::size_t>(comm.rank())] = err;
+  });
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint round trip keeps every field: parameters, optimizer state, position") {
+  auto const dir = temp_dir("roundtrip");
+  auto m = small_model(1);
+  nn::ParameterArena<float> arena(m);
+  optim::AdamW opt(arena, {.lr = 0.01});
+  take_steps(m, opt, 3);
+  opt.set_lr(0.0042);
+  auto const path = dir / "ckpt.bin";
+  auto const saved = capture_checkpoint(arena, opt, kPos);
+  write_checkpoint_file(path, saved);
+  CHECK(encode_checkpoint(saved) == slurp(path));  // deterministic bytes
+
+  auto const c = read_checkpoint_file<float>(path);
+  CHECK(c.position == kPos);
+  REQUIRE(c.parameters.size() == 4);
+  CHECK(c.parameters[0].name == "fc1.weight");
+  CHECK(c.parameters[0].shape == std::vector<std::int64_t>{3, 4});
+  CHECK(c.parameters[3].name == "fc2.bias");
+  CHECK(c.parameters[3].shape == std::vector<std::int64_t>{2});
+  std::vector<float> flat;
+  for (auto const& p : c.parameters) flat.insert(flat.end(), p.values.begin(), p.values.end());
+  CHECK(same_bits(flat, values_of(arena)));
+  auto const st = opt.state();
+  CHECK(c.optimizer.kind == "adamw");
+  CHECK(c.optimizer.lr == 0.0042);
+  CHECK(c.optimizer.counters == std::vector<std::int64_t>{3, 3, 3, 3});
+  REQUIRE(c.optimizer.buffers.size() == 2);
+  for (std::size_t b = 0; b < 2; ++b) {
+    CHECK(c.optimizer.buffers[b].name == st.buffers[b].name);
+    CHECK(same_bits(c.optimizer.buffers[b].data, st.buffers[b].data));
+  }
+
+  // Into a fresh model (other initial weights) and optimizer, through the collective loader (1 rank).
+  spawn(1, [&](ThreadsBackend& comm) {
+    auto m2 = small_model(12345);
+    nn::ParameterArena<float> arena2(m2);
+    optim::AdamW opt2(arena2, {.lr = 1.0});
+    CHECK_FALSE(same_bits(values_of(arena2), values_of(arena)));
+    auto const pos = load_checkpoint(path, comm, arena2, opt2);
+    CHECK(pos == kPos);
+    CHECK(same_bits(values_of(arena2), values_of(arena)));
+    auto const st2 = opt2.state();
+    CHECK(st2.lr == 0.0042);
+    CHECK(st2.counters == st.counters);
+    CHECK(same_bits(st2.buffers[0].data, st.buffers[0].data));
+    CHECK(same_bits(st2.buffers[1].data, st.buffers[1].data));
+    // The next step is the same as the original's next step.
+    take_steps(m, opt, 1);
+    take_steps(m2, opt2, 1);
+    CHECK(same_bits(values_of(arena2), values_of(arena)));
+  });
+}
+
+TEST_CASE("checkpoint write is atomic: temp file renamed over the old one, nothing left behind") {
+  auto const dir = temp_dir("atomic");
+  auto const path = write_valid(dir);
+  auto const first = slurp(path);
+  dump(dir / "other", "x");
+  // Overwrite with a different checkpoint: the file is replaced whole.
+  auto m = small_model(2);
+  nn::ParameterArena<float> arena(m);
+  optim::SGD opt(arena, {.lr = 0.1});
+  write_checkpoint_file(path, capture_checkpoint(arena, opt, TrainPosition{.epoch = 1}));
+  CHECK(slurp(path) != first);
+  CHECK(read_checkpoint_file<float>(path).optimizer.kind == "sgd");
+  int entries = 0;
+  for (auto const& e : fs::directory_iterator(dir)) {
+    ++entries;
+    CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+  }
+  CHECK(entries == 2);
+  // A missing directory is an IoError naming the file; no partial file appears.
+  auto const bad = dir / "missing" / "ckpt.bin";
+  CHECK_THROWS_WITH_AS(write_checkpoint_file(bad, capture_checkpoint(arena, opt, {})),
+                       doctest::Contains(bad.string().c_str()), IoError);
+  CHECK_FALSE(fs::exists(bad));
+}
+
+TEST_CASE("a corrupted checkpoint (one flipped byte) is a checksum error naming the file") {
+  auto const dir = temp_dir("corrupt");
+  auto const path = write_valid(dir);
+  auto const good = slurp(path);
+  for (std::size_t at : {kCheckpointHeaderBytes + 20, good.size() / 2, good.size() - 1}) {
+    CAPTURE(at);
+    auto bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x01);
+    dump(path, bad);
+    CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path),
+                         doctest::Contains(("checkpoint " + path.string() + ": checksum mismatch").c_str()), IoError);
+  }
+  // A flipped bit in the header (here: the payload length) is caught by the header's own checksum.
+  auto bad = good;
+  bad[16] = static_cast<char>(bad[16] ^ 0x04);
+  dump(path, bad);
+  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path), doctest::Contains("header's checksum does not match"), IoError);
+}
+
+TEST_CASE("a truncated checkpoint is an error naming the file and the sizes") {
+  auto const dir = temp_dir("truncated");
+  auto const path = write_valid(dir);
+  auto const good = slurp(path);
+  for (std::size_t n : {std::size_t{0}, std::size_t{7}, kCheckpointHeaderBytes - 1}) {
+    CAPTURE(n);
+    dump(path, good.substr(0, n));
+    CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path),
+                         doctest::Contains(("checkpoint " + path.string() + ": truncated: the file has " +
+                                            std::to_string(n) + " bytes")
+                                               .c_str()),
+                         IoError);
+  }
+  for (std::size_t n : {kCheckpointHeaderBytes, good.size() / 2, good.size() - 1}) {
+    CAPTURE(n);
+    dump(path, good.substr(0, n));
+    CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path),
+                         doctest::Contains(("truncated: the header announces " +
+                                            std::to_string(good.size() - kCheckpointHeaderBytes) + " payload bytes but only " +
+                                            std::to_string(n - kCheckpointHeaderBytes) + " follow it")
+                                               .c_str()),
+                         IoError);
+  }
+  dump(path, good + "junk");
+  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path), doctest::Contains("4 unexpected bytes after"), IoError);
+  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(dir / "nope.bin"), doctest::Contains("nope.bin does not exist"),
+                       IoError);
+}
+
+TEST_CASE("wrong magic or version is an error naming the file") {
+  auto const dir = temp_dir("magic");
+  auto const path = write_valid(dir);
+  auto const good = slurp(path);
+  auto bad = good;
+  bad[0] = 'X';
+  dump(path, bad);
+  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path),
+                       doctest::Contains((path.string() + ": wrong magic number: this is not a ddp checkpoint").c_str()),
+                       IoError);
+  dump(path, std::string(100, 'a'));
+  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path), doctest::Contains("wrong magic number"), IoError);
+  // Version 2 with a consistent header checksum: refused as unsupported.
+  bad = good;
+  std::uint32_t const v2 = 2;
+  std::memcpy(bad.data() + 8, &v2, 4);
+  std::uint32_t const crc = detail::crc32_of(bad.data(), kCheckpointHeaderBytes - 4);
+  std::memcpy(bad.data() + kCheckpointHeaderBytes - 4, &crc, 4);
+  dump(path, bad);
+  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path),
+                       doctest::Contains((path.string() + ": unsupported version 2 (this build reads version 1)").c_str()),
+                       IoError);
+  // Double-precision parameters are not float parameters.
+  CHECK_THROWS_WITH_AS(read_checkpoint_file<double>(write_valid(dir, "f.bin")),
+                       doctest::Contains("4-byte elements, this model uses 8-byte elements"), IoError);
+}
+
+TEST_CASE("a checkpoint of another model or optimizer is an ArgumentError on every rank, naming the difference") {
+  auto const dir = temp_dir("mismatch");
+  auto const path = write_valid(dir);
+
+  SUBCASE("different hidden size on every rank") {
+    auto const errs = load_on_ranks(2, path, [](int) { return small_model(1, 5); });
+    for (auto const& e : errs) {
+      CHECK(e.find("checkpoint " + path.string() + " does not fit this model/optimizer") != std::string::npos);
+      CHECK(e.find("parameter 0 is 'fc1.weight' (3, 4) in the file but 'fc1.weight' (5, 4) in the model") !=
+            std::string::npos);
+    }
+  }
+  SUBCASE("only rank 1's model differs: both ranks fail (no hang), rank 0 is told who reported it") {
+    auto const errs = load_on_ranks(2, path, [](int r) { return small_model(1, r == 1 ? 6 : 3); });
+    CHECK(errs[1].find("(6, 4) in the model") != std::string::npos);
+    CHECK(errs[0].find("(6, 4) in the model") != std::string::npos);
+    CHECK(errs[0].find("reported by rank 1") != std::string::npos);
+  }
+  SUBCASE("wrong optimizer kind on rank 1") {
+    auto const errs = load_on_ranks(2, path, [](int) { return small_model(1); }, /*sgd_on_rank1=*/true);
+    for (auto const& e : errs)
+      CHECK(e.find("its optimizer state is for 'adamw' but the optimizer is 'sgd'") != std::string::npos);
+  }
+  SUBCASE("a fitting model loads on both ranks") {
+    auto const errs = load_on_ranks(2, path, [](int) { return small_model(5); });
+    CHECK(errs[0].empty());
+    CHECK(errs[1].empty());
+  }
+  SUBCASE("a corrupted file fails on both ranks with rank 0's message") {
+    auto bytes = slurp(path);
+    bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x10);
+    dump(path, bytes);
+    auto const errs = load_on_ranks(2, path, [](int) { return small_model(1); });
+    for (auto const& e : errs) CHECK(e.find("checksum mismatch") != std::string::npos);
+    CHECK(errs[1].find("read by rank 0; this is rank 1") != std::string::npos);
+  }
+  SUBCASE("the error family survives: a mismatch is an ArgumentError, a bad file an IoError") {
+    spawn(2, [&](ThreadsBackend& comm) {
+      auto m = small_model(1, 5);
+      nn::ParameterArena<float> arena(m);
+      optim::AdamW opt(arena, {});
+      CHECK_THROWS_AS(load_checkpoint(path, comm, arena, opt), ArgumentError);
+      CHECK_THROWS_AS(load_checkpoint(dir / "absent.bin", comm, arena, opt), IoError);
+    });
+  }
+}
+
+TEST_CASE("a failed save is an IoError on every rank") {
+  auto const dir = temp_dir("savefail");
+  std::vector<std::string> errs(2);
+  std::mutex mu;
+  spawn(2, [&](ThreadsBackend& comm) {
+    auto m = small_model(1);
+    nn::ParameterArena<float> arena(m);
+    optim::AdamW opt(arena, {});
+    std::string err;
+    try {
+      save_checkpoint(dir / "no" / "such" / "dir.bin", comm, arena, opt, kPos);
+    } catch (IoError const& e) {
+      err = e.what();
+    }
+    std::lock_guard lock(mu);
+    errs[static_cast<std::size_t>(comm.rank())] = err;
+  });
+  for (auto const& e : errs) CHECK(e.find("cannot write checkpoint " + (dir / "no/such/dir.bin").string()) != std::string::npos);
+  CHECK(errs[1].find("reported by rank 0") != std::string::npos);
+}
+
+// ---- resume equals uninterrupted -----------------------------------------------------------------------
+
+namespace {
+
+// Trains the example's MLP (784-256-128-10) with DDP on 2 thread ranks, AdamW and StepLR, for `epochs` over
+// `data` (global batch 64, shuffled per epoch). With `resume`, starts from that checkpoint; with
+// `stop_at` > 0, saves to `save` after that many optimizer steps and stops. Returns rank 0's weights (and
+// checks rank 1 holds the same bits).
+std::vector<float> train_mlp(TensorDataset<std::int32_t> const& data, std::int64_t epochs, std::uint64_t init_seed,
+                             fs::path const& resume, std::int64_t stop_at, fs::path const& save) {
+  std::vector<std::vector<float>> out(2);
+  spawn(2, [&](ThreadsBackend& comm) {
+    Generator g(init_seed);
+    nn::Sequential model(nn::Flatten(), nn::named("fc1", nn::Linear(784, 256, g)), nn::ReLU(),
+                         nn::named("fc2", nn::Linear(256, 128, g)), nn::ReLU(), nn::named("fc3", nn::Linear(128, 10, g)));
+    DistributedDataParallel ddp(model, comm);
+    optim::AdamW opt(ddp.parameters(), {.lr = 2e-3});
+    optim::StepLR sched(opt, {.step_size = 1, .gamma = 0.5});
+    TrainPosition pos{.world_size = 2, .global_batch = 64, .seed = 5};
+    if (!resume.empty()) pos = load_checkpoint(resume, comm, ddp.parameters(), opt);
+    sched.set_epoch(pos.scheduler_epoch);
+    DistributedSampler sampler(static_cast<std::int64_t>(data.size()), comm, {.seed = 5});
+    for (std::int64_t epoch = pos.epoch; epoch < epochs; ++epoch) {
+      sampler.set_epoch(epoch);
+      DataLoader loader(data, sampler, {.batch_size = 32});
+      std::int64_t step = pos.step;
+      for (auto const& b : loader.from(pos.step)) {
+        opt.zero_grad();
+        backward(cross_entropy(ddp(Var(b.x)), b.y));
+        opt.step();
+        ++step;
+        if (++pos.global_step == stop_at) {
+          save_checkpoint(save, comm, ddp.parameters(), opt,
+                          {.epoch = epoch, .step = step, .global_step = pos.global_step,
+                           .scheduler_epoch = sched.epoch(), .world_size = 2, .global_batch = 64, .seed = 5});
+          out[static_cast<std::size_t>(comm.rank())] = values_of(ddp.parameters());
+          return;
+        }
+      }
+      pos.step = 0;
+      sched.step();
+    }
+    out[static_cast<std::size_t>(comm.rank())] = values_of(ddp.parameters());
+  });
+  CHECK(same_bits(out[0], out[1]));
+  return out[0];
+}
+
+}  // namespace
+
+TEST_CASE("resuming from a checkpoint gives bitwise the weights of an uninterrupted run (threads, 2 ranks)") {
+  auto const data = FashionMnist::load({.split = Split::kTrain, .limit = 512});  // 8 steps per epoch
+  auto const dir = temp_dir("resume");
+  auto const full = train_mlp(data, 3, 1, {}, 0, {});
+  // Stop mid-epoch (step 5 of epoch 1, i.e. the 13th step) and at an epoch boundary (after epoch 0).
+  for (std::int64_t stop : {13, 8, 3}) {
+    CAPTURE(stop);
+    auto const ckpt = dir / ("stop" + std::to_string(stop) + ".bin");
+    auto const partial = train_mlp(data, 3, 1, {}, stop, ckpt);
+    CHECK_FALSE(same_bits(partial, full));
+    auto const pos = read_checkpoint_file<float>(ckpt).position;
+    CHECK(pos.global_step == stop);
+    CHECK(pos.epoch * 8 + pos.step == stop);
+    // A fresh process state: other initial weights (DDP would broadcast them), new optimizer, new sampler.
+    auto const resumed = train_mlp(data, 3, 999, ckpt, 0, {});
+    CHECK(same_bits(resumed, full));
+  }
+}
