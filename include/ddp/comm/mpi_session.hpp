@@ -35,9 +35,9 @@ inline void let_launcher_forward_output() noexcept { std::this_thread::sleep_for
 // A rank that calls std::exit() mid-run would leave its peers blocked in a collective (Hydra reports a
 // plain exit without naming the rank, or not at all). MpiSession arms this std::atexit hook, which names
 // the rank and calls MPI_Abort. It is a function-local static because atexit callbacks take no context;
-// it holds two ints and a flag, owned by the one live MpiSession.
+// it holds three ints, written by the live MpiSession(s).
 struct ExitGuard {
-  std::atomic<bool> armed{false};
+  std::atomic<int> live{0};  // MpiSessions alive (a second one may observe an already initialised MPI)
   std::atomic<int> rank{-1};
   std::atomic<int> world_size{0};
 };
@@ -47,7 +47,7 @@ inline ExitGuard& exit_guard() noexcept {
 }
 inline void abort_if_exiting_mid_run() noexcept {
   ExitGuard& g = exit_guard();
-  if (!g.armed.load()) return;
+  if (g.live.load() <= 0) return;
   int initialized = 0;
   int finalized = 0;
   MPI_Initialized(&initialized);
@@ -78,7 +78,7 @@ class MpiSession {
   MpiSession(MpiSession const&) = delete;
   MpiSession& operator=(MpiSession const&) = delete;
   ~MpiSession() {
-    detail::exit_guard().armed.store(false);
+    if (hooked_) detail::exit_guard().live.fetch_sub(1);
     if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -135,7 +135,8 @@ class MpiSession {
     if (hooked) {
       detail::exit_guard().rank.store(rank_);
       detail::exit_guard().world_size.store(world_size_);
-      detail::exit_guard().armed.store(true);
+      detail::exit_guard().live.fetch_add(1);
+      hooked_ = true;
     }
   }
 
@@ -156,6 +157,7 @@ class MpiSession {
   }
 
   bool owns_ = false;
+  bool hooked_ = false;
   int rank_ = 0;
   int world_size_ = 1;
   int local_rank_ = 0;
