@@ -8,7 +8,7 @@ expect() {  # expect REGEX ARGS...: exit status 2 and REGEX on stderr
   local err rc
   err=$(timeout 30 "$bin" "$@" 2>&1 >/dev/null); rc=$?
   [ "$rc" -eq 2 ] || fail "'$*' exited $rc, expected 2 (stderr: $err)"
-  echo "$err" | grep -q "$want" || fail "'$*': stderr '$err' does not match '$want'"
+  echo "$err" | grep -qF -- "$want" || fail "'$*': stderr '$err' does not match '$want'"
   echo "ok: $* -> $err"
 }
 expect "unknown flag --bogus" --bogus 1
@@ -24,6 +24,11 @@ expect "--optimizer must be one of sgd|adam|adamw" --optimizer lbfgs
 expect "flag --epochs needs a value" --epochs
 expect "does not exist" --resume /nonexistent/ckpt.bin
 expect "unexpected argument 'extra'" extra
+# A missing data directory is a clear error (exit 1), naming the directory and what to do.
+err=$(timeout 30 "$bin" --data-dir /nonexistent/fm 2>&1 >/dev/null); rc=$?
+[ "$rc" -eq 1 ] || fail "--data-dir /nonexistent/fm exited $rc, expected 1"
+echo "$err" | grep -qF "/nonexistent/fm does not exist" || fail "missing data dir message: $err"
+echo "ok: --data-dir /nonexistent/fm -> $err"
 out=$("$bin" --help) || fail "--help exited non-zero"
 echo "$out" | grep -q -- "--limit-train" || fail "--help does not list --limit-train"
 echo PASS
