@@ -33,7 +33,8 @@ struct DdpOptions {
 //    copies rank 0's parameters and buffers to every rank (one broadcast per tensor);
 //  - after each backward that followed a forward through this wrapper (outside no_sync), every rank
 //    holds the average of the ranks' gradients: buckets are reduced in plan order as soon as they are
-//    complete, overlapping the rest of backward, and backward returns once all are done;
+//    complete, asynchronously, overlapping the rest of backward (the last bucket, complete only when
+//    backward is done, is reduced on the calling thread), and backward returns once all are done;
 //  - gradients live in the arena's bucket slices: nothing is copied into or out of a comm buffer;
 //  - the 1/world_size factor is part of the reduction (ReduceOp::kAvg);
 //  - results are bitwise identical on all ranks when the backend's all-reduce is (threads, MPI).
@@ -176,20 +177,8 @@ class DistributedDataParallel {
     }
     auto const t_wait = Timeline::clock::now();
     if (opts_.timeline) opts_.timeline->add("backward", "step", backward_start_, t_wait);
-    std::exception_ptr err;
-    for (std::size_t b = 0; b < works_.size(); ++b) {
-      auto& w = works_[b];
-      if (!w) continue;
-      try {
-        w->wait();
-      } catch (...) {
-        if (!err) err = std::current_exception();
-      }
-      if (opts_.timeline) record_bucket(b);
-      w.reset();
-    }
+    wait_all();
     if (opts_.timeline) opts_.timeline->add("wait for all-reduce", "step", t_wait, Timeline::clock::now());
-    if (err) std::rethrow_exception(err);
     bool any_missing = local_missing;
     for (std::size_t b = 0; b < slices_.size(); ++b) {
       T const* st = arena_.grads().data() + slices_[b].offset + slices_[b].numel - kStatusSlots;
@@ -245,6 +234,23 @@ class DistributedDataParallel {
     mark_ready(i);
   }
 
+  // Waits for every launched bucket in order; rethrows the first failure after all have finished.
+  void wait_all() {
+    std::exception_ptr err;
+    for (std::size_t b = 0; b < works_.size(); ++b) {
+      auto& w = works_[b];
+      if (!w) continue;
+      try {
+        w->wait();
+      } catch (...) {
+        if (!err) err = std::current_exception();
+      }
+      if (opts_.timeline) record_bucket(b);
+      w.reset();
+    }
+    if (err) std::rethrow_exception(err);
+  }
+
   // Timeline only: a bucket's span ends when its completion is first observed (here or in finalize).
   void poll_buckets() {
     for (std::size_t b = 0; b < next_launch_; ++b)
@@ -272,6 +278,21 @@ class DistributedDataParallel {
     if (opts_.timeline) {
       launched_at_[b] = Timeline::clock::now();
       bucket_done_[b] = 0;
+    }
+    SpaceSpan<T, S> const span(slice, static_cast<std::size_t>(slices_[b].numel));
+    CollectiveTag const tag{"bucket", static_cast<std::int64_t>(b)};
+    if (b + 1 == slices_.size()) {
+      // The last bucket completes when backward is (all but) over: nothing is left to overlap with, so it
+      // is reduced on this thread, saving the hand-off to the progress thread and back. Issue order is
+      // kept: the earlier buckets finish first.
+      wait_all();
+      comm_->all_reduce(span, ReduceOp::kAvg, tag);
+      if (opts_.timeline) {
+        bucket_done_[b] = 1;
+        opts_.timeline->add(detail::cat("all_reduce bucket ", b), "comm", launched_at_[b], Timeline::clock::now(),
+                            Timeline::kComm);
+      }
+      return;
     }
     works_[b].emplace(comm_->all_reduce_async(SpaceSpan<T, S>(slice, static_cast<std::size_t>(slices_[b].numel)),
                                               ReduceOp::kAvg, CollectiveTag{"bucket", static_cast<std::int64_t>(b)}));
