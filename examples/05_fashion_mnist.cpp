@@ -129,17 +129,20 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                               SizeCapped{BucketConfig{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
 
   auto body = [&](auto& opt) {
-    optim::StepLR step_lr(opt, {.step_size = 1, .gamma = 0.7});
-    optim::CosineAnnealingLR cosine(opt, {.t_max = std::max<std::int64_t>(1, cfg.epochs)});
-    auto set_schedule_epoch = [&](std::int64_t e) {
-      if (cfg.schedule == "step") step_lr.set_epoch(e);
-      if (cfg.schedule == "cosine") cosine.set_epoch(e);
-    };
-    auto schedule_epoch = [&] { return cfg.schedule == "step" ? step_lr.epoch() : cfg.schedule == "cosine" ? cosine.epoch() : 0; };
-
     DistributedSampler sampler(static_cast<std::int64_t>(train_set.size()), comm,
                                {.shuffle = true, .seed = static_cast<std::uint64_t>(cfg.seed)});
     std::int64_t const steps_per_epoch = DataLoader(train_set, sampler, {.batch_size = local_batch}).num_batches();
+    // step: ×0.7 per epoch (the seeds' StepLR); cosine: annealed to 0 over all steps, updated every step
+    // (its counter is the global step). The counter is part of the checkpoint.
+    optim::StepLR step_lr(opt, {.step_size = 1, .gamma = 0.7});
+    optim::CosineAnnealingLR cosine(opt, {.t_max = std::max<std::int64_t>(1, cfg.epochs * steps_per_epoch)});
+    auto set_schedule = [&](std::int64_t e) {
+      if (cfg.schedule == "step") step_lr.set_epoch(e);
+      if (cfg.schedule == "cosine") cosine.set_epoch(e);
+    };
+    auto schedule_counter = [&] {
+      return cfg.schedule == "step" ? step_lr.epoch() : cfg.schedule == "cosine" ? cosine.epoch() : 0;
+    };
     TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
 
     if (leader) {
@@ -173,7 +176,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                     static_cast<long long>(pos.epoch + 1), static_cast<long long>(pos.step),
                     static_cast<long long>(pos.global_step));
     }
-    set_schedule_epoch(pos.scheduler_epoch);
+    set_schedule(pos.scheduler_epoch);
 
     MetricsLog log;
     Counts final_counts;
@@ -190,6 +193,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
       std::int64_t step = pos.step;
       for (auto const& b : loader.from(pos.step)) {
         reseed_dropouts(net, cfg.seed, rank, epoch, step);
+        if (cfg.schedule == "cosine") cosine.set_epoch(pos.global_step);
         opt.zero_grad();
         Var loss = cross_entropy(ddp(Var(b.x)), b.y);
         backward(loss);  // DDP averages the gradients over the ranks, overlapping backward
@@ -224,10 +228,10 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         std::printf("%s\n", format_epoch_summary(m, cfg.epochs).c_str());
         std::fflush(stdout);
       }
-      set_schedule_epoch(epoch + 1);
+      if (cfg.schedule == "step") step_lr.set_epoch(epoch + 1);
       pos.epoch = epoch + 1;
       pos.step = 0;
-      pos.scheduler_epoch = schedule_epoch();
+      pos.scheduler_epoch = schedule_counter();
       if (!cfg.checkpoint.empty()) {
         save_checkpoint(cfg.checkpoint, comm, ddp.parameters(), opt, pos);
         if (leader) std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoint.string().c_str(), static_cast<long long>(epoch + 1));
@@ -280,9 +284,9 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("world-size", "2", "ranks for the threads backend; with mpi it must match mpirun -n (default: take it)")
       .add("epochs", "2", "epochs to train (a resumed run continues up to this many)")
       .add("batch-size", "64", "global batch: samples per step over all ranks (a multiple of the world size)")
-      .add("lr", "0.001", "learning rate")
+      .add("lr", "", "learning rate (default: 0.001 for cnn, 0.002 for mlp)")
       .add("optimizer", "adamw", "sgd (momentum 0.9), adam or adamw (weight decay 0.01)")
-      .add("schedule", "step", "learning-rate schedule per epoch: none, step (x0.7 each epoch) or cosine")
+      .add("schedule", "cosine", "learning rate schedule: none, step (x0.7 each epoch) or cosine (to 0 over all steps, per step)")
       .add("bucket-cap-mb", "25", "DDP gradient bucket size cap in MiB (the first bucket is at most 1 MiB)")
       .add("seed", "1", "seed of the initial weights, the shuffle order and (plus the rank) dropout")
       .add("data-dir", std::string(kFashionMnistDefaultDir), "directory with the four Fashion-MNIST IDX files (.gz)")
@@ -311,7 +315,7 @@ std::optional<Config> parse(int argc, char** argv) {
   c.limit_train = positive("limit-train", 0);
   c.limit_test = positive("limit-test", 0);
   c.seed = positive("seed", 0);
-  c.lr = f.real("lr");
+  c.lr = f.str("lr").empty() ? (c.model == "cnn" ? 1e-3 : 2e-3) : f.real("lr");
   if (!(c.lr > 0 && c.lr < 100)) throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
   c.bucket_cap_mb = f.real("bucket-cap-mb");
   if (!(c.bucket_cap_mb >= 0 && c.bucket_cap_mb <= 4096))
