@@ -89,9 +89,13 @@ void reseed_dropouts(Net& net, std::int64_t seed, int rank, std::int64_t epoch, 
 }
 
 std::string thousands(std::int64_t v) {
-  std::string s = std::to_string(v);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
-  return s;
+  std::string const digits = std::to_string(v);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 // Test loss and accuracy over all ranks: EvalSampler gives each test sample to exactly one rank, and the
@@ -180,6 +184,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
 
     MetricsLog log;
     Counts final_counts;
+    auto const run_start = Clock::now();
     for (std::int64_t epoch = pos.epoch; epoch < cfg.epochs; ++epoch) {
       sampler.set_epoch(epoch);
       DataLoader loader(train_set, sampler, {.batch_size = local_batch});
@@ -253,8 +258,10 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                     (cfg.out_dir / "metrics.svg").string().c_str());
       }
       if (final_counts.total > 0)
-        std::printf("test accuracy: %.2f%% (%lld/%lld)\n", 100.0 * final_counts.accuracy(),
-                    static_cast<long long>(final_counts.correct), static_cast<long long>(final_counts.total));
+        std::printf("test accuracy: %.2f%% (%lld/%lld) after %lld epoch%s, %.1f s in total (training and evaluation)\n",
+                    100.0 * final_counts.accuracy(), static_cast<long long>(final_counts.correct),
+                    static_cast<long long>(final_counts.total), static_cast<long long>(cfg.epochs),
+                    cfg.epochs == 1 ? "" : "s", std::chrono::duration<double>(Clock::now() - run_start).count());
       else
         std::printf("nothing to train: the checkpoint is already at epoch %lld of %lld\n",
                     static_cast<long long>(pos.epoch), static_cast<long long>(cfg.epochs));
