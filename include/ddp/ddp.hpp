@@ -9,7 +9,7 @@
 #include "ddp/autograd/autograd.hpp"
 #include "ddp/nn/nn.hpp"
 #include "ddp/optim/optim.hpp"
-#include "ddp/comm/threads.hpp"
+#include "ddp/comm/comm.hpp"
 #include "ddp/parallel/parallel.hpp"
 #include "ddp/data/data.hpp"
 #include "ddp/train/trainer.hpp"

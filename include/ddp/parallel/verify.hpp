@@ -81,9 +81,12 @@ void verify_parameters_match(C& comm, std::vector<ParamSignature> const& mine) {
 // Same bucket plan everywhere (a rank with a different bucket cap would all-reduce different slices).
 template <Communicator C>
 void verify_plan_match(C& comm, BucketPlan const& plan, std::string const& policy) {
-  std::int64_t h = 1469598103934665603LL;
-  for (auto const& b : plan.buckets) h = (h ^ b.numel) * 1099511628211LL ^ static_cast<std::int64_t>(b.params.size());
-  std::vector<std::int64_t> mine{static_cast<std::int64_t>(plan.buckets.size()), h};
+  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a over (numel, parameter count) of each bucket; unsigned wraps
+  for (auto const& b : plan.buckets) {
+    h = (h ^ static_cast<std::uint64_t>(b.numel)) * 1099511628211ULL;
+    h = (h ^ static_cast<std::uint64_t>(b.params.size())) * 1099511628211ULL;
+  }
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(plan.buckets.size()), static_cast<std::int64_t>(h)};
   std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm.world_size()));
   comm.all_gather(mine, all, CollectiveTag{"ddp.bucket_plan"});
   for (int r = 1; r < comm.world_size(); ++r)
