@@ -61,7 +61,7 @@ class basic_adam {
   options_type const& options() const noexcept { return opt_; }
 
   OptimizerState<T> state() const {
-    return {name(), opt_.lr, counters_, {{"exp_avg", host_copy(exp_avg_)}, {"exp_avg_sq", host_copy(exp_avg_sq_)}}};
+    return {name(), opt_.lr, counters_, {{"exp_avg", detail::host_vector(exp_avg_)}, {"exp_avg_sq", detail::host_vector(exp_avg_sq_)}}};
   }
   void load_state(OptimizerState<T> const& st) {
     detail::check_state(st, name(), arena_.count(), arena_.numel(), {"exp_avg", "exp_avg_sq"});
@@ -72,12 +72,6 @@ class basic_adam {
   }
 
  private:
-  static std::vector<T> host_copy(Tensor<T, S> const& t) {
-    std::vector<T> v(static_cast<std::size_t>(t.numel()));
-    Kernels<S>::to_host(t.numel(), t.data(), v.data());
-    return v;
-  }
-
   nn::ParameterArena<T, S> arena_;
   options_type opt_;
   std::vector<std::int64_t> counters_;

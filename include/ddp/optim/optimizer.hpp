@@ -9,6 +9,7 @@
 
 #include "ddp/error.hpp"
 #include "ddp/nn/parameter_arena.hpp"
+#include "ddp/tensor/kernels.hpp"
 
 namespace ddp::optim {
 
@@ -62,6 +63,14 @@ void for_each_run(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_
     f(k, j, off, n);
     i = k;
   }
+}
+
+// A flat state buffer copied to host memory (for OptimizerState).
+template <class T, MemorySpace S>
+std::vector<T> host_vector(Tensor<T, S> const& t) {
+  std::vector<T> v(static_cast<std::size_t>(t.numel()));
+  Kernels<S>::to_host(t.numel(), t.data(), v.data());
+  return v;
 }
 
 template <class T>

@@ -48,7 +48,7 @@ class basic_sgd {
 
   OptimizerState<T> state() const {
     OptimizerState<T> st{name(), opt_.lr, counters_, {}};
-    if (momentum_.defined()) st.buffers.push_back({"momentum_buffer", host_copy(momentum_)});
+    if (momentum_.defined()) st.buffers.push_back({"momentum_buffer", detail::host_vector(momentum_)});
     return st;
   }
   void load_state(OptimizerState<T> const& st) {
@@ -61,12 +61,6 @@ class basic_sgd {
   }
 
  private:
-  static std::vector<T> host_copy(Tensor<T, S> const& t) {
-    std::vector<T> v(static_cast<std::size_t>(t.numel()));
-    Kernels<S>::to_host(t.numel(), t.data(), v.data());
-    return v;
-  }
-
   nn::ParameterArena<T, S> arena_;
   SgdOptions opt_;
   std::vector<std::int64_t> counters_;  // steps taken per parameter (0: momentum not yet initialised)
