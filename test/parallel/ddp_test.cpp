@@ -68,3 +68,32 @@ TEST_CASE("collectives: one broadcast per parameter, one all-reduce per bucket p
     CHECK(reduces == 2 * plan.buckets.size());
   }
 }
+
+TEST_CASE("a rank that fails mid-step ends every rank with an error naming it, never a hang") {
+  std::vector<std::string> seen(3);
+  std::string thrown;
+  try {
+    spawn(3, [&](ThreadsBackend& comm) {
+      auto model = test::make_mlp(8, 16, 4, 1);
+      DistributedDataParallel ddp(model, comm);
+      auto data = test::make_data(4, 8, 4, 1);
+      try {
+        for (int step = 0; step < 3; ++step) {
+          if (step == 1 && comm.rank() == 2) throw std::runtime_error("rank 2: bad batch");
+          ddp.parameters().zero_grad();
+          backward(mse_loss(ddp(Var(data.x)), data.y));
+        }
+      } catch (CommError const& e) {
+        seen[comm.rank()] = e.what();
+        throw;
+      }
+    });
+  } catch (std::exception const& e) {
+    thrown = e.what();
+  }
+  CHECK(thrown == "rank 2: bad batch");  // spawn rethrows the failing rank's own error
+  for (int r : {0, 1}) {
+    CAPTURE(seen[r]);
+    CHECK(seen[r].find("rank 2") != std::string::npos);
+  }
+}
