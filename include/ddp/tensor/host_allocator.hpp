@@ -72,4 +72,20 @@ class HostBlockCache {
   std::size_t cached_ = 0;
 };
 
+// Scratch memory from the cache, freed on scope exit (e.g. im2col columns, reused across images and steps).
+template <class T>
+class HostBuffer {
+ public:
+  explicit HostBuffer(std::size_t n) : n_(n), p_(static_cast<T*>(HostBlockCache::allocate(n * sizeof(T)))) {}
+  ~HostBuffer() { HostBlockCache::deallocate(p_, n_ * sizeof(T)); }
+  HostBuffer(HostBuffer const&) = delete;
+  HostBuffer& operator=(HostBuffer const&) = delete;
+  T* data() noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+
+ private:
+  std::size_t n_;
+  T* p_;
+};
+
 }  // namespace ddp::detail

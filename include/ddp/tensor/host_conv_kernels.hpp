@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ddp/config.hpp"
+#include "ddp/tensor/host_allocator.hpp"
 #include "ddp/tensor/kernels.hpp"
 
 namespace ddp {
@@ -78,7 +79,7 @@ struct HostConvKernels {
   static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y) {
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     i64 const L = g.L(), P = g.patch();
-    std::vector<T> col(static_cast<std::size_t>(P * L));
+    detail::HostBuffer<T> col(static_cast<std::size_t>(P * L));  // recycled per thread
     Eigen::Map<Mat const> W(w, g.O, P);
     Eigen::Map<Mat const> Cm(col.data(), P, L);
     for (i64 n = 0; n < g.N; ++n) {
@@ -97,7 +98,7 @@ struct HostConvKernels {
                          T beta_b, T* gb) {
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     i64 const L = g.L(), P = g.patch(), img = g.C * g.H * g.W;
-    std::vector<T> col(static_cast<std::size_t>(P * L));
+    detail::HostBuffer<T> col(static_cast<std::size_t>(P * L));  // recycled per thread
     Eigen::Map<Mat> Cm(col.data(), P, L);
     Eigen::Map<Mat const> W(w, g.O, P);
     if (gw) {
