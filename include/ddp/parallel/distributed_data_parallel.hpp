@@ -102,9 +102,11 @@ class DistributedDataParallel {
     works_.resize(nb);
     launched_at_.resize(nb);
     bucket_done_.assign(nb, 0);
-    for (std::size_t i = 0; i < np; ++i) {
-      arena_.entries()[i].var.node().grad_hook = [this, i](Node<T, S>&) { on_grad_ready(i); };
-    }
+    // With one rank there is nothing to overlap: finalize() alone marks every gradient ready (and finds
+    // unused parameters), so the per-parameter hooks are only installed when they can launch work early.
+    if (comm.world_size() > 1 || opts_.timeline)
+      for (std::size_t i = 0; i < np; ++i)
+        arena_.entries()[i].var.node().grad_hook = [this, i](Node<T, S>&) { on_grad_ready(i); };
   }
 
   DistributedDataParallel(DistributedDataParallel const&) = delete;
