@@ -152,6 +152,10 @@ class MetricsLog {
     if (xhi <= xlo) {
       xlo -= 0.5;
       xhi += 0.5;
+    } else {  // keep the first and last points off the frame
+      double const pad = (xhi - xlo) * 0.05;
+      xlo -= pad;
+      xhi += pad;
     }
     double ylo = 1e300, yhi = -1e300;
     for (auto const& s : series)
