@@ -14,6 +14,7 @@
 #include "ddp/comm/nccl.hpp"
 #include "ddp/tensor/device_buffer.hpp"
 #include "test/comm/conformance.hpp"
+#include "test/comm/delay_kernels.h"
 
 namespace ddp::test {
 // Device buffers for the suite: filled from and read back to the host.
@@ -81,6 +82,30 @@ TEST_CASE("collectives order with the compute stream through events") {
     REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
     CHECK(back.front() == static_cast<float>(n));
     CHECK(back.back() == static_cast<float>(n));
+  }
+  cudaStreamDestroy(compute);
+}
+
+TEST_CASE("an all-reduce waits for a slow kernel queued before it on the compute stream") {
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  int const n = g_comm->world_size();
+  long long const count = 1 << 22;
+  ddp::DeviceBuffer<float> buf(static_cast<std::size_t>(count));
+  REQUIRE(cudaMemsetAsync(buf.data(), 0, count * sizeof(float), compute) == cudaSuccess);
+  // ~10^8 cycles (tens of ms) before the fill: without event ordering NCCL would reduce the zeros.
+  REQUIRE(ddp_test_delayed_fill(buf.data(), count, 3.0f, 100'000'000LL, compute) == cudaSuccess);
+  {
+    ddp::MpiSession session;
+    ddp::NcclBackend comm(session, ddp::NcclOptions{.compute_stream = compute});
+    comm.all_reduce(buf.span(), ddp::ReduceOp::kSum);
+    std::vector<float> back(static_cast<std::size_t>(count));
+    REQUIRE(cudaMemcpyAsync(back.data(), buf.data(), count * sizeof(float), cudaMemcpyDeviceToHost, compute) ==
+            cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+    CHECK(back.front() == 3.0f * static_cast<float>(n));
+    CHECK(back[static_cast<std::size_t>(count / 2)] == 3.0f * static_cast<float>(n));
+    CHECK(back.back() == 3.0f * static_cast<float>(n));
   }
   cudaStreamDestroy(compute);
 }
