@@ -110,12 +110,8 @@ void backward_sweep(Variable<T, S> const& root, Tensor<T, S> const& grad_output,
     T const beta = detail::grad_beta(r);
     if (grad_output.defined())
       K::axpby(r.value.numel(), T(1), grad_output.data(), beta, r.grad.data());
-    else if (beta == T(0))
-      K::fill(std::int64_t{1}, T(1), r.grad.data());
-    else {
-      T const one = 1;
-      K::axpby(std::int64_t{1}, T(1), &one, T(1), r.grad.data());
-    }
+    else
+      K::add_scalar(std::int64_t{1}, T(1), beta, r.grad.data());  // 1, or grad + 1 when accumulating
   }
   if (r.is_leaf) {
     if (r.grad_hook) r.grad_hook(r);
