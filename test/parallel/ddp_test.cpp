@@ -97,3 +97,24 @@ TEST_CASE("a rank that fails mid-step ends every rank with an error naming it, n
     CHECK(seen[r].find("rank 2") != std::string::npos);
   }
 }
+
+TEST_CASE("a backward that throws does not leave the next step unsynchronised") {
+  spawn(2, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 16, 4, 1);
+    DistributedDataParallel ddp(model, comm);
+    auto data = test::make_data(4, 8, 4, 1 + static_cast<std::uint64_t>(comm.rank()));  // different data per rank
+    Var out = ddp(Var(data.x));
+    // A bad seed shape makes backward throw before any hook fires (same on both ranks).
+    CHECK_THROWS_AS(backward(out, zeros<float>({3, 3})), ShapeError);
+    CHECK_FALSE(post_backward_queued(&ddp));  // the throwing backward dropped the callback
+    ddp.parameters().zero_grad();
+    Var loss = mse_loss(ddp(Var(data.x)), data.y);
+    CHECK(post_backward_queued(&ddp));  // the next forward queues it again
+    backward(loss);
+    // Synchronised: both ranks hold the same (averaged) gradient.
+    std::vector<float> g(ddp.parameters().entries()[0].var.grad().data(),
+                         ddp.parameters().entries()[0].var.grad().data() + 8), all(16);
+    comm.all_gather(g, all);
+    for (int i = 0; i < 8; ++i) CHECK(all[i] == all[8 + i]);
+  });
+}

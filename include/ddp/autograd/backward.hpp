@@ -43,6 +43,12 @@ inline void run_post_backward() {
 inline void queue_post_backward(void const* owner, std::function<void()> f) {
   detail::post_backward_queue().push_back({owner, std::move(f)});
 }
+// Whether a callback of `owner` is queued for this thread's next backward.
+inline bool post_backward_queued(void const* owner) noexcept {
+  for (auto const& c : detail::post_backward_queue())
+    if (c.owner == owner) return true;
+  return false;
+}
 // Removes this thread's queued callbacks that belong to `owner`.
 inline void cancel_post_backward(void const* owner) noexcept {
   auto& q = detail::post_backward_queue();

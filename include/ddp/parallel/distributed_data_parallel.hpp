@@ -119,7 +119,7 @@ class DistributedDataParallel {
         } catch (...) {
         }
     for (auto const& e : arena_.entries()) e.var.node().grad_hook = nullptr;
-    if (finalize_queued_) cancel_post_backward(this);  // a forward without its backward (same thread)
+    cancel_post_backward(this);  // a forward without its backward (same thread)
   }
 
   // Runs the model; records whether the coming backward synchronises (not inside no_sync()).
@@ -127,10 +127,9 @@ class DistributedDataParallel {
     if (opts_.broadcast_buffers && comm_->world_size() > 1) broadcast_buffers();
     if (grad_enabled()) {
       prepare(no_sync_depth_ == 0);
-      if (!finalize_queued_) {
-        finalize_queued_ = true;
-        queue_post_backward(this, [this] { finalize(); });  // fits std::function's small buffer: no allocation
-      }
+      // Once per backward (two forwards may feed one loss). The queue is checked rather than a flag: a
+      // backward that throws drops its callbacks.
+      if (!post_backward_queued(this)) queue_post_backward(this, [this] { finalize(); });  // no allocation
     }
     if (!opts_.timeline) return model_->forward(x);
     auto const t0 = Timeline::clock::now();
@@ -158,7 +157,6 @@ class DistributedDataParallel {
 
   // Waits for every bucket and checks the status words. Called automatically at the end of backward.
   void finalize() {
-    finalize_queued_ = false;
     if (!sync_) return;
     sync_ = false;
     auto const& es = arena_.entries();
@@ -218,8 +216,16 @@ class DistributedDataParallel {
 
   void prepare(bool sync) {
     if (sync_) {
-      // The previous synchronised forward never reached backward: drop its bookkeeping (nothing in flight).
-      for (auto& w : works_) w.reset();
+      // The previous synchronised step never finished (no backward yet, or one that threw): let anything
+      // it launched complete before its buffers are reused, then start over.
+      for (auto& w : works_) {
+        if (!w) continue;
+        try {
+          w->wait();
+        } catch (...) {  // the failure was or will be reported by the collective that raised it
+        }
+        w.reset();
+      }
     }
     sync_ = sync;
     if (!sync) return;
@@ -342,7 +348,6 @@ class DistributedDataParallel {
   Timeline::clock::time_point backward_start_{};
   std::size_t next_launch_ = 0;
   bool sync_ = false;
-  bool finalize_queued_ = false;
   int no_sync_depth_ = 0;
 };
 
