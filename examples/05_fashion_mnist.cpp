@@ -31,7 +31,7 @@ struct Config {
   std::string model, optimizer, schedule;
   examples::Backend backend = examples::Backend::kThreads;
   int world_size = 2;  // 0: take it from mpirun
-  std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1;
+  std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0;
   double lr = 1e-3, bucket_cap_mb = 25;
   fs::path data_dir, checkpoint, resume, trace_dir, out_dir;
 };
@@ -211,6 +211,16 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         double const l = loss.item();
         train_counts.add_batch(0, b.y.numel(), l);
         if (bar) bar->update(step, l);
+        if (!cfg.checkpoint.empty() && cfg.checkpoint_every > 0 && pos.global_step % cfg.checkpoint_every == 0 &&
+            step < loader.num_batches())  // mid-epoch: the sampler position is `step`
+          save_checkpoint(cfg.checkpoint, comm, ddp.parameters(), opt,
+                          TrainPosition{.epoch = epoch,
+                                        .step = step,
+                                        .global_step = pos.global_step,
+                                        .scheduler_epoch = schedule_counter(),
+                                        .world_size = world,
+                                        .global_batch = cfg.global_batch,
+                                        .seed = cfg.seed});
       }
       double const seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       if (bar) bar->finish();
@@ -298,6 +308,7 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("seed", "1", "seed of the initial weights, the shuffle order and (plus the rank) dropout")
       .add("data-dir", std::string(kFashionMnistDefaultDir), "directory with the four Fashion-MNIST IDX files (.gz)")
       .add("checkpoint", "", "write a checkpoint to this file at the end of every epoch (atomically)")
+      .add("checkpoint-every", "0", "also write the checkpoint every N optimizer steps, mid-epoch included (0: epoch ends only)")
       .add("resume", "", "resume from this checkpoint (weights, optimizer, schedule, epoch and step)")
       .add("trace", "", "write a Chrome/Perfetto timeline per rank into this directory (trace_rank<r>.json)")
       .add("out", "", "write metrics.csv and metrics.svg (loss and accuracy per epoch) into this directory")
@@ -322,6 +333,7 @@ std::optional<Config> parse(int argc, char** argv) {
   c.limit_train = positive("limit-train", 0);
   c.limit_test = positive("limit-test", 0);
   c.seed = positive("seed", 0);
+  c.checkpoint_every = positive("checkpoint-every", 0);
   c.lr = f.str("lr").empty() ? (c.model == "cnn" ? 1e-3 : 2e-3) : f.real("lr");
   if (!(c.lr > 0 && c.lr < 100)) throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
   c.bucket_cap_mb = f.real("bucket-cap-mb");
