@@ -154,8 +154,9 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                   cfg.model.c_str(), thousands(ddp.parameters().parameter_numel()).c_str(),
                   cfg.backend == examples::Backend::kThreads ? "threads" : "mpi", world,
                   static_cast<long long>(cfg.global_batch), static_cast<long long>(local_batch));
-      std::printf("optimizer %s lr %g, schedule %s, %lld epochs of %lld steps, seed %lld\n", cfg.optimizer.c_str(), cfg.lr,
-                  cfg.schedule.c_str(), static_cast<long long>(cfg.epochs), static_cast<long long>(steps_per_epoch),
+      std::printf("optimizer %s lr %g, schedule %s, %lld epoch%s of %lld steps, seed %lld\n", cfg.optimizer.c_str(),
+                  cfg.lr, cfg.schedule.c_str(), static_cast<long long>(cfg.epochs), cfg.epochs == 1 ? "" : "s",
+                  static_cast<long long>(steps_per_epoch),
                   static_cast<long long>(cfg.seed));
       std::printf("data: %lld train / %lld test images from %s\n", static_cast<long long>(train_set.size()),
                   static_cast<long long>(test_set.size()),

@@ -228,7 +228,6 @@ inline void write_file_atomically(std::filesystem::path const& path, std::string
   int const e = errno;
   ::close(dfd);
   if (rc != 0) {
-    errno = e;
     throw IoError(ddp::detail::cat("checkpoint ", path.string(), " was renamed into place but fsync of directory ",
                                    dir.string(), " failed: ", errno_text(e)));
   }
