@@ -165,8 +165,15 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
       std::fflush(stdout);
     }
 
+    MetricsLog log;  // rank 0's epochs so far; kept in the checkpoint so a resumed run's CSV and plot are whole
     if (!cfg.resume.empty()) {
-      pos = load_checkpoint(cfg.resume, comm, ddp.parameters(), opt);
+      std::string history;
+      pos = load_checkpoint(cfg.resume, comm, ddp.parameters(), opt, &history);
+      if (!history.empty()) {
+        auto const saved = MetricsLog::from_csv(history, cfg.resume.string() + " (metrics)");
+        for (auto const& m : saved.epochs())
+          if (m.epoch <= pos.epoch) log.add(m);
+      }
       if (pos.step > 0 && (pos.world_size != world || pos.global_batch != cfg.global_batch || pos.seed != cfg.seed))
         throw ArgumentError(detail::cat("checkpoint ", cfg.resume.string(), " was taken at step ", pos.step,
                                         " of an epoch with world size ", pos.world_size, ", global batch ",
@@ -183,7 +190,6 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
     }
     set_schedule(pos.scheduler_epoch);
 
-    MetricsLog log;
     Counts final_counts;
     auto const run_start = Clock::now();
     for (std::int64_t epoch = pos.epoch; epoch < cfg.epochs; ++epoch) {
@@ -221,7 +227,8 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                                         .scheduler_epoch = schedule_counter(),
                                         .world_size = world,
                                         .global_batch = cfg.global_batch,
-                                        .seed = cfg.seed});
+                                        .seed = cfg.seed},
+                          log.csv());
       }
       double const seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       if (bar) bar->finish();
@@ -249,7 +256,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
       pos.step = 0;
       pos.scheduler_epoch = schedule_counter();
       if (!cfg.checkpoint.empty()) {
-        save_checkpoint(cfg.checkpoint, comm, ddp.parameters(), opt, pos);
+        save_checkpoint(cfg.checkpoint, comm, ddp.parameters(), opt, pos, log.csv());
         if (leader) std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoint.string().c_str(), static_cast<long long>(epoch + 1));
       }
     }

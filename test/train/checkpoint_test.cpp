@@ -115,12 +115,13 @@ TEST_CASE("checkpoint round trip keeps every field: parameters, optimizer state,
   take_steps(m, opt, 3);
   opt.set_lr(0.0042);
   auto const path = dir / "ckpt.bin";
-  auto const saved = capture_checkpoint(arena, opt, kPos);
+  auto const saved = capture_checkpoint(arena, opt, kPos, std::string("caller's bytes\0\xff", 16));
   write_checkpoint_file(path, saved);
   CHECK(encode_checkpoint(saved) == slurp(path));  // deterministic bytes
 
   auto const c = read_checkpoint_file<float>(path);
   CHECK(c.position == kPos);
+  CHECK(c.extra == std::string("caller's bytes\0\xff", 16));
   REQUIRE(c.parameters.size() == 4);
   CHECK(c.parameters[0].name == "fc1.weight");
   CHECK(c.parameters[0].shape == std::vector<std::int64_t>{3, 4});
@@ -145,8 +146,10 @@ TEST_CASE("checkpoint round trip keeps every field: parameters, optimizer state,
     nn::ParameterArena<float> arena2(m2);
     optim::AdamW opt2(arena2, {.lr = 1.0});
     CHECK_FALSE(same_bits(values_of(arena2), values_of(arena)));
-    auto const pos = load_checkpoint(path, comm, arena2, opt2);
+    std::string extra;
+    auto const pos = load_checkpoint(path, comm, arena2, opt2, &extra);
     CHECK(pos == kPos);
+    CHECK(extra == c.extra);
     CHECK(same_bits(values_of(arena2), values_of(arena)));
     auto const st2 = opt2.state();
     CHECK(st2.lr == 0.0042);

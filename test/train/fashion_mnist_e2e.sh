@@ -35,11 +35,16 @@ head -c 7 "$dir/ckpt.bin" | grep -q 'DDPCKPT' || fail "checkpoint has no magic"
 ls -a "$dir" | grep -q '\.tmp\.' && fail "a temporary checkpoint file was left behind"
 # Resume for a second epoch.
 timeout --kill-after=5 120 "$bin" --limit-train 2048 --limit-test 512 --epochs 2 --model mlp \
-  --resume "$dir/ckpt.bin" >"$log" 2>&1 || { cat "$log"; fail "resume exited non-zero"; }
+  --resume "$dir/ckpt.bin" --out "$dir/out2" >"$log" 2>&1 || { cat "$log"; fail "resume exited non-zero"; }
 cat "$log"
 grep -q '^resumed from .*ckpt.bin: epoch 2, step 0' "$log" || fail "no resume line"
 grep -q '^epoch 2/2: ' "$log" || fail "resumed run did not train epoch 2"
 grep -q '^epoch 1/2: ' "$log" && fail "resumed run repeated epoch 1"
+# The resumed run's CSV holds both epochs (epoch 1's row came from the checkpoint).
+[ "$(wc -l <"$dir/out2/metrics.csv")" -eq 3 ] || { cat "$dir/out2/metrics.csv"; fail "resumed CSV should have 2 epochs"; }
+# (columns epoch..test_total; samples/s is recomputed from the rounded seconds)
+sed -n 2p "$dir/out2/metrics.csv" | cut -d, -f1-6 | cmp -s - <(sed -n 2p "$csv" | cut -d, -f1-6) ||
+  fail "resumed CSV's epoch 1 differs from the first run's"
 # Resuming a CNN from the MLP's checkpoint is a clear error on every rank, not a crash or a hang.
 if timeout --kill-after=5 60 "$bin" --limit-train 256 --limit-test 64 --model cnn --resume "$dir/ckpt.bin" >"$log" 2>&1; then
   cat "$log"; fail "resuming a CNN from an MLP checkpoint succeeded"

@@ -131,6 +131,19 @@ TEST_CASE("MetricsLog writes a CSV with a header and one row per epoch") {
   ss << f.rdbuf();
   CHECK(ss.str() == log.csv());
   CHECK_THROWS_WITH_AS(log.write_csv(dir / "absent" / "m.csv"), doctest::Contains("absent/m.csv"), IoError);
+
+  // Read back (as a resumed run does from its checkpoint): the same rows.
+  auto const back = MetricsLog::from_csv(log.csv(), "ckpt.bin");
+  REQUIRE(back.epochs().size() == 2);
+  CHECK(back.csv() == log.csv());
+  CHECK(back.epochs()[1].test_correct == 8802);
+  CHECK(MetricsLog::from_csv(std::string(MetricsLog::kCsvHeader) + "\n").empty());
+  CHECK_THROWS_WITH_AS(MetricsLog::from_csv("epoch,loss\n1,2\n", "ckpt.bin"),
+                       doctest::Contains("ckpt.bin: the first line is not the metrics CSV header"), IoError);
+  auto broken = log.csv();
+  broken.insert(broken.find("\n2,") + 3, "x");
+  CHECK_THROWS_WITH_AS(MetricsLog::from_csv(broken, "ckpt.bin"), doctest::Contains("ckpt.bin: line 3 is not a metrics row"),
+                       IoError);
 }
 
 TEST_CASE("MetricsLog's SVG is well-formed with axes, labels, both curves and a legend") {

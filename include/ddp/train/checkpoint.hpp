@@ -41,6 +41,7 @@ static_assert(std::endian::native == std::endian::little,
 //     MODL  u32 element size, u32 n, then n × (string name, u32 rank, rank × i64 dims)  (model identity)
 //     PARM  the parameters' values in registration order, numel elements each
 //     OPTM  string kind, f64 lr, u32 n, n × i64 counters, u32 m, m × (string name, u64 n, n elements)
+//     XTRA  optional: the caller's opaque bytes (e.g. the metrics so far); absent when empty
 //   strings are u32 length + bytes. Unknown sections are skipped (readers of version 1 ignore additions).
 inline constexpr char kCheckpointMagic[8] = {'D', 'D', 'P', 'C', 'K', 'P', 'T', '\0'};
 inline constexpr std::uint32_t kCheckpointVersion = 1;
@@ -73,6 +74,7 @@ struct CheckpointData {
   TrainPosition position;
   std::vector<ParameterRecord<T>> parameters;
   optim::OptimizerState<T> optimizer;
+  std::string extra;  // the caller's bytes, stored as they are (e.g. MetricsLog::csv())
 };
 
 namespace detail {
@@ -364,6 +366,7 @@ std::string encode_checkpoint(CheckpointData<T> const& c) {
       s.put_array(std::span<T const>(b.data));
     }
   });
+  if (!c.extra.empty()) section(fourcc("XTRA"), [&](detail::ByteWriter& s) { s.bytes() += c.extra; });
   std::string const& body = payload.bytes();
   detail::ByteWriter h;
   h.bytes().append(kCheckpointMagic, sizeof(kCheckpointMagic));
@@ -503,6 +506,8 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
     }
     s.expect_end();
   }
+  for (auto const& sec : secs)
+    if (sec.tag == fourcc("XTRA")) c.extra = std::string(sec.body);
   return c;
 }
 
@@ -527,8 +532,9 @@ concept CheckpointableOptimizer = requires(O& o, O const& co, optim::OptimizerSt
 // The model, optimizer and position as a CheckpointData (host copies of the arena's values).
 template <class T, MemorySpace S, class O>
   requires CheckpointableOptimizer<O, T>
-CheckpointData<T> capture_checkpoint(nn::ParameterArena<T, S> const& arena, O const& opt, TrainPosition const& pos) {
-  CheckpointData<T> c{.position = pos, .parameters = {}, .optimizer = opt.state()};
+CheckpointData<T> capture_checkpoint(nn::ParameterArena<T, S> const& arena, O const& opt, TrainPosition const& pos,
+                                     std::string_view extra = {}) {
+  CheckpointData<T> c{.position = pos, .parameters = {}, .optimizer = opt.state(), .extra = std::string(extra)};
   for (auto const& e : arena.entries()) {
     ParameterRecord<T> r{e.name, {}, std::vector<T>(static_cast<std::size_t>(e.numel))};
     for (int d = 0; d < e.shape.rank(); ++d) r.shape.push_back(e.shape[d]);
@@ -585,15 +591,16 @@ void restore_checkpoint(CheckpointData<T> const& c, nn::ParameterArena<T, S>& ar
 }
 
 // Collective (every rank calls it): rank 0 captures the model and optimizer and writes `path` atomically;
-// the outcome is agreed on, so a failed write throws the same IoError on every rank. Other ranks' state is
+// the outcome is agreed on, so a failed write throws the same IoError on every rank. `extra` (rank 0's) is
+// stored as it is and handed back by load_checkpoint. Other ranks' state is
 // not read: under DDP it equals rank 0's (bitwise, for the threads and MPI backends).
 template <Communicator C, class T, MemorySpace S, class O>
   requires CheckpointableOptimizer<O, T>
 void save_checkpoint(std::filesystem::path const& path, C& comm, nn::ParameterArena<T, S> const& arena, O const& opt,
-                     TrainPosition const& pos) {
+                     TrainPosition const& pos, std::string_view extra = {}) {
   std::string message;
   auto const kind = comm.rank() != 0 ? detail::Failure::kNone : detail::run_classified([&] {
-    write_checkpoint_file(path, capture_checkpoint(arena, opt, pos));
+    write_checkpoint_file(path, capture_checkpoint(arena, opt, pos, extra));
   }, message);
   detail::agree_or_throw(comm, kind, message);
 }
@@ -602,10 +609,12 @@ void save_checkpoint(std::filesystem::path const& path, C& comm, nn::ParameterAr
 // version, checksums); the bytes or the error are broadcast; every rank then decodes them and checks that
 // they fit its model and optimizer; only when all ranks agree are parameters and optimizer state restored.
 // Any failure throws the same error on every rank (IoError for a bad file, ArgumentError for a model or
-// optimizer mismatch), never a hang. Returns the training position stored in the file.
+// optimizer mismatch), never a hang. Returns the training position stored in the file; `extra`, when given,
+// receives the bytes save_checkpoint stored (empty if none).
 template <Communicator C, class T, MemorySpace S, class O>
   requires CheckpointableOptimizer<O, T>
-TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm, nn::ParameterArena<T, S>& arena, O& opt) {
+TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm, nn::ParameterArena<T, S>& arena, O& opt,
+                              std::string* extra = nullptr) {
   std::string const file = path.string();
   std::string text;
   auto kind = detail::Failure::kNone;
@@ -631,6 +640,7 @@ TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm, nn::Pa
   }, message);
   detail::agree_or_throw(comm, kind, message);
   restore_checkpoint(c, arena, opt);
+  if (extra) *extra = std::move(c.extra);
   return c.position;
 }
 

@@ -119,6 +119,34 @@ class MetricsLog {
     return os.str();
   }
 
+  // Parses what csv() wrote (e.g. kept in a checkpoint, so a resumed run's CSV and plot cover every epoch).
+  // Throws IoError naming `source` for a header or row that csv() would not have written.
+  static MetricsLog from_csv(std::string_view text, std::string_view source = "metrics CSV") {
+    MetricsLog log;
+    std::istringstream is{std::string(text)};
+    std::string line;
+    if (!std::getline(is, line) || line != kCsvHeader)
+      throw IoError(ddp::detail::cat(source, ": the first line is not the metrics CSV header"));
+    for (int row = 2; std::getline(is, line); ++row) {
+      EpochMetrics m;
+      double sps = 0;
+      long long epoch = 0, correct = 0, total = 0, steps = 0, samples = 0;
+      int used = 0;
+      if (std::sscanf(line.c_str(), "%lld,%lf,%lf,%lf,%lld,%lld,%lf,%lld,%lld,%lf,%lf%n", &epoch, &m.train_loss,
+                      &m.test_loss, &m.test_accuracy, &correct, &total, &m.seconds, &steps, &samples, &sps, &m.lr,
+                      &used) != 11 ||
+          static_cast<std::size_t>(used) != line.size())
+        throw IoError(ddp::detail::cat(source, ": line ", row, " is not a metrics row: '", line, "'"));
+      m.epoch = epoch;
+      m.test_correct = correct;
+      m.test_total = total;
+      m.steps = steps;
+      m.samples = samples;
+      log.add(m);
+    }
+    return log;
+  }
+
   void write_csv(std::filesystem::path const& path) const { detail::write_text_file(path, csv(), "metrics CSV"); }
   void write_svg(std::filesystem::path const& path, std::string_view title = "training metrics") const {
     detail::write_text_file(path, svg(title), "metrics SVG");
