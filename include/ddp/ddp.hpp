@@ -12,4 +12,5 @@
 #include "ddp/comm/comm.hpp"
 #include "ddp/parallel/parallel.hpp"
 #include "ddp/data/data.hpp"
-#include "ddp/train/trainer.hpp"
+#include "ddp/trace/timeline.hpp"
+#include "ddp/train/train.hpp"
