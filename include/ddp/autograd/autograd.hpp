@@ -2,6 +2,7 @@
 #pragma once
 
 #include "ddp/autograd/backward.hpp"
+#include "ddp/autograd/grad_check.hpp"
 #include "ddp/autograd/ops/activation.hpp"
 #include "ddp/autograd/ops/batch_norm.hpp"
 #include "ddp/autograd/ops/conv.hpp"
