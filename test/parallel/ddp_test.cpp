@@ -118,3 +118,20 @@ TEST_CASE("a backward that throws does not leave the next step unsynchronised") 
     for (int i = 0; i < 8; ++i) CHECK(all[i] == all[8 + i]);
   });
 }
+
+TEST_CASE("world size 1: an unused parameter is still an error naming it; find_unused gives zeros") {
+  spawn(1, [](ThreadsBackend& comm) {
+    Generator g(5);
+    test::Branchy model(g);
+    model.use_extra = false;
+    {
+      DistributedDataParallel ddp(model, comm);
+      CHECK_THROWS_WITH_AS(backward(sum(ddp(Var(full<float>({2, 4}, 1.0f))))), doctest::Contains("'extra.weight'"), DdpError);
+    }
+    DistributedDataParallel ddp(model, comm, {.find_unused_parameters = true});
+    ddp.parameters().zero_grad();
+    backward(sum(ddp(Var(full<float>({2, 4}, 1.0f)))));
+    CHECK(ddp.parameters().find("extra.weight").var.grad()[0] == 0.0f);
+    CHECK(ddp.parameters().find("fc1.bias").var.grad()[0] == 2.0f);
+  });
+}

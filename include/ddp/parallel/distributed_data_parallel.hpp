@@ -94,6 +94,7 @@ class DistributedDataParallel {
       broadcast_buffers();
     }
 
+    single_ = comm.world_size() == 1 && opts_.timeline == nullptr;
     std::size_t const np = arena_.count(), nb = plan_.buckets.size();
     ready_.assign(np, 0);
     unused_.assign(np, 0);
@@ -126,7 +127,11 @@ class DistributedDataParallel {
   V forward(V const& x) {
     if (opts_.broadcast_buffers && comm_->world_size() > 1) broadcast_buffers();
     if (grad_enabled()) {
-      prepare(no_sync_depth_ == 0);
+      if (single_) {
+        sync_ = no_sync_depth_ == 0;  // one rank: nothing to reduce, finalize() only checks for unused ones
+      } else {
+        prepare(no_sync_depth_ == 0);
+      }
       // Once per backward (two forwards may feed one loss). The queue is checked rather than a flag: a
       // backward that throws drops its callbacks.
       if (!post_backward_queued(this)) queue_post_backward(this, [this] { finalize(); });  // no allocation
@@ -159,6 +164,10 @@ class DistributedDataParallel {
   void finalize() {
     if (!sync_) return;
     sync_ = false;
+    if (single_) {
+      finalize_single();
+      return;
+    }
     auto const& es = arena_.entries();
     bool local_missing = false;
     for (std::size_t i = 0; i < es.size(); ++i) {
@@ -175,8 +184,11 @@ class DistributedDataParallel {
       }
       mark_ready(i);
     }
-    auto const t_wait = Timeline::clock::now();
-    if (opts_.timeline) opts_.timeline->add("backward", "step", backward_start_, t_wait);
+    Timeline::clock::time_point t_wait{};
+    if (opts_.timeline) {
+      t_wait = Timeline::clock::now();
+      opts_.timeline->add("backward", "step", backward_start_, t_wait);
+    }
     wait_all();
     if (opts_.timeline) opts_.timeline->add("wait for all-reduce", "step", t_wait, Timeline::clock::now());
     bool any_missing = local_missing;
@@ -240,6 +252,23 @@ class DistributedDataParallel {
     if (!sync_ || ready_[i]) return;
     if (opts_.timeline) poll_buckets();
     mark_ready(i);
+  }
+
+  // One rank, no timeline: no buckets to launch or wait for; only gradients nobody produced matter.
+  void finalize_single() {
+    auto const& es = arena_.entries();
+    bool missing = false;
+    for (std::size_t i = 0; i < es.size(); ++i) {
+      auto& n = es[i].var.node();
+      if (n.grad_defined) continue;
+      Kernels<S>::fill(es[i].numel, T(0), n.grad.data());
+      n.grad_defined = true;
+      if (opts_.find_unused_parameters) continue;
+      if (!missing) std::fill(unused_.begin(), unused_.end(), 0);
+      unused_[i] = 1;
+      missing = true;
+    }
+    if (missing) raise_unused();
   }
 
   // Waits for every launched bucket in order; rethrows the first failure after all have finished.
@@ -348,6 +377,7 @@ class DistributedDataParallel {
   Timeline::clock::time_point backward_start_{};
   std::size_t next_launch_ = 0;
   bool sync_ = false;
+  bool single_ = false;  // world size 1 without a timeline: the direct path (no buckets in flight)
   int no_sync_depth_ = 0;
 };
 
