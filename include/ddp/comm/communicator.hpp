@@ -9,6 +9,7 @@
 #include <span>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "ddp/tensor/memory_space.hpp"
 #include "ddp/tensor/space_span.hpp"
@@ -179,6 +180,31 @@ using span_of_t = decltype(as_space_span(std::declval<R>()));
 
 template <class R>
 using element_of_t = std::remove_cv_t<typename span_of_t<R>::element_type>;
+
+// The element check every backend shares (each backend checks the memory space itself, in a message that
+// names it).
+template <class S>
+constexpr void check_element() {
+  static_assert(CommElement<std::remove_cv_t<typename S::element_type>>,
+                "ddp collectives move float, double, std::int32_t or std::int64_t elements only; convert the "
+                "buffer to one of these");
+}
+
+// The (in, out) buffers of a two-buffer collective as spans of out's space: in read-only, out writable, one
+// element type. Backends check both spaces before calling this.
+template <class I, class O>
+auto span_pair(I&& in, O&& out) {
+  auto src = as_space_span(in);
+  auto dst = as_space_span(out);
+  check_element<decltype(src)>();
+  check_element<decltype(dst)>();
+  using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+  using Space = typename decltype(dst)::space;
+  static_assert(std::same_as<std::remove_cv_t<typename decltype(src)::element_type>, T>,
+                "in and out of a collective must have the same element type");
+  static_assert(!std::is_const_v<typename decltype(dst)::element_type>, "the out buffer must be writable");
+  return std::pair{SpaceSpan<T const, Space>(src.data(), src.size()), SpaceSpan<T, Space>(dst.data(), dst.size())};
+}
 
 // all_reduce and broadcast write their buffer in place.
 template <class S>

@@ -222,22 +222,14 @@ class ThreadsBackend {
                   "ThreadsBackend takes host memory, but this buffer is a DeviceSpan (device memory): copy it into "
                   "a host buffer (HostSpan / std::vector), or use NcclBackend from ddp/comm/nccl.hpp for device "
                   "buffers");
-    static_assert(CommElement<std::remove_cv_t<typename S::element_type>>,
-                  "ddp collectives move float, double, std::int32_t or std::int64_t elements only; convert the "
-                  "buffer to one of these");
+    detail::check_element<S>();
   }
 
   template <class I, class O>
   static auto pair_of(I&& in, O&& out) {
-    auto src = detail::as_space_span(in);
-    auto dst = detail::as_space_span(out);
-    check_buffer<decltype(src)>();
-    check_buffer<decltype(dst)>();
-    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
-    static_assert(std::same_as<std::remove_cv_t<typename decltype(src)::element_type>, T>,
-                  "in and out of a collective must have the same element type");
-    static_assert(!std::is_const_v<typename decltype(dst)::element_type>, "the out buffer must be writable");
-    return std::pair{HostSpan<T const>(src.data(), src.size()), HostSpan<T>(dst.data(), dst.size())};
+    check_buffer<detail::span_of_t<I>>();
+    check_buffer<detail::span_of_t<O>>();
+    return detail::span_pair(in, out);
   }
 
   template <class T>
