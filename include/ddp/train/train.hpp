@@ -2,6 +2,7 @@
 #pragma once
 
 #include "ddp/train/checkpoint.hpp"
+#include "ddp/train/checkpoint_format.hpp"
 #include "ddp/train/metrics_log.hpp"
 #include "ddp/train/progress.hpp"
 #include "ddp/train/trainer.hpp"

@@ -1,0 +1,376 @@
+// Checkpoint file format: the in-memory record (position, parameters, optimizer state) and its versioned,
+// checksummed byte encoding. Pure functions of bytes; files and ranks are checkpoint.hpp's business.
+#pragma once
+
+#include <zlib.h>
+
+#include <bit>
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "ddp/error.hpp"
+#include "ddp/optim/optimizer.hpp"
+
+namespace ddp {
+
+static_assert(std::endian::native == std::endian::little,
+              "ddp checkpoints are little-endian and written by memcpy; add byte swapping for this platform");
+
+// File layout (all integers little-endian):
+//   header (32 bytes): magic "DDPCKPT\0" | u32 version | u32 section count | u64 payload bytes |
+//                      u32 CRC-32 of the payload | u32 CRC-32 of the header's first 28 bytes
+//   payload: sections, each u32 tag (four characters) | u32 0 | u64 length | length bytes
+//     META  u32 n, then n × (string key, i64 value): the TrainPosition fields
+//     MODL  u32 element size, u32 n, then n × (string name, u32 rank, rank × i64 dims)  (model identity)
+//     PARM  the parameters' values in registration order, numel elements each
+//     OPTM  string kind, f64 lr, u32 n, n × i64 counters, u32 m, m × (string name, u64 n, n elements)
+//     XTRA  optional: the caller's opaque bytes (e.g. the metrics so far); absent when empty
+//   strings are u32 length + bytes. Unknown sections are skipped (readers of version 1 ignore additions).
+inline constexpr char kCheckpointMagic[8] = {'D', 'D', 'P', 'C', 'K', 'P', 'T', '\0'};
+inline constexpr std::uint32_t kCheckpointVersion = 1;
+inline constexpr std::size_t kCheckpointHeaderBytes = 32;
+
+// Where training stands when the checkpoint is taken. `epoch` is the epoch to run (or continue) next and
+// `step` the number of its batches already done, i.e. the sampler position (DataLoader::from(step)).
+struct TrainPosition {
+  std::int64_t epoch = 0;
+  std::int64_t step = 0;
+  std::int64_t global_step = 0;      // optimizer steps taken since the start of training
+  std::int64_t scheduler_epoch = 0;  // the LR scheduler's epoch counter
+  std::int64_t world_size = 0;       // ranks that wrote it (a mid-epoch position is only valid for the same)
+  std::int64_t global_batch = 0;     // samples per step over all ranks
+  std::int64_t seed = 0;             // the sampler's shuffle seed
+  friend bool operator==(TrainPosition const&, TrainPosition const&) = default;
+};
+
+// One parameter as stored: name, shape and values (registration order).
+template <class T>
+struct ParameterRecord {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<T> values;
+};
+
+// Everything a checkpoint holds, in memory.
+template <class T>
+struct CheckpointData {
+  TrainPosition position;
+  std::vector<ParameterRecord<T>> parameters;
+  optim::OptimizerState<T> optimizer;
+  std::string extra;  // the caller's bytes, stored as they are (e.g. MetricsLog::csv())
+};
+
+namespace detail {
+
+inline std::uint32_t crc32_of(void const* data, std::size_t n) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  auto const* p = static_cast<Bytef const*>(data);
+  while (n > 0) {  // zlib takes uInt lengths
+    uInt const chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    crc = ::crc32(crc, p, chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+inline std::uint32_t fourcc(char const (&s)[5]) {
+  std::uint32_t v = 0;
+  std::memcpy(&v, s, 4);
+  return v;
+}
+inline std::string fourcc_name(std::uint32_t v) {
+  std::string s(4, '?');
+  std::memcpy(s.data(), &v, 4);
+  for (auto& c : s)
+    if (c < 32 || c > 126) c = '?';
+  return s;
+}
+
+// Appends little-endian values to a byte string.
+class ByteWriter {
+ public:
+  template <class V>
+    requires std::is_arithmetic_v<V>
+  void put(V v) {
+    char b[sizeof(V)];
+    std::memcpy(b, &v, sizeof(V));
+    out_.append(b, sizeof(V));
+  }
+  void put_string(std::string_view s) {
+    put(static_cast<std::uint32_t>(s.size()));
+    out_.append(s.data(), s.size());
+  }
+  template <class V>
+  void put_array(std::span<V const> v) {
+    out_.append(reinterpret_cast<char const*>(v.data()), v.size_bytes());
+  }
+  std::string& bytes() noexcept { return out_; }
+
+ private:
+  std::string out_;
+};
+
+// Reads what ByteWriter wrote, bounds-checked: running off the end is an IoError naming file and section.
+class ByteReader {
+ public:
+  ByteReader(std::string_view bytes, std::string const& file, std::string section)
+      : b_(bytes), file_(file), section_(std::move(section)) {}
+  template <class V>
+    requires std::is_arithmetic_v<V>
+  V get() {
+    need(sizeof(V));
+    V v;
+    std::memcpy(&v, b_.data() + pos_, sizeof(V));
+    pos_ += sizeof(V);
+    return v;
+  }
+  std::string get_string() {
+    auto const n = get<std::uint32_t>();
+    need(n);
+    std::string s(b_.substr(pos_, n));
+    pos_ += n;
+    return s;
+  }
+  template <class V>
+  void get_array(V* out, std::size_t count) {
+    if (count > (b_.size() - pos_) / sizeof(V)) need(b_.size() - pos_ + 1);
+    std::memcpy(out, b_.data() + pos_, count * sizeof(V));
+    pos_ += count * sizeof(V);
+  }
+  void skip(std::size_t n) {
+    need(n);
+    pos_ += n;
+  }
+  std::size_t remaining() const noexcept { return b_.size() - pos_; }
+  void need(std::size_t n) const {
+    if (n > b_.size() - pos_)
+      throw IoError(ddp::detail::cat("checkpoint ", file_, ": section ", section_, " is malformed: it ends at byte ",
+                                     b_.size(), " but its content needs more (read position ", pos_, ", need ", n,
+                                     " more); the file was not written by this version of ddp"));
+  }
+  void expect_end() const {
+    if (pos_ != b_.size())
+      throw IoError(ddp::detail::cat("checkpoint ", file_, ": section ", section_, " has ", b_.size() - pos_,
+                                     " unexpected trailing bytes"));
+  }
+
+ private:
+  std::string_view b_;
+  std::string const& file_;
+  std::string section_;
+  std::size_t pos_ = 0;
+};
+
+inline std::string shape_string(std::vector<std::int64_t> const& dims) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace detail
+
+// Serialises a checkpoint (header and payload) into bytes. Deterministic: the same data gives the same bytes.
+template <class T>
+std::string encode_checkpoint(CheckpointData<T> const& c) {
+  using detail::fourcc;
+  detail::ByteWriter payload;
+  std::uint32_t sections = 0;
+  auto section = [&](std::uint32_t tag, auto&& fill) {
+    detail::ByteWriter s;
+    fill(s);
+    payload.put(tag);
+    payload.put(std::uint32_t{0});
+    payload.put(static_cast<std::uint64_t>(s.bytes().size()));
+    payload.bytes() += s.bytes();
+    ++sections;
+  };
+  auto const& p = c.position;
+  section(fourcc("META"), [&](detail::ByteWriter& s) {
+    std::pair<char const*, std::int64_t> const kv[] = {
+        {"epoch", p.epoch},           {"step", p.step},   {"global_step", p.global_step},
+        {"scheduler_epoch", p.scheduler_epoch}, {"world_size", p.world_size}, {"global_batch", p.global_batch},
+        {"seed", p.seed}};
+    s.put(static_cast<std::uint32_t>(std::size(kv)));
+    for (auto const& [k, v] : kv) {
+      s.put_string(k);
+      s.put(v);
+    }
+  });
+  section(fourcc("MODL"), [&](detail::ByteWriter& s) {
+    s.put(static_cast<std::uint32_t>(sizeof(T)));
+    s.put(static_cast<std::uint32_t>(c.parameters.size()));
+    for (auto const& r : c.parameters) {
+      s.put_string(r.name);
+      s.put(static_cast<std::uint32_t>(r.shape.size()));
+      for (auto d : r.shape) s.put(d);
+    }
+  });
+  section(fourcc("PARM"), [&](detail::ByteWriter& s) {
+    for (auto const& r : c.parameters) s.put_array(std::span<T const>(r.values));
+  });
+  section(fourcc("OPTM"), [&](detail::ByteWriter& s) {
+    s.put_string(c.optimizer.kind);
+    s.put(c.optimizer.lr);
+    s.put(static_cast<std::uint32_t>(c.optimizer.counters.size()));
+    for (auto v : c.optimizer.counters) s.put(v);
+    s.put(static_cast<std::uint32_t>(c.optimizer.buffers.size()));
+    for (auto const& b : c.optimizer.buffers) {
+      s.put_string(b.name);
+      s.put(static_cast<std::uint64_t>(b.data.size()));
+      s.put_array(std::span<T const>(b.data));
+    }
+  });
+  if (!c.extra.empty()) section(fourcc("XTRA"), [&](detail::ByteWriter& s) { s.bytes() += c.extra; });
+  std::string const& body = payload.bytes();
+  detail::ByteWriter h;
+  h.bytes().append(kCheckpointMagic, sizeof(kCheckpointMagic));
+  h.put(kCheckpointVersion);
+  h.put(sections);
+  h.put(static_cast<std::uint64_t>(body.size()));
+  h.put(detail::crc32_of(body.data(), body.size()));
+  h.put(detail::crc32_of(h.bytes().data(), h.bytes().size()));
+  return h.bytes() + body;
+}
+
+// Parses and validates bytes read from `file` (named in every error): magic, version, header checksum,
+// length (truncation), payload checksum (corruption), then each section. Throws IoError.
+template <class T>
+CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& file) {
+  using detail::fourcc;
+  auto err = [&](auto const&... what) { return IoError(ddp::detail::cat("checkpoint ", file, ": ", what...)); };
+  if (bytes.size() < kCheckpointHeaderBytes)
+    throw err("truncated: the file has ", bytes.size(), " bytes, less than the ", kCheckpointHeaderBytes,
+              "-byte header");
+  if (std::memcmp(bytes.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) != 0)
+    throw err("wrong magic number: this is not a ddp checkpoint");
+  detail::ByteReader h(bytes.substr(8, kCheckpointHeaderBytes - 8), file, "header");
+  auto const version = h.get<std::uint32_t>();
+  auto const nsections = h.get<std::uint32_t>();
+  auto const payload_bytes = h.get<std::uint64_t>();
+  auto const payload_crc = h.get<std::uint32_t>();
+  auto const header_crc = h.get<std::uint32_t>();
+  if (detail::crc32_of(bytes.data(), kCheckpointHeaderBytes - 4) != header_crc)
+    throw err("the header's checksum does not match: the file is corrupted");
+  if (version != kCheckpointVersion)
+    throw err("unsupported version ", version, " (this build reads version ", kCheckpointVersion, ")");
+  std::uint64_t const have = bytes.size() - kCheckpointHeaderBytes;
+  if (have < payload_bytes)
+    throw err("truncated: the header announces ", payload_bytes, " payload bytes but only ", have, " follow it");
+  if (have > payload_bytes)
+    throw err(have - payload_bytes, " unexpected bytes after the ", payload_bytes, "-byte payload");
+  std::string_view const payload = bytes.substr(kCheckpointHeaderBytes);
+  if (detail::crc32_of(payload.data(), payload.size()) != payload_crc)
+    throw err("checksum mismatch (CRC-32 of the payload): the file is corrupted");
+
+  // Split into sections.
+  struct Section {
+    std::uint32_t tag;
+    std::string_view body;
+  };
+  std::vector<Section> secs;
+  detail::ByteReader r(payload, file, "table");
+  for (std::uint32_t i = 0; i < nsections; ++i) {
+    auto const tag = r.get<std::uint32_t>();
+    r.get<std::uint32_t>();
+    auto const len = r.get<std::uint64_t>();
+    if (len > r.remaining())
+      throw err("section ", detail::fourcc_name(tag), " claims ", len, " bytes but only ", r.remaining(), " remain");
+    std::size_t const at = payload.size() - r.remaining();
+    secs.push_back({tag, payload.substr(at, len)});
+    r.skip(len);
+  }
+  r.expect_end();
+  auto find = [&](char const (&name)[5]) -> detail::ByteReader {
+    for (auto const& s : secs)
+      if (s.tag == fourcc(name)) return detail::ByteReader(s.body, file, name);
+    throw err("required section ", name, " is missing");
+  };
+
+  CheckpointData<T> c;
+  {
+    detail::ByteReader s = find("META");
+    auto const n = s.get<std::uint32_t>();
+    std::vector<std::pair<std::string, std::int64_t>> kv;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      auto k = s.get_string();
+      kv.emplace_back(std::move(k), s.get<std::int64_t>());
+    }
+    s.expect_end();
+    auto get = [&](char const* key) {
+      for (auto const& [k, v] : kv)
+        if (k == key) return v;
+      throw err("META has no '", key, "' entry");
+    };
+    auto& p = c.position;
+    p = {.epoch = get("epoch"),
+         .step = get("step"),
+         .global_step = get("global_step"),
+         .scheduler_epoch = get("scheduler_epoch"),
+         .world_size = get("world_size"),
+         .global_batch = get("global_batch"),
+         .seed = get("seed")};
+  }
+  {
+    detail::ByteReader s = find("MODL");
+    auto const elem = s.get<std::uint32_t>();
+    if (elem != sizeof(T))
+      throw err("parameters are stored with ", elem, "-byte elements, this model uses ", sizeof(T), "-byte elements");
+    auto const n = s.get<std::uint32_t>();
+    for (std::uint32_t i = 0; i < n; ++i) {
+      ParameterRecord<T> rec;
+      rec.name = s.get_string();
+      auto const rank = s.get<std::uint32_t>();
+      if (rank > 8) throw err("parameter '", rec.name, "' has rank ", rank, " (at most 8 supported)");
+      for (std::uint32_t d = 0; d < rank; ++d) rec.shape.push_back(s.get<std::int64_t>());
+      c.parameters.push_back(std::move(rec));
+    }
+    s.expect_end();
+  }
+  {
+    detail::ByteReader s = find("PARM");
+    for (auto& rec : c.parameters) {
+      std::int64_t numel = 1;
+      for (auto d : rec.shape) {
+        if (d < 0) throw err("parameter '", rec.name, "' has a negative dimension");
+        numel *= d;
+      }
+      rec.values.resize(static_cast<std::size_t>(numel));
+      s.get_array(rec.values.data(), rec.values.size());
+    }
+    s.expect_end();
+  }
+  {
+    detail::ByteReader s = find("OPTM");
+    auto& o = c.optimizer;
+    o.kind = s.get_string();
+    o.lr = s.get<double>();
+    auto const nc = s.get<std::uint32_t>();
+    s.need(std::size_t{nc} * 8);
+    o.counters.resize(nc);
+    s.get_array(o.counters.data(), nc);
+    auto const nb = s.get<std::uint32_t>();
+    for (std::uint32_t i = 0; i < nb; ++i) {
+      typename optim::OptimizerState<T>::Buffer b;
+      b.name = s.get_string();
+      auto const n = s.get<std::uint64_t>();
+      if (n > s.remaining() / sizeof(T)) s.need(n * sizeof(T));
+      b.data.resize(n);
+      s.get_array(b.data.data(), n);
+      o.buffers.push_back(std::move(b));
+    }
+    s.expect_end();
+  }
+  for (auto const& sec : secs)
+    if (sec.tag == fourcc("XTRA")) c.extra = std::string(sec.body);
+  return c;
+}
+
+}  // namespace ddp
