@@ -18,9 +18,9 @@ class HostBlockCache {
   static constexpr std::size_t kMaxCachedBytes = std::size_t{512} << 20;
   static constexpr std::size_t kAlign = 64;
 
-  HostBlockCache() { alive() = true; }
+  HostBlockCache() = default;
   ~HostBlockCache() {
-    alive() = false;
+    destroyed() = true;
     for (auto& [bytes, p] : free_) std::free(p);
   }
   HostBlockCache(HostBlockCache const&) = delete;
@@ -28,7 +28,7 @@ class HostBlockCache {
 
   static void* allocate(std::size_t bytes) {
     std::size_t const rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-    if (rounded >= kMinBytes && alive()) {
+    if (rounded >= kMinBytes && !destroyed()) {
       auto& c = local();
       if (auto it = c.free_.find(rounded); it != c.free_.end()) {
         void* p = it->second;
@@ -43,7 +43,7 @@ class HostBlockCache {
   }
   static void deallocate(void* p, std::size_t bytes) noexcept {
     std::size_t const rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-    if (rounded >= kMinBytes && alive()) {
+    if (rounded >= kMinBytes && !destroyed()) {
       auto& c = local();
       if (c.cached_ + rounded <= kMaxCachedBytes) {
         try {
@@ -62,10 +62,11 @@ class HostBlockCache {
     thread_local HostBlockCache cache;
     return cache;
   }
-  // Trivially destructible, so it can still be read after the cache itself was destroyed at thread exit.
-  static bool& alive() noexcept {
-    thread_local bool a = false;
-    return a;
+  // Set when this thread's cache is destroyed at thread exit; trivially destructible, so a block freed
+  // later (by another thread-local's destructor) still sees it and goes straight back to free().
+  static bool& destroyed() noexcept {
+    thread_local bool d = false;
+    return d;
   }
 
   std::unordered_multimap<std::size_t, void*> free_;
