@@ -42,6 +42,7 @@ struct Conv2dOptions {
   std::int64_t stride = 1;
   std::int64_t padding = 0;
   bool bias = true;
+  ConvAlgorithm algorithm = ConvAlgorithm::kAuto;
 };
 
 // Cross-correlation over NCHW; W:(out, in, k, k), b:(out). Init as PyTorch (fan_in = in·k·k).
@@ -49,7 +50,7 @@ template <class T = float, MemorySpace S = HostSpace>
 class basic_conv2d : public Module<T, S> {
  public:
   basic_conv2d(std::int64_t in, std::int64_t out, std::int64_t kernel, Generator& gen, Conv2dOptions opt = {})
-      : args_{.stride = opt.stride, .padding = opt.padding} {
+      : args_{.stride = opt.stride, .padding = opt.padding, .algorithm = opt.algorithm} {
     if (in <= 0 || out <= 0 || kernel <= 0)
       throw ArgumentError(ddp::detail::cat("Conv2d: channels and kernel_size must be positive (got ", in, ", ", out, ", ", kernel, ")"));
     Tensor<T> w(Shape{out, in, kernel, kernel});

@@ -1,4 +1,5 @@
-// Host kernels for image layers: conv2d (im2col + Eigen GEMM per image), max-pool, batch-norm.
+// Host kernels for image layers: conv2d (Winograd F(4×4, 3×3) for 3×3 stride-1 layers, im2col + Eigen GEMM per
+// image otherwise; see ConvAlgorithm), max-pool, batch-norm.
 #pragma once
 
 #include <Eigen/Core>
@@ -10,6 +11,7 @@
 
 #include "ddp/config.hpp"
 #include "ddp/tensor/host_allocator.hpp"
+#include "ddp/tensor/host_winograd.hpp"
 #include "ddp/tensor/kernels.hpp"
 
 namespace ddp {
@@ -74,9 +76,25 @@ struct HostConvKernels {
         }
   }
 
+  // Whether g runs through Winograd F(4×4, 3×3) (host_winograd.hpp) rather than im2col + GEMM.
+  static bool use_winograd(ConvGeometry const& g) noexcept {
+    switch (g.algorithm) {
+      case ConvAlgorithm::kIm2col: return false;
+      case ConvAlgorithm::kWinograd: return detail::winograd::supports(g);
+      case ConvAlgorithm::kAuto: break;
+    }
+    return detail::winograd::supports(g) && g.C >= 8 && g.O >= 8;
+  }
+
   // y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C, k, k)) + bias (O) (bias may be null).
   template <class T>
   static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y) {
+    if (use_winograd(g)) {
+      detail::HostBuffer<T> U(static_cast<std::size_t>(detail::winograd::kPos * g.O * g.C));
+      detail::winograd::weight_transform(g.O, g.C, w, /*flip=*/false, U.data());
+      detail::winograd::forward(g, x, U.data(), bias, T(0), y);
+      return;
+    }
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     i64 const L = g.L(), P = g.patch();
     detail::HostBuffer<T> col(static_cast<std::size_t>(P * L));  // recycled per thread
@@ -98,7 +116,16 @@ struct HostConvKernels {
                          T beta_b, T* gb) {
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     i64 const L = g.L(), P = g.patch(), img = g.C * g.H * g.W;
-    detail::HostBuffer<T> col(static_cast<std::size_t>(P * L));  // recycled per thread
+    bool const wino = use_winograd(g);
+    if (wino && gw) {
+      detail::winograd::weight_grad(g, x, gy, beta_w, gw);
+      gw = nullptr;
+    }
+    if (wino && gx && detail::winograd::supports_data_grad(g)) {
+      detail::winograd::data_grad(g, w, gy, beta_x, gx);
+      gx = nullptr;
+    }
+    detail::HostBuffer<T> col(static_cast<std::size_t>(gw || gx ? P * L : 0));  // recycled per thread
     Eigen::Map<Mat> Cm(col.data(), P, L);
     Eigen::Map<Mat const> W(w, g.O, P);
     if (gw) {

@@ -19,11 +19,17 @@ struct Kernels {
 // Transpose flags for gemm, spelled out rather than bools.
 enum class Trans { kNo, kYes };
 
+// How a convolution is computed on the host. kAuto: Winograd F(4×4, 3×3) for 3×3 stride-1 layers with at
+// least 8 input and 8 output channels (4× fewer multiply-adds), im2col + GEMM otherwise. kIm2col: always the
+// plain product. kWinograd: Winograd; only 3×3 kernels with stride 1.
+enum class ConvAlgorithm { kAuto, kIm2col, kWinograd };
+
 // Geometry of a square-kernel 2-D convolution or pooling window over NCHW input.
 struct ConvGeometry {
   std::int64_t N = 0, C = 0, H = 0, W = 0;  // input
   std::int64_t O = 0;                       // output channels (conv) or C (pool)
   std::int64_t k = 1, stride = 1, pad = 0;
+  ConvAlgorithm algorithm = ConvAlgorithm::kAuto;  // convolutions only
   constexpr std::int64_t OH() const noexcept { return (H + 2 * pad - k) / stride + 1; }
   constexpr std::int64_t OW() const noexcept { return (W + 2 * pad - k) / stride + 1; }
   constexpr std::int64_t L() const noexcept { return OH() * OW(); }

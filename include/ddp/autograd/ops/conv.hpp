@@ -9,6 +9,7 @@ namespace ddp {
 struct Conv2dArgs {
   std::int64_t stride = 1;
   std::int64_t padding = 0;
+  ConvAlgorithm algorithm = ConvAlgorithm::kAuto;  // kernels.hpp: Winograd for 3×3 stride 1, or im2col
 };
 
 // x:(N,C,H,W) w:(O,C,k,k) b:(O) or undefined -> (N,O,OH,OW), OH = (H + 2p - k)/s + 1.
@@ -24,7 +25,10 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
     throw ArgumentError(detail::cat("conv2d: stride must be >= 1 and padding >= 0 (got ", args.stride, ", ",
                                     args.padding, ")"));
   ConvGeometry g{.N = xs[0], .C = xs[1], .H = xs[2], .W = xs[3], .O = ws[0], .k = ws[2], .stride = args.stride,
-                 .pad = args.padding};
+                 .pad = args.padding, .algorithm = args.algorithm};
+  if (args.algorithm == ConvAlgorithm::kWinograd && (g.k != 3 || g.stride != 1))
+    throw ArgumentError(detail::cat("conv2d: ConvAlgorithm::kWinograd needs a 3x3 kernel with stride 1 (got kernel ",
+                                    g.k, ", stride ", g.stride, ")"));
   if (g.H + 2 * g.pad < g.k || g.W + 2 * g.pad < g.k)
     throw ShapeError(detail::cat("conv2d: kernel ", g.k, " is larger than the padded input ", xs));
   if (b.defined() && !(b.shape() == Shape{g.O}))

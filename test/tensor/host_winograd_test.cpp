@@ -1,0 +1,154 @@
+// Winograd F(4x4, 3x3) convolution (host_winograd.hpp) against the direct definition: forward values in
+// double, gradients by central differences in double (every padding 0..3, partial edge tiles, odd sizes,
+// accumulation into existing gradients), float results against the im2col path at a realistic layer size,
+// and which algorithm kAuto picks.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "test/autograd/testing.hpp"
+
+using namespace ddp;
+using namespace ddp::testing;
+
+namespace {
+
+Tensor<double> conv_reference(Tensor<double> const& x, Tensor<double> const& w, Tensor<double> const* b,
+                              std::int64_t pad) {
+  std::int64_t const N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), O = w.size(0);
+  std::int64_t const OH = H + 2 * pad - 2, OW = W + 2 * pad - 2;
+  Tensor<double> y(Shape{N, O, OH, OW});
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t o = 0; o < O; ++o)
+      for (std::int64_t i = 0; i < OH; ++i)
+        for (std::int64_t j = 0; j < OW; ++j) {
+          double s = b ? (*b)[o] : 0.0;
+          for (std::int64_t c = 0; c < C; ++c)
+            for (std::int64_t ki = 0; ki < 3; ++ki)
+              for (std::int64_t kj = 0; kj < 3; ++kj) {
+                std::int64_t const ih = i - pad + ki, iw = j - pad + kj;
+                if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                  s += x[((n * C + c) * H + ih) * W + iw] * w[((o * C + c) * 3 + ki) * 3 + kj];
+              }
+          y[((n * O + o) * OH + i) * OW + j] = s;
+        }
+  return y;
+}
+
+double max_abs(Tensor<double> const& t) {
+  double m = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t[i]));
+  return m;
+}
+
+// max |a - b| / max |b|
+template <class T>
+double rel_diff(Tensor<T> const& a, Tensor<T> const& b) {
+  double m = 0, s = 0;
+  for (std::int64_t i = 0; i < b.numel(); ++i) {
+    m = std::max(m, std::abs(double(a[i]) - double(b[i])));
+    s = std::max(s, std::abs(double(b[i])));
+  }
+  return m / std::max(s, 1e-30);
+}
+
+constexpr Conv2dArgs winograd(std::int64_t pad) { return {.stride = 1, .padding = pad, .algorithm = ConvAlgorithm::kWinograd}; }
+
+}  // namespace
+
+TEST_CASE("Winograd forward equals the direct definition (double): paddings 0-3, sizes that leave partial tiles") {
+  Generator gen(7001);
+  for (std::int64_t pad = 0; pad <= 3; ++pad)
+    for (int rep = 0; rep < 6; ++rep) {
+      std::int64_t const N = dim(gen, 1, 3), C = dim(gen, 1, 9), O = dim(gen, 1, 9);
+      std::int64_t const lo = std::max<std::int64_t>(1, 3 - 2 * pad);
+      std::int64_t const H = dim(gen, lo, 14), W = dim(gen, lo, 14);
+      Tensor<double> const x = uniform(Shape{N, C, H, W}, gen), w = uniform(Shape{O, C, 3, 3}, gen),
+                           b = uniform(Shape{O}, gen);
+      INFO("x ", x.shape(), " O ", O, " pad ", pad);
+      Tensor<double> const y = conv2d(constant(x), constant(w), constant(b), winograd(pad)).value();
+      Tensor<double> const y0 = conv2d(constant(x), constant(w), VarD{}, winograd(pad)).value();
+      Tensor<double> const ref = conv_reference(x, w, &b, pad);
+      CHECK(max_abs_diff(y, ref) <= 1e-12 * std::max(1.0, max_abs(ref)));
+      CHECK(max_abs_diff(y0, conv_reference(x, w, nullptr, pad)) <= 1e-12 * std::max(1.0, max_abs(ref)));
+    }
+}
+
+TEST_CASE("Winograd gradients of input, weight and bias (double, central differences)") {
+  struct Case {
+    std::int64_t N, C, O, H, W, pad;
+  };
+  // 4x4 tiles: sizes 1..9 give whole and partial tiles; pad 3 runs the data gradient through im2col.
+  Case const cases[] = {{1, 1, 1, 3, 3, 0}, {2, 2, 3, 6, 5, 0}, {1, 3, 2, 7, 9, 1}, {2, 2, 2, 4, 4, 1},
+                        {1, 2, 3, 5, 8, 2}, {1, 1, 2, 1, 2, 2}, {1, 2, 2, 3, 4, 3}, {1, 4, 3, 10, 6, 1}};
+  std::uint64_t seed = 7100;
+  for (Case const& cc : cases) {
+    Generator gen(++seed);
+    Shape const xs{cc.N, cc.C, cc.H, cc.W};
+    VarD x = param(uniform(xs, gen)), w = param(uniform(Shape{cc.O, cc.C, 3, 3}, gen)), b = param(uniform(Shape{cc.O}, gen));
+    Conv2dArgs const args = winograd(cc.pad);
+    std::string const what = detail::cat("winograd x ", xs, " O ", cc.O, " pad ", cc.pad);
+    check_grad(what, [args](Inputs const& v) { return conv2d(v[0], v[1], v[2], args); }, {x, w, b});
+    check_grad(what + " x constant", [args](Inputs const& v) { return conv2d(v[0], v[1], v[2], args); },
+               {constant(x.value()), w, b});
+    check_grad(what + " w constant", [args](Inputs const& v) { return conv2d(v[0], v[1], VarD{}, args); },
+               {x, constant(w.value())});
+    // x and w each feed two convolutions: their gradients accumulate (beta = 1 in the kernels).
+    check_grad(what + " used twice", [args](Inputs const& v) { return conv2d(v[0], v[1], VarD{}, args) + conv2d(v[0], v[1], v[2], args); },
+               {x, w, b});
+  }
+}
+
+TEST_CASE("Winograd in float agrees with im2col at a BasicNet layer and at odd shapes") {
+  struct Case {
+    std::int64_t N, C, O, H, W, pad;
+  };
+  Generator gen(7200);
+  for (Case const cc : {Case{3, 32, 64, 26, 26, 0}, Case{2, 9, 11, 13, 10, 1}, Case{1, 16, 8, 31, 17, 2}}) {
+    Shape const xs{cc.N, cc.C, cc.H, cc.W};
+    Tensor<float> const x = to_float(uniform(xs, gen)), w = to_float(uniform(Shape{cc.O, cc.C, 3, 3}, gen, -0.2, 0.2)),
+                        b = to_float(uniform(Shape{cc.O}, gen)), gy_dir = to_float(uniform(Shape{cc.N, cc.O, cc.H + 2 * cc.pad - 2, cc.W + 2 * cc.pad - 2}, gen));
+    auto run = [&](ConvAlgorithm a) {
+      Var xv(x, RequiresGrad::kYes), wv(w, RequiresGrad::kYes), bv(b, RequiresGrad::kYes);
+      Var y = conv2d(xv, wv, bv, Conv2dArgs{.stride = 1, .padding = cc.pad, .algorithm = a});
+      backward(sum(y * Var(gy_dir)));
+      return std::array<Tensor<float>, 4>{y.value(), xv.grad(), wv.grad(), bv.grad()};
+    };
+    auto const wino = run(ConvAlgorithm::kWinograd), ref = run(ConvAlgorithm::kIm2col);
+    INFO("x ", xs, " O ", cc.O, " pad ", cc.pad);
+    CHECK(rel_diff(wino[0], ref[0]) < 2e-5);  // forward
+    CHECK(rel_diff(wino[1], ref[1]) < 2e-5);  // input gradient
+    CHECK(rel_diff(wino[2], ref[2]) < 2e-5);  // weight gradient
+    CHECK(rel_diff(wino[3], ref[3]) < 1e-6);  // bias gradient (same code on both paths)
+  }
+}
+
+TEST_CASE("kAuto runs 3x3 stride-1 layers with >= 8 input and output channels through Winograd, others through im2col") {
+  Generator gen(7300);
+  auto forward = [&](std::int64_t C, std::int64_t O, std::int64_t k, std::int64_t stride, ConvAlgorithm a) {
+    Generator g2(42);
+    Tensor<float> const x = to_float(uniform(Shape{2, C, 11, 9}, g2)), w = to_float(uniform(Shape{O, C, k, k}, g2));
+    return conv2d(Var(x), Var(w), Var{}, Conv2dArgs{.stride = stride, .padding = 1, .algorithm = a}).value();
+  };
+  auto same = [](Tensor<float> const& a, Tensor<float> const& b) { return max_abs_diff(a, b) == 0.0; };
+  CHECK(same(forward(8, 8, 3, 1, ConvAlgorithm::kAuto), forward(8, 8, 3, 1, ConvAlgorithm::kWinograd)));
+  CHECK_FALSE(same(forward(8, 8, 3, 1, ConvAlgorithm::kAuto), forward(8, 8, 3, 1, ConvAlgorithm::kIm2col)));
+  CHECK(same(forward(4, 16, 3, 1, ConvAlgorithm::kAuto), forward(4, 16, 3, 1, ConvAlgorithm::kIm2col)));
+  CHECK(same(forward(16, 16, 3, 2, ConvAlgorithm::kAuto), forward(16, 16, 3, 2, ConvAlgorithm::kIm2col)));
+  CHECK(same(forward(16, 16, 5, 1, ConvAlgorithm::kAuto), forward(16, 16, 5, 1, ConvAlgorithm::kIm2col)));
+  (void)gen;
+}
+
+TEST_CASE("kWinograd on a layer it cannot run is an error naming the kernel and stride") {
+  Generator gen(7400);
+  VarD x = param(uniform(Shape{1, 2, 8, 8}, gen));
+  check_throws_with<ArgumentError>(
+      [&] { (void)conv2d(x, param(uniform(Shape{2, 2, 5, 5}, gen)), VarD{}, winograd(0)); }, {"kWinograd", "kernel 5"});
+  check_throws_with<ArgumentError>(
+      [&] {
+        (void)conv2d(x, param(uniform(Shape{2, 2, 3, 3}, gen)), VarD{},
+                     Conv2dArgs{.stride = 2, .algorithm = ConvAlgorithm::kWinograd});
+      },
+      {"kWinograd", "stride 2"});
+}
