@@ -9,7 +9,9 @@
 //   weight grad.   dw = Gᵀ [ Σ_tiles (A g Aᵀ) ⊙ (Bᵀ d B) ] G  (again one GEMM per ξ)
 //
 // Tiles are processed a few images at a time, so the transformed data stays in L2 between the transforms
-// and the GEMMs; the transforms work on whole rows of tiles as vectors (loops the compiler vectorises).
+// and the GEMMs. Transformed data is channel-fastest ([ξ][tile][channel]): the transforms then run on a
+// whole row of tiles × all channels as one vector (loops the compiler vectorises), and only the first and
+// last step (reading the NCHW input, writing the NCHW output) touch single values.
 // Everything is sequential and deterministic. Rounding differs from im2col (the transforms add and scale),
 // by a few ulps of the summed magnitudes; select ConvAlgorithm::kIm2col for the plain product.
 #pragma once
@@ -18,6 +20,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "ddp/tensor/host_allocator.hpp"
 #include "ddp/tensor/kernels.hpp"
@@ -39,17 +45,16 @@ constexpr bool supports_data_grad(ConvGeometry const& g) noexcept { return suppo
 // Output tiling of a geometry; tiles are processed a few whole images at a time (a chunk), sized so the
 // chunk's transformed input and product (V and M) stay in L2 between the transforms and the GEMMs.
 struct Tiling {
-  i64 TH, TW, per_image, images_per_chunk, RW;
+  i64 TH, TW, per_image, images_per_chunk;
   Tiling(ConvGeometry const& g, i64 elem_bytes)
       : TH((g.OH() + kTile - 1) / kTile), TW((g.OW() + kTile - 1) / kTile), per_image(TH * TW) {
     i64 const per_tile = kPos * (g.C + g.O) * elem_bytes;
     images_per_chunk = std::clamp<i64>(kL2Budget / (per_tile * per_image), 1, std::max<i64>(g.N, 1));
-    RW = (TW + 1 + 7) / 8 * 8;  // lanes of one row of tiles (+1 for the 2-pixel overlap), padded to 8
   }
   i64 chunk_tiles() const noexcept { return images_per_chunk * per_image; }
 };
 
-// ---- the three 1-D transforms, over n lanes (n a multiple of 8): out[·][b] from in[·][b] ----
+// ---- the three 1-D transforms, lane-wise over n lanes: out[·][l] from in[·][l] ----
 
 // out = Bᵀ·in (6 → 6)
 template <class T>
@@ -102,8 +107,8 @@ DDP_ALWAYS_INLINE void a4(T const* const (&g)[4], T* const (&o)[6], i64 n) {
 
 // ---- kernel transforms ----
 
-// U[ξ][a][b] = (G k_ab Gᵀ)[ξ] for the A×B kernels k_ab. Forward: k_ab = w[a][b] (a: output channel).
-// Data gradient (flip): k_ab = w[b][a] rotated by 180° (a: input channel of the forward).
+// U[ξ][b][a] = (G k_ab Gᵀ)[ξ] for the A×B kernels k_ab, a: output channel, b: input channel (so that
+// M_ξ = V_ξ · U_ξ). Forward: k_ab = w[a][b]. Data gradient (flip): k_ab = w[b][a] rotated by 180°.
 template <class T>
 void weight_transform(i64 A, i64 B, T const* w, bool flip, T* U) {
   static constexpr double G[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6},
@@ -121,7 +126,7 @@ void weight_transform(i64 A, i64 B, T const* w, bool flip, T* U) {
         for (int j = 0; j < 3; ++j) gk[i][j] = T(G[i][0]) * kk[0][j] + T(G[i][1]) * kk[1][j] + T(G[i][2]) * kk[2][j];
       for (int i = 0; i < 6; ++i)
         for (int j = 0; j < 6; ++j)
-          U[(i * 6 + j) * plane + a * B + b] = gk[i][0] * T(G[j][0]) + gk[i][1] * T(G[j][1]) + gk[i][2] * T(G[j][2]);
+          U[(i * 6 + j) * plane + b * A + a] = gk[i][0] * T(G[j][0]) + gk[i][1] * T(G[j][1]) + gk[i][2] * T(G[j][2]);
     }
 }
 
@@ -152,193 +157,274 @@ void weight_transform_adjoint(i64 O, i64 C, T const* dU, T beta, T* gw) {
   }
 }
 
-// ---- data transforms, one image plane at a time ----
-// A plane's tiles are numbered j = th·TW + tw; in V / M / dM, position ξ, channel c, tile j of the chunk's
-// image i sits at [ξ·plane + c·tc + i·per_image + j] (tc: the chunk's tile count).
-// No tile window is ever gathered. Along x, a row of the image is split into its 4 phases (x mod 4) and
-// the 1-D transform of every tile column is a lane-wise sum of shifted phase rows (RW lanes). Along y,
-// the partial results are laid out so that the second 1-D transform runs over all TH·TW tiles of the plane
-// as one contiguous vector, reading or writing V / M / dM directly.
+// ---- data transforms, one image and one row of tiles at a time ----
+// In V (M, dM), position ξ, tile t of the chunk and channel c sit at [ξ·plane + t·C + c] (plane = tc·C,
+// tc the chunk's tile count); the chunk's image i has tiles i·per_image + th·TW + tw.
+
+// ---- between NCHW planes and channel-fastest rows ----
+// The only steps that move single values: a transpose of (channels × positions), done in 8×8 register
+// blocks for float with AVX, element by element otherwise. Positions map to rows through `row(p)`.
+
+#if defined(__AVX__)
+DDP_ALWAYS_INLINE void transpose8x8(__m256 (&r)[8]) {
+  __m256 const t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  __m256 const t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  __m256 const t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  __m256 const t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  __m256 const u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  __m256 const u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  __m256 const u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  __m256 const u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+#endif
+
+// row(p)[c] = src[c·ss + p] for c < nc, p < np.
+template <class T, class Row>
+DDP_ALWAYS_INLINE void planes_to_rows(T const* src, i64 ss, i64 nc, i64 np, Row&& row) {
+  i64 c0 = 0;
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<T, float>) {
+    for (; c0 + 8 <= nc; c0 += 8) {
+      i64 p0 = 0;
+      for (; p0 + 8 <= np; p0 += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (c0 + i) * ss + p0);
+        transpose8x8(r);
+        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(row(p0 + j) + c0, r[j]);
+      }
+      for (; p0 < np; ++p0) {
+        T* d = row(p0) + c0;
+        for (int i = 0; i < 8; ++i) d[i] = src[(c0 + i) * ss + p0];
+      }
+    }
+  }
+#endif
+  for (i64 p = 0; p < np; ++p) {
+    T* d = row(p);
+    for (i64 c = c0; c < nc; ++c) d[c] = src[c * ss + p];
+  }
+}
+
+// dst[c·ds + p] = (beta == 0 ? 0 : dst[c·ds + p]) + row(p)[c] + bias[c] (bias may be null) for c < nc, p < np.
+template <class T, class Row>
+DDP_ALWAYS_INLINE void rows_to_planes(Row&& row, i64 nc, i64 np, T const* bias, T beta, T* dst, i64 ds) {
+  i64 c0 = 0;
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<T, float>) {
+    for (; c0 + 8 <= nc; c0 += 8) {
+      i64 p0 = 0;
+      for (; p0 + 8 <= np; p0 += 8) {
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(row(p0 + j) + c0);
+        transpose8x8(r);
+        for (int i = 0; i < 8; ++i) {
+          float* d = dst + (c0 + i) * ds + p0;
+          __m256 v = bias ? _mm256_add_ps(r[i], _mm256_set1_ps(bias[c0 + i])) : r[i];
+          if (beta != T(0)) v = _mm256_add_ps(v, _mm256_loadu_ps(d));
+          _mm256_storeu_ps(d, v);
+        }
+      }
+      for (; p0 < np; ++p0) {
+        T const* sr = row(p0) + c0;
+        for (int i = 0; i < 8; ++i) {
+          T& d = dst[(c0 + i) * ds + p0];
+          T const v = sr[i] + (bias ? bias[c0 + i] : T(0));
+          d = beta == T(0) ? v : d + v;
+        }
+      }
+    }
+  }
+#endif
+  for (i64 c = c0; c < nc; ++c) {
+    T const b = bias ? bias[c] : T(0);
+    for (i64 p = 0; p < np; ++p) {
+      T& d = dst[c * ds + p];
+      T const v = row(p)[c] + b;
+      d = beta == T(0) ? v : d + v;
+    }
+  }
+}
 
 template <class T>
-struct PlaneScratch {
-  i64 RW, LR;        // lanes of a phase row; length of a plane-wide row (TH·TW + spill)
-  HostBuffer<T> big;    // 36 plane-wide rows
-  HostBuffer<T> small;  // padded image row + 6 phase rows
-  explicit PlaneScratch(Tiling const& tl)
-      : RW(tl.RW),
-        LR(tl.per_image + tl.RW + 8),
-        big(static_cast<std::size_t>(kPos * (tl.per_image + tl.RW + 8))),
-        small(static_cast<std::size_t>(4 * (tl.RW + 2) + 6 * (tl.RW + 8))) {
-    std::memset(big.data(), 0, big.size() * sizeof(T));
-    std::memset(small.data(), 0, small.size() * sizeof(T));
+struct Scratch {
+  i64 TW, CM;            // tiles per row; max(channels in, channels out)
+  HostBuffer<T> buf;
+  T* image;              // one image, channel-fastest: H·W rows of C (or OH·OW rows of O)
+  T* phases;             // 4 × (TW + 1) × CM: one padded image row split by x mod 4
+  T* rows[6];            // input: x-transformed rows k = 0..5 of the current tile row, 6 × TW × CM each
+  T* mid;                // output: 24 × TW × CM (S or W)
+  explicit Scratch(Tiling const& tl, ConvGeometry const& g)
+      : TW(tl.TW),
+        CM(std::max(g.C, g.O)),
+        buf(static_cast<std::size_t>(std::max(g.H * g.W * g.C, g.OH() * g.OW() * g.O) +
+                                     (4 * (tl.TW + 1) + 60 * tl.TW) * std::max(g.C, g.O))) {
+    T* p = buf.data();
+    image = p;
+    p += std::max(g.H * g.W * g.C, g.OH() * g.OW() * g.O);
+    phases = p;
+    p += 4 * (TW + 1) * CM;
+    for (auto& r : rows) r = p, p += 6 * TW * CM;
+    mid = p;
   }
-  T* row() noexcept { return small.data(); }                                    // 4·(RW + 2) values
-  T* phase(int r) noexcept { return small.data() + 4 * (RW + 2) + r * (RW + 8); }  // RW + 8 values
-  T* wide(int r) noexcept { return big.data() + r * LR; }
 };
 
-// Loads padded row yy (zero outside the image: rows/cols shifted by pad) into s.row() and splits it into
-// its 4 phases: phase(r)[b] = row[4b + r], b <= RW.
+// dst[0, n) = src[0, n), in whole cache lines where it can (kept inline: n is a channel count).
 template <class T>
-DDP_ALWAYS_INLINE void load_phases(T const* plane, i64 H, i64 W, i64 pad, i64 yy, PlaneScratch<T>& s) {
-  T* row = s.row();
-  i64 const len = 4 * (s.RW + 1), iy = yy - pad;
+DDP_ALWAYS_INLINE void copy_lanes(T const* src, i64 n, T* dst) {
+  constexpr i64 kLine = 64 / sizeof(T);
+  i64 i = 0;
+  for (; i + kLine <= n; i += kLine) std::memcpy(dst + i, src + i, 64);
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+// phases[r][b][·] = xpad(yy, 4b + r): padded row yy of the channel-fastest image xt (H·W rows of C).
+template <class T>
+DDP_ALWAYS_INLINE void split_row(T const* xt, i64 C, i64 H, i64 W, i64 pad, i64 yy, i64 TW, T* phases) {
+  i64 const span = 4 * (TW + 1), iy = yy - pad;
   if (iy < 0 || iy >= H) {
-    std::fill(row, row + len, T(0));
-  } else {
-    i64 const lo = std::min(pad, len), n = std::clamp<i64>(len - pad, 0, W);
-    std::fill(row, row + lo, T(0));
-    std::memcpy(row + lo, plane + iy * W, sizeof(T) * n);
-    std::fill(row + lo + n, row + len, T(0));
+    std::fill(phases, phases + span * C, T(0));
+    return;
   }
-  T *p0 = s.phase(0), *p1 = s.phase(1), *p2 = s.phase(2), *p3 = s.phase(3);
-  for (i64 b = 0; b <= s.RW; ++b) {
-    p0[b] = row[4 * b];
-    p1[b] = row[4 * b + 1];
-    p2[b] = row[4 * b + 2];
-    p3[b] = row[4 * b + 3];
-  }
+  i64 const lo = std::min(pad, span), hi = std::max(lo, std::min(span, pad + W));  // padded columns [lo, hi) are inside
+  auto at = [&](i64 p) { return phases + ((p & 3) * (TW + 1) + (p >> 2)) * C; };
+  for (i64 p = 0; p < lo; ++p) std::fill(at(p), at(p) + C, T(0));
+  for (i64 p = hi; p < span; ++p) std::fill(at(p), at(p) + C, T(0));
+  T const* src = xt + (iy * W - pad) * C;
+  for (i64 p = lo; p < hi; ++p) copy_lanes(src + p * C, C, at(p));
 }
 
-// V[ξ][·][j] = (Bᵀ d B)[ξ] for each tile's 6×6 input window d (zero-padded) of plane x (H×W).
+// V rows of one image: (Bᵀ d B)[ξ] for each tile's zero-padded 6×6 window d of x (C planes of H×W).
 template <class T>
-void input_transform_plane(ConvGeometry const& g, Tiling const& tl, T const* x, T* V, i64 plane, PlaneScratch<T>& s) {
-  i64 const RW = tl.RW, TW = tl.TW, TH = tl.TH, Hp = 4 * TH + 2;
-  alignas(64) T tmp[6][64 + 8];
-  for (i64 yy = 0; yy < Hp; ++yy) {
-    load_phases(x, g.H, g.W, g.pad, yy, s);
-    i64 const th = yy / 4, k = yy % 4;
-    for (i64 b0 = 0; b0 < RW; b0 += 64) {
-      i64 const n = std::min<i64>(64, RW - b0);
-      T const* const d[6] = {s.phase(0) + b0, s.phase(1) + b0,     s.phase(2) + b0,
-                             s.phase(3) + b0, s.phase(0) + b0 + 1, s.phase(1) + b0 + 1};
-      T* const o[6] = {tmp[0], tmp[1], tmp[2], tmp[3], tmp[4], tmp[5]};
+void input_transform_image(ConvGeometry const& g, Tiling const& tl, T const* x, T* V, i64 plane, Scratch<T>& s) {
+  i64 const TW = tl.TW, C = g.C, n = TW * C;
+  planes_to_rows(x, g.H * g.W, C, g.H * g.W, [&](i64 p) { return s.image + p * C; });
+  for (i64 th = 0; th < tl.TH; ++th) {
+    // Rows 4th and 4th + 1 are rows 4 and 5 of the previous tile row: rotate them in instead of redoing them.
+    if (th > 0) std::rotate(s.rows, s.rows + 4, s.rows + 6);
+    for (i64 k = th > 0 ? 2 : 0; k < 6; ++k) {
+      split_row(s.image, C, g.H, g.W, g.pad, 4 * th + k, TW, s.phases);
+      T const* ph = s.phases;
+      i64 const stride = (TW + 1) * C;  // between phases
+      T const* const d[6] = {ph, ph + stride, ph + 2 * stride, ph + 3 * stride, ph + C, ph + stride + C};
+      T* r = s.rows[k];
+      T* const o[6] = {r, r + n, r + 2 * n, r + 3 * n, r + 4 * n, r + 5 * n};
+      bt6<T>(d, o, n);  // along x: lane (tw, c) reads phases at tile column tw and tw + 1
+    }
+    T* Vt = V + th * TW * C;
+    for (int q = 0; q < 6; ++q) {  // along y, straight into V
+      T const* const d[6] = {s.rows[0] + q * n, s.rows[1] + q * n, s.rows[2] + q * n,
+                             s.rows[3] + q * n, s.rows[4] + q * n, s.rows[5] + q * n};
+      T* const o[6] = {Vt + q * plane,        Vt + (6 + q) * plane,  Vt + (12 + q) * plane,
+                       Vt + (18 + q) * plane, Vt + (24 + q) * plane, Vt + (30 + q) * plane};
       bt6<T>(d, o, n);
-      // Row yy is row k of tile row th, and row k + 4 of tile row th - 1. Whole lane groups are copied;
-      // the lanes past TW land in the next tile row's slots, which a later row overwrites.
-      for (int q = 0; q < 6; ++q) {
-        if (th < TH) std::copy(tmp[q], tmp[q] + n, s.wide(q * 6 + static_cast<int>(k)) + th * TW + b0);
-        if (k < 2 && th >= 1) std::copy(tmp[q], tmp[q] + n, s.wide(q * 6 + static_cast<int>(k) + 4) + (th - 1) * TW + b0);
-      }
-    }
-  }
-  i64 const n = tl.per_image;
-  for (int q = 0; q < 6; ++q) {
-    T const* const d[6] = {s.wide(q * 6), s.wide(q * 6 + 1), s.wide(q * 6 + 2),
-                           s.wide(q * 6 + 3), s.wide(q * 6 + 4), s.wide(q * 6 + 5)};
-    T* const o[6] = {V + q * plane, V + (6 + q) * plane, V + (12 + q) * plane,
-                     V + (18 + q) * plane, V + (24 + q) * plane, V + (30 + q) * plane};
-    bt6<T>(d, o, n);
-  }
-}
-
-// y (OH×OW plane) = beta·y + Aᵀ M A + bias for each tile, from M[ξ][·][j].
-template <class T>
-void output_transform_plane(ConvGeometry const& g, Tiling const& tl, T const* M, i64 plane, T bias, T beta, T* y,
-                            PlaneScratch<T>& s) {
-  i64 const RW = tl.RW, TW = tl.TW, OH = g.OH(), OW = g.OW(), n = tl.per_image;
-  for (int q = 0; q < 6; ++q) {  // along y: S[q·4 + u][j] = (Aᵀ·column q of tile j)[u]
-    T const* const d[6] = {M + q * plane,        M + (6 + q) * plane,  M + (12 + q) * plane,
-                           M + (18 + q) * plane, M + (24 + q) * plane, M + (30 + q) * plane};
-    T* const o[4] = {s.wide(q * 4), s.wide(q * 4 + 1), s.wide(q * 4 + 2), s.wide(q * 4 + 3)};
-    at6<T>(d, o, n);
-  }
-  T *z0 = s.phase(0), *z1 = s.phase(1), *z2 = s.phase(2), *z3 = s.phase(3);
-  for (i64 yy = 0; yy < OH; ++yy) {  // along x: output row yy = row u of tile row th, as 4 phases
-    i64 const th = yy / 4, u = yy % 4, off = th * TW;
-    T const* const d[6] = {s.wide(static_cast<int>(u)) + off,      s.wide(4 + static_cast<int>(u)) + off,
-                           s.wide(8 + static_cast<int>(u)) + off,  s.wide(12 + static_cast<int>(u)) + off,
-                           s.wide(16 + static_cast<int>(u)) + off, s.wide(20 + static_cast<int>(u)) + off};
-    T* const o[4] = {z0, z1, z2, z3};
-    at6<T>(d, o, RW);
-    T* row = y + yy * OW;
-    i64 const full = OW / 4;
-    if (beta == T(0)) {
-      for (i64 b = 0; b < full; ++b) {
-        row[4 * b] = z0[b] + bias;
-        row[4 * b + 1] = z1[b] + bias;
-        row[4 * b + 2] = z2[b] + bias;
-        row[4 * b + 3] = z3[b] + bias;
-      }
-      for (i64 xx = 4 * full; xx < OW; ++xx) row[xx] = s.phase(static_cast<int>(xx & 3))[full] + bias;
-    } else {
-      for (i64 b = 0; b < full; ++b) {
-        row[4 * b] += z0[b] + bias;
-        row[4 * b + 1] += z1[b] + bias;
-        row[4 * b + 2] += z2[b] + bias;
-        row[4 * b + 3] += z3[b] + bias;
-      }
-      for (i64 xx = 4 * full; xx < OW; ++xx) row[xx] += s.phase(static_cast<int>(xx & 3))[full] + bias;
     }
   }
 }
 
-// dM[ξ][·][j] = (A g Aᵀ)[ξ] for each tile's 4×4 window g of the output-gradient plane gy (zero past the edge).
+// y of one image (O planes of OH×OW) = beta·y + Aᵀ M A + bias for each tile.
 template <class T>
-void output_adjoint_plane(ConvGeometry const& g, Tiling const& tl, T const* gy, T* dM, i64 plane, PlaneScratch<T>& s) {
-  i64 const RW = tl.RW, TW = tl.TW, TH = tl.TH, OH = g.OH(), OW = g.OW(), n = tl.per_image;
-  alignas(64) T tmp[6][64 + 8];
-  for (i64 yy = 0; yy < 4 * TH; ++yy) {  // along x: Wd[q·4 + u][j] = (A·row u of tile j)[q]
-    load_phases(gy, OH, OW, 0, yy, s);
-    i64 const th = yy / 4, u = yy % 4;
-    for (i64 b0 = 0; b0 < RW; b0 += 64) {
-      i64 const m = std::min<i64>(64, RW - b0);
-      T const* const d[4] = {s.phase(0) + b0, s.phase(1) + b0, s.phase(2) + b0, s.phase(3) + b0};
-      T* const o[6] = {tmp[0], tmp[1], tmp[2], tmp[3], tmp[4], tmp[5]};
-      a4<T>(d, o, m);
-      for (int q = 0; q < 6; ++q) std::copy(tmp[q], tmp[q] + m, s.wide(q * 4 + static_cast<int>(u)) + th * TW + b0);
+void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M, i64 plane, T const* bias, T beta,
+                            T* y, Scratch<T>& s) {
+  i64 const TW = tl.TW, O = g.O, n = TW * O, OH = g.OH(), OW = g.OW();
+  T* S = s.mid;     // S[q·4 + u] (n lanes): Aᵀ along y
+  T* Z = s.phases;  // Z[v][tw][o]: one output row, split by x mod 4
+  for (i64 th = 0; th < tl.TH; ++th) {
+    T const* Mt = M + th * TW * O;
+    for (int q = 0; q < 6; ++q) {
+      T const* const d[6] = {Mt + q * plane,        Mt + (6 + q) * plane,  Mt + (12 + q) * plane,
+                             Mt + (18 + q) * plane, Mt + (24 + q) * plane, Mt + (30 + q) * plane};
+      T* const o[4] = {S + (q * 4) * n, S + (q * 4 + 1) * n, S + (q * 4 + 2) * n, S + (q * 4 + 3) * n};
+      at6<T>(d, o, n);
+    }
+    for (int u = 0; u < 4 && 4 * th + u < OH; ++u) {
+      T const* const d[6] = {S + u * n, S + (4 + u) * n, S + (8 + u) * n, S + (12 + u) * n, S + (16 + u) * n, S + (20 + u) * n};
+      T* const o[4] = {Z, Z + n, Z + 2 * n, Z + 3 * n};
+      at6<T>(d, o, n);
+      T* dst = s.image + (4 * th + u) * OW * O;
+      for (i64 xx = 0; xx < OW; ++xx) copy_lanes(Z + ((xx & 3) * TW + (xx >> 2)) * O, O, dst + xx * O);
     }
   }
-  for (int q = 0; q < 6; ++q) {  // along y, straight into dM
-    T const* const d[4] = {s.wide(q * 4), s.wide(q * 4 + 1), s.wide(q * 4 + 2), s.wide(q * 4 + 3)};
-    T* const o[6] = {dM + q * plane,        dM + (6 + q) * plane,  dM + (12 + q) * plane,
-                     dM + (18 + q) * plane, dM + (24 + q) * plane, dM + (30 + q) * plane};
-    a4<T>(d, o, n);
+  rows_to_planes([&](i64 p) -> T const* { return s.image + p * O; }, O, OH * OW, bias, beta, y, OH * OW);
+}
+
+// dM rows of one image: (A g Aᵀ)[ξ] for each tile's 4×4 window g of gy (O planes of OH×OW; zero past the edge).
+template <class T>
+void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, T* dM, i64 plane, Scratch<T>& s) {
+  i64 const TW = tl.TW, O = g.O, n = TW * O, OH = g.OH(), OW = g.OW();
+  T* Wr = s.mid;    // Wr[q·4 + u] (n lanes): A along x of row u of the tile row
+  T* Q = s.phases;  // Q[v][tw][o] = gy(o, 4th + u, 4tw + v)
+  planes_to_rows(gy, OH * OW, O, OH * OW, [&](i64 p) { return s.image + p * O; });
+  auto at = [&](i64 xx) { return Q + ((xx & 3) * TW + (xx >> 2)) * O; };
+  for (i64 th = 0; th < tl.TH; ++th) {
+    for (int u = 0; u < 4; ++u) {
+      i64 const yy = 4 * th + u;
+      if (yy >= OH) {
+        std::fill(Q, Q + 4 * n, T(0));
+      } else {
+        T const* src = s.image + yy * OW * O;
+        for (i64 xx = 0; xx < OW; ++xx) copy_lanes(src + xx * O, O, at(xx));
+        for (i64 xx = OW; xx < 4 * TW; ++xx) std::fill(at(xx), at(xx) + O, T(0));
+      }
+      T const* const d[4] = {Q, Q + n, Q + 2 * n, Q + 3 * n};
+      T* const o[6] = {Wr + u * n, Wr + (4 + u) * n, Wr + (8 + u) * n, Wr + (12 + u) * n, Wr + (16 + u) * n, Wr + (20 + u) * n};
+      a4<T>(d, o, n);
+    }
+    T* Mt = dM + th * TW * O;
+    for (int q = 0; q < 6; ++q) {  // along y, straight into dM
+      T const* const d[4] = {Wr + (q * 4) * n, Wr + (q * 4 + 1) * n, Wr + (q * 4 + 2) * n, Wr + (q * 4 + 3) * n};
+      T* const o[6] = {Mt + q * plane,        Mt + (6 + q) * plane,  Mt + (12 + q) * plane,
+                       Mt + (18 + q) * plane, Mt + (24 + q) * plane, Mt + (30 + q) * plane};
+      a4<T>(d, o, n);
+    }
   }
 }
 
 // Chunk-level drivers: images [n0, n0 + cn), tc = cn · per_image tiles.
 template <class T>
-void input_transform(ConvGeometry const& g, Tiling const& tl, T const* x, i64 n0, i64 cn, T* V, PlaneScratch<T>& s) {
-  i64 const tc = cn * tl.per_image, plane = g.C * tc, HW = g.H * g.W;
-  for (i64 n = 0; n < cn; ++n)
-    for (i64 c = 0; c < g.C; ++c)
-      input_transform_plane(g, tl, x + ((n0 + n) * g.C + c) * HW, V + c * tc + n * tl.per_image, plane, s);
+void input_transform(ConvGeometry const& g, Tiling const& tl, T const* x, i64 n0, i64 cn, T* V, Scratch<T>& s) {
+  i64 const plane = cn * tl.per_image * g.C;
+  for (i64 i = 0; i < cn; ++i)
+    input_transform_image(g, tl, x + (n0 + i) * g.C * g.H * g.W, V + i * tl.per_image * g.C, plane, s);
 }
 template <class T>
 void output_transform(ConvGeometry const& g, Tiling const& tl, T const* M, T const* bias, T beta, i64 n0, i64 cn,
-                      T* y, PlaneScratch<T>& s) {
-  i64 const tc = cn * tl.per_image, plane = g.O * tc, OHW = g.OH() * g.OW();
-  for (i64 n = 0; n < cn; ++n)
-    for (i64 o = 0; o < g.O; ++o)
-      output_transform_plane(g, tl, M + o * tc + n * tl.per_image, plane, bias ? bias[o] : T(0), beta,
-                             y + ((n0 + n) * g.O + o) * OHW, s);
+                      T* y, Scratch<T>& s) {
+  i64 const plane = cn * tl.per_image * g.O;
+  for (i64 i = 0; i < cn; ++i)
+    output_transform_image(g, tl, M + i * tl.per_image * g.O, plane, bias, beta, y + (n0 + i) * g.O * g.OH() * g.OW(), s);
 }
 template <class T>
-void output_adjoint(ConvGeometry const& g, Tiling const& tl, T const* gy, i64 n0, i64 cn, T* dM, PlaneScratch<T>& s) {
-  i64 const tc = cn * tl.per_image, plane = g.O * tc, OHW = g.OH() * g.OW();
-  for (i64 n = 0; n < cn; ++n)
-    for (i64 o = 0; o < g.O; ++o)
-      output_adjoint_plane(g, tl, gy + ((n0 + n) * g.O + o) * OHW, dM + o * tc + n * tl.per_image, plane, s);
+void output_adjoint(ConvGeometry const& g, Tiling const& tl, T const* gy, i64 n0, i64 cn, T* dM, Scratch<T>& s) {
+  i64 const plane = cn * tl.per_image * g.O;
+  for (i64 i = 0; i < cn; ++i)
+    output_adjoint_image(g, tl, gy + (n0 + i) * g.O * g.OH() * g.OW(), dM + i * tl.per_image * g.O, plane, s);
 }
 
 template <class T>
 using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // y = beta·y + conv(x, kernels) + bias, with U the transformed kernels (weight_transform, A = g.O, B = g.C).
+// Per chunk: V = input transform, M_ξ = V_ξ (tc × C) · U_ξ (C × O) for the 36 ξ, y = output transform.
 template <class T>
 void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T beta, T* y) {
   Tiling const tl(g, sizeof(T));
   i64 const ct = tl.chunk_tiles();
   HostBuffer<T> V(static_cast<std::size_t>(kPos * g.C * ct + 64)), M(static_cast<std::size_t>(kPos * g.O * ct + 64));
-  PlaneScratch<T> s(tl);
+  Scratch<T> s(tl, g);
   for (i64 n0 = 0; n0 < g.N; n0 += tl.images_per_chunk) {
     i64 const cn = std::min(tl.images_per_chunk, g.N - n0), tc = cn * tl.per_image;
     input_transform(g, tl, x, n0, cn, V.data(), s);
     for (int xi = 0; xi < kPos; ++xi) {
-      Eigen::Map<RowMat<T> const> u(U + xi * g.O * g.C, g.O, g.C), v(V.data() + xi * g.C * tc, g.C, tc);
-      Eigen::Map<RowMat<T>>(M.data() + xi * g.O * tc, g.O, tc).noalias() = u * v;
+      Eigen::Map<RowMat<T> const> v(V.data() + xi * tc * g.C, tc, g.C), u(U + xi * g.C * g.O, g.C, g.O);
+      Eigen::Map<RowMat<T>>(M.data() + xi * tc * g.O, tc, g.O).noalias() = v * u;
     }
     output_transform(g, tl, M.data(), bias, beta, n0, cn, y, s);
   }
@@ -351,18 +437,18 @@ void weight_grad(ConvGeometry const& g, T const* x, T const* gy, T beta, T* gw) 
   i64 const ct = tl.chunk_tiles();
   HostBuffer<T> V(static_cast<std::size_t>(kPos * g.C * ct + 64)), dM(static_cast<std::size_t>(kPos * g.O * ct + 64));
   HostBuffer<T> dU(static_cast<std::size_t>(kPos * g.O * g.C));
-  PlaneScratch<T> s(tl);
+  Scratch<T> s(tl, g);
   for (i64 n0 = 0; n0 < g.N; n0 += tl.images_per_chunk) {
     i64 const cn = std::min(tl.images_per_chunk, g.N - n0), tc = cn * tl.per_image;
     input_transform(g, tl, x, n0, cn, V.data(), s);
     output_adjoint(g, tl, gy, n0, cn, dM.data(), s);
-    for (int xi = 0; xi < kPos; ++xi) {
-      Eigen::Map<RowMat<T> const> m(dM.data() + xi * g.O * tc, g.O, tc), v(V.data() + xi * g.C * tc, g.C, tc);
+    for (int xi = 0; xi < kPos; ++xi) {  // dU_ξ (O × C) += dM_ξᵀ · V_ξ
+      Eigen::Map<RowMat<T> const> m(dM.data() + xi * tc * g.O, tc, g.O), v(V.data() + xi * tc * g.C, tc, g.C);
       Eigen::Map<RowMat<T>> u(dU.data() + xi * g.O * g.C, g.O, g.C);
       if (n0 == 0)
-        u.noalias() = m * v.transpose();
+        u.noalias() = m.transpose() * v;
       else
-        u.noalias() += m * v.transpose();
+        u.noalias() += m.transpose() * v;
     }
   }
   weight_transform_adjoint(g.O, g.C, dU.data(), beta, gw);
