@@ -91,7 +91,7 @@ struct HostConvKernels {
   static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y) {
     if (use_winograd(g)) {
       detail::HostBuffer<T> U(static_cast<std::size_t>(detail::winograd::kPos * g.O * g.C));
-      detail::winograd::weight_transform(g.O, g.C, w, /*flip=*/false, U.data());
+      detail::winograd::weight_transform(g.O, g.C, w, U.data());
       detail::winograd::forward(g, x, U.data(), bias, T(0), y);
       return;
     }
@@ -116,14 +116,9 @@ struct HostConvKernels {
                          T beta_b, T* gb) {
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     i64 const L = g.L(), P = g.patch(), img = g.C * g.H * g.W;
-    bool const wino = use_winograd(g);
-    if (wino && gw) {
-      detail::winograd::weight_grad(g, x, gy, beta_w, gw);
-      gw = nullptr;
-    }
-    if (wino && gx && detail::winograd::supports_data_grad(g)) {
-      detail::winograd::data_grad(g, w, gy, beta_x, gx);
-      gx = nullptr;
+    if (use_winograd(g)) {
+      detail::winograd::backward(g, x, w, gy, beta_x, gx, beta_w, gw);
+      gx = gw = nullptr;
     }
     detail::HostBuffer<T> col(static_cast<std::size_t>(gw || gx ? P * L : 0));  // recycled per thread
     Eigen::Map<Mat> Cm(col.data(), P, L);

@@ -5,8 +5,10 @@
 //
 //   forward        Y  = Aᵀ [ (G w Gᵀ) ⊙ (Bᵀ d B) ] A        per tile; the ⊙ summed over input channels is
 //                                                          a GEMM per transformed position ξ (36 of them)
-//   data gradient  the same forward, of dY padded by 2 - pad with the flipped, channel-swapped kernel
-//   weight grad.   dw = Gᵀ [ Σ_tiles (A g Aᵀ) ⊙ (Bᵀ d B) ] G  (again one GEMM per ξ)
+//   backward       dM = A g Aᵀ per tile of the output gradient g, shared by both gradients:
+//                  weight  dw = Gᵀ [ Σ_tiles dM ⊙ (Bᵀ d B) ] G   (one GEMM per ξ, summed over tiles)
+//                  input   dx = Σ_tiles B [ Σ_out (G w Gᵀ) ⊙ dM ] Bᵀ, overlapping 6×6 windows added up
+//                          (the exact adjoint of the forward; one GEMM per ξ)
 //
 // Tiles are processed a few images at a time, so the transformed data stays in L2 between the transforms
 // and the GEMMs. Transformed data is channel-fastest ([ξ][tile][channel]): the transforms then run on a
@@ -36,11 +38,9 @@ inline constexpr int kAlpha = 6;    // transformed tile side (m + r - 1)
 inline constexpr int kPos = 36;     // transformed positions ξ per tile
 inline constexpr i64 kL2Budget = i64{3} << 19;  // bytes of V + M per chunk (1.5 MiB)
 
-// The kernels' preconditions (the automatic choice in HostConvKernels also wants enough channels for the
-// GEMMs to pay for the transforms).
+// The kernels' precondition (the automatic choice in HostConvKernels also wants enough channels for the
+// GEMMs to pay for the transforms). Any padding.
 constexpr bool supports(ConvGeometry const& g) noexcept { return g.k == 3 && g.stride == 1; }
-// The data gradient runs as a forward convolution with padding 2 - pad, so pad must be at most 2.
-constexpr bool supports_data_grad(ConvGeometry const& g) noexcept { return supports(g) && g.pad <= 2; }
 
 // Output tiling of a geometry; tiles are processed a few whole images at a time (a chunk), sized so the
 // chunk's transformed input and product (V and M) stay in L2 between the transforms and the GEMMs.
@@ -105,28 +105,44 @@ DDP_ALWAYS_INLINE void a4(T const* const (&g)[4], T* const (&o)[6], i64 n) {
   }
 }
 
+// out = B·in (6 → 6), the adjoint of bt6
+template <class T>
+DDP_ALWAYS_INLINE void b6(T const* const (&d)[6], T* const (&o)[6], i64 n) {
+  T const *d0 = d[0], *d1 = d[1], *d2 = d[2], *d3 = d[3], *d4 = d[4], *d5 = d[5];
+  T *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3], *o4 = o[4], *o5 = o[5];
+#pragma GCC ivdep
+  for (i64 l = 0; l < n; ++l) {
+    T const p12 = d1[l] + d2[l], m12 = d2[l] - d1[l], p34 = d3[l] + d4[l], m34 = d3[l] - d4[l];
+    o0[l] = T(4) * d0[l];
+    o1[l] = T(4) * (m12 + d5[l]) + T(2) * (d4[l] - d3[l]);
+    o2[l] = T(-5) * d0[l] - T(4) * p12 - p34;
+    o3[l] = -m12 + T(2) * m34 - T(5) * d5[l];
+    o4[l] = d0[l] + p12 + p34;
+    o5[l] = d5[l];
+  }
+}
+
 // ---- kernel transforms ----
 
-// U[ξ][b][a] = (G k_ab Gᵀ)[ξ] for the A×B kernels k_ab, a: output channel, b: input channel (so that
-// M_ξ = V_ξ · U_ξ). Forward: k_ab = w[a][b]. Data gradient (flip): k_ab = w[b][a] rotated by 180°.
+// U[ξ][c][o] = (G w_oc Gᵀ)[ξ] for the O×C kernels w (O, C, 3, 3), input channel first (M_ξ = V_ξ · U_ξ).
 template <class T>
-void weight_transform(i64 A, i64 B, T const* w, bool flip, T* U) {
+void weight_transform(i64 O, i64 C, T const* w, T* U) {
   static constexpr double G[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6},
                                      {-1.0 / 6, 1.0 / 6, -1.0 / 6}, {1.0 / 24, 1.0 / 12, 1.0 / 6},
                                      {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
-  i64 const plane = A * B;
-  for (i64 a = 0; a < A; ++a)
-    for (i64 b = 0; b < B; ++b) {
-      T const* k = flip ? w + (b * A + a) * 9 : w + (a * B + b) * 9;
+  i64 const plane = O * C;
+  for (i64 a = 0; a < O; ++a)
+    for (i64 b = 0; b < C; ++b) {
+      T const* k = w + (a * C + b) * 9;
       T kk[3][3];
       for (int i = 0; i < 3; ++i)
-        for (int j = 0; j < 3; ++j) kk[i][j] = flip ? k[(2 - i) * 3 + (2 - j)] : k[i * 3 + j];
+        for (int j = 0; j < 3; ++j) kk[i][j] = k[i * 3 + j];
       T gk[6][3];  // G·k
       for (int i = 0; i < 6; ++i)
         for (int j = 0; j < 3; ++j) gk[i][j] = T(G[i][0]) * kk[0][j] + T(G[i][1]) * kk[1][j] + T(G[i][2]) * kk[2][j];
       for (int i = 0; i < 6; ++i)
         for (int j = 0; j < 6; ++j)
-          U[(i * 6 + j) * plane + b * A + a] = gk[i][0] * T(G[j][0]) + gk[i][1] * T(G[j][1]) + gk[i][2] * T(G[j][2]);
+          U[(i * 6 + j) * plane + b * O + a] = gk[i][0] * T(G[j][0]) + gk[i][1] * T(G[j][1]) + gk[i][2] * T(G[j][2]);
     }
 }
 
@@ -261,14 +277,17 @@ struct Scratch {
   T* phases;             // 4 × (TW + 1) × CM: one padded image row split by x mod 4
   T* rows[6];            // input: x-transformed rows k = 0..5 of the current tile row, 6 × TW × CM each
   T* mid;                // output: 24 × TW × CM (S or W)
+  static i64 image_size(Tiling const& tl, ConvGeometry const& g) {
+    // the larger of: the input or output image, channel-fastest; the padded input gradient as phase rows
+    return std::max({g.H * g.W * g.C, g.OH() * g.OW() * g.O, (4 * tl.TH + 2) * 4 * (tl.TW + 1) * g.C});
+  }
   explicit Scratch(Tiling const& tl, ConvGeometry const& g)
       : TW(tl.TW),
         CM(std::max(g.C, g.O)),
-        buf(static_cast<std::size_t>(std::max(g.H * g.W * g.C, g.OH() * g.OW() * g.O) +
-                                     (4 * (tl.TW + 1) + 60 * tl.TW) * std::max(g.C, g.O))) {
+        buf(static_cast<std::size_t>(image_size(tl, g) + (4 * (tl.TW + 1) + 60 * tl.TW) * std::max(g.C, g.O))) {
     T* p = buf.data();
     image = p;
-    p += std::max(g.H * g.W * g.C, g.OH() * g.OW() * g.O);
+    p += image_size(tl, g);
     phases = p;
     p += 4 * (TW + 1) * CM;
     for (auto& r : rows) r = p, p += 6 * TW * CM;
@@ -387,6 +406,46 @@ void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, 
   }
 }
 
+// gx of one image (C planes of H×W) = beta·gx + Σ_tiles B dV Bᵀ over each tile's 6×6 window (the adjoint
+// of input_transform_image). The padded gradient is accumulated as phase rows, then cropped and transposed.
+template <class T>
+void input_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* dV, i64 plane, T beta, T* gx, Scratch<T>& s) {
+  i64 const TW = tl.TW, C = g.C, n = TW * C, Hp = 4 * tl.TH + 2, row_len = 4 * (TW + 1) * C, stride = (TW + 1) * C;
+  T* acc = s.image;  // acc[yy][r][b][c]: padded row yy, column 4b + r
+  std::fill(acc, acc + Hp * row_len, T(0));
+  T* out6[6];
+  for (int l = 0; l < 6; ++l) out6[l] = s.mid + l * n;
+  for (i64 th = 0; th < tl.TH; ++th) {
+    T const* Vt = dV + th * TW * C;
+    for (int q = 0; q < 6; ++q) {  // along y: rows k of position q
+      T const* const d[6] = {Vt + q * plane,        Vt + (6 + q) * plane,  Vt + (12 + q) * plane,
+                             Vt + (18 + q) * plane, Vt + (24 + q) * plane, Vt + (30 + q) * plane};
+      T* const o[6] = {s.rows[0] + q * n, s.rows[1] + q * n, s.rows[2] + q * n,
+                       s.rows[3] + q * n, s.rows[4] + q * n, s.rows[5] + q * n};
+      b6<T>(d, o, n);
+    }
+    for (int k = 0; k < 6; ++k) {  // along x, added into padded row 4th + k
+      T const* r = s.rows[k];
+      T const* const d[6] = {r, r + n, r + 2 * n, r + 3 * n, r + 4 * n, r + 5 * n};
+      T* const o[6] = {out6[0], out6[1], out6[2], out6[3], out6[4], out6[5]};
+      b6<T>(d, o, n);
+      T* row = acc + (4 * th + k) * row_len;
+      T* const dst[6] = {row, row + stride, row + 2 * stride, row + 3 * stride, row + C, row + stride + C};
+      for (int l = 0; l < 6; ++l) {
+        T* dl = dst[l];
+        T const* sl = out6[l];
+#pragma GCC ivdep
+        for (i64 j = 0; j < n; ++j) dl[j] += sl[j];
+      }
+    }
+  }
+  for (i64 iy = 0; iy < g.H; ++iy) {
+    T const* row = acc + (iy + g.pad) * row_len;
+    rows_to_planes([&](i64 p) -> T const* { i64 const q = p + g.pad; return row + ((q & 3) * (TW + 1) + (q >> 2)) * C; }, C,
+                   g.W, static_cast<T const*>(nullptr), beta, gx + iy * g.W, g.H * g.W);
+  }
+}
+
 // Chunk-level drivers: images [n0, n0 + cn), tc = cn · per_image tiles.
 template <class T>
 void input_transform(ConvGeometry const& g, Tiling const& tl, T const* x, i64 n0, i64 cn, T* V, Scratch<T>& s) {
@@ -430,37 +489,45 @@ void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T bet
   }
 }
 
-// gw = beta·gw + ∂L/∂w from the output gradient gy and the input x.
+// Gradients from the output gradient gy: gw = beta_w·gw + ∂L/∂w and gx = beta_x·gx + ∂L/∂x (either may be
+// null). Per chunk: dM = output adjoint of gy; dU_ξ (O × C) += dM_ξᵀ · V_ξ with V the input transform of x;
+// dV_ξ (tc × C) = dM_ξ · U_ξᵀ and gx += the input adjoint of dV.
 template <class T>
-void weight_grad(ConvGeometry const& g, T const* x, T const* gy, T beta, T* gw) {
+void backward(ConvGeometry const& g, T const* x, T const* w, T const* gy, T beta_x, T* gx, T beta_w, T* gw) {
+  if (!gx && !gw) return;
   Tiling const tl(g, sizeof(T));
   i64 const ct = tl.chunk_tiles();
-  HostBuffer<T> V(static_cast<std::size_t>(kPos * g.C * ct + 64)), dM(static_cast<std::size_t>(kPos * g.O * ct + 64));
-  HostBuffer<T> dU(static_cast<std::size_t>(kPos * g.O * g.C));
+  HostBuffer<T> dM(static_cast<std::size_t>(kPos * g.O * ct + 64));
+  HostBuffer<T> V(static_cast<std::size_t>(kPos * g.C * ct + 64));  // V for gw, dV for gx
+  HostBuffer<T> dU(static_cast<std::size_t>(gw ? kPos * g.O * g.C : 0));
+  HostBuffer<T> U(static_cast<std::size_t>(gx ? kPos * g.O * g.C : 0));
+  if (gx) weight_transform(g.O, g.C, w, U.data());
   Scratch<T> s(tl, g);
   for (i64 n0 = 0; n0 < g.N; n0 += tl.images_per_chunk) {
     i64 const cn = std::min(tl.images_per_chunk, g.N - n0), tc = cn * tl.per_image;
-    input_transform(g, tl, x, n0, cn, V.data(), s);
     output_adjoint(g, tl, gy, n0, cn, dM.data(), s);
-    for (int xi = 0; xi < kPos; ++xi) {  // dU_ξ (O × C) += dM_ξᵀ · V_ξ
-      Eigen::Map<RowMat<T> const> m(dM.data() + xi * tc * g.O, tc, g.O), v(V.data() + xi * tc * g.C, tc, g.C);
-      Eigen::Map<RowMat<T>> u(dU.data() + xi * g.O * g.C, g.O, g.C);
-      if (n0 == 0)
-        u.noalias() = m.transpose() * v;
-      else
-        u.noalias() += m.transpose() * v;
+    if (gw) {
+      input_transform(g, tl, x, n0, cn, V.data(), s);
+      for (int xi = 0; xi < kPos; ++xi) {
+        Eigen::Map<RowMat<T> const> m(dM.data() + xi * tc * g.O, tc, g.O), v(V.data() + xi * tc * g.C, tc, g.C);
+        Eigen::Map<RowMat<T>> u(dU.data() + xi * g.O * g.C, g.O, g.C);
+        if (n0 == 0)
+          u.noalias() = m.transpose() * v;
+        else
+          u.noalias() += m.transpose() * v;
+      }
+    }
+    if (gx) {
+      for (int xi = 0; xi < kPos; ++xi) {
+        Eigen::Map<RowMat<T> const> m(dM.data() + xi * tc * g.O, tc, g.O), u(U.data() + xi * g.C * g.O, g.C, g.O);
+        Eigen::Map<RowMat<T>>(V.data() + xi * tc * g.C, tc, g.C).noalias() = m * u.transpose();
+      }
+      i64 const plane = tc * g.C;
+      for (i64 i = 0; i < cn; ++i)
+        input_adjoint_image(g, tl, V.data() + i * tl.per_image * g.C, plane, beta_x, gx + (n0 + i) * g.C * g.H * g.W, s);
     }
   }
-  weight_transform_adjoint(g.O, g.C, dU.data(), beta, gw);
-}
-
-// gx = beta·gx + ∂L/∂x: the forward convolution of gy (padded by 2 - pad) with the flipped kernels.
-template <class T>
-void data_grad(ConvGeometry const& g, T const* w, T const* gy, T beta, T* gx) {
-  ConvGeometry const t{.N = g.N, .C = g.O, .H = g.OH(), .W = g.OW(), .O = g.C, .k = 3, .stride = 1, .pad = 2 - g.pad};
-  HostBuffer<T> U(static_cast<std::size_t>(kPos * g.O * g.C));
-  weight_transform(g.C, g.O, w, /*flip=*/true, U.data());
-  forward(t, gy, U.data(), static_cast<T const*>(nullptr), beta, gx);
+  if (gw) weight_transform_adjoint(g.O, g.C, dU.data(), beta_w, gw);
 }
 
 }  // namespace ddp::detail::winograd
