@@ -7,7 +7,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "ddp/config.hpp"
 #include "ddp/tensor/host_allocator.hpp"
@@ -154,27 +158,57 @@ struct HostConvKernels {
   template <class T>
   static void maxpool_fwd(ConvGeometry const& g, T const* x, T* y, std::int32_t* idx) {
     i64 const OH = g.OH(), OW = g.OW(), planes = g.N * g.C;
-    if (g.k == 2 && g.stride == 2) {  // the common case, without the generic window loop
+    if (g.k == 2 && g.stride == 2) {  // the common case: a loop the compiler vectorises
+      auto const W = static_cast<std::int32_t>(g.W);
       for (i64 p = 0; p < planes; ++p) {
         T const* in = x + p * g.H * g.W;
         for (i64 oh = 0; oh < OH; ++oh) {
           T const* r0 = in + (2 * oh) * g.W;
           T const* r1 = r0 + g.W;
-          for (i64 ow = 0; ow < OW; ++ow) {
-            i64 const j = 2 * ow;
-            // Branch-free (random activations defeat the branch predictor); a NaN wins, as in PyTorch.
-            T bv = r0[j];
-            i64 best = j;
-            auto take = [&](T v, i64 at) {
-              bool const t = (v > bv) | (v != v);
-              bv = t ? v : bv;
-              best = t ? at : best;
-            };
-            take(r0[j + 1], j + 1);
-            take(r1[j], g.W + j);
-            take(r1[j + 1], g.W + j + 1);
-            y[(p * OH + oh) * OW + ow] = bv;
-            idx[(p * OH + oh) * OW + ow] = static_cast<std::int32_t>((2 * oh) * g.W + best);
+          T* yo = y + (p * OH + oh) * OW;
+          std::int32_t* io = idx + (p * OH + oh) * OW;
+          auto const base = static_cast<std::int32_t>(2 * oh * g.W);
+          i64 ow = 0;
+#if defined(__AVX2__)
+          if constexpr (std::is_same_v<T, float>) {
+            for (; ow + 8 <= OW; ow += 8) {  // 8 windows: split both rows into even and odd columns
+              auto split = [](float const* r, __m256& even, __m256& odd) {
+                __m256 const lo = _mm256_loadu_ps(r), hi = _mm256_loadu_ps(r + 8);
+                even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
+                odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
+              };
+              __m256 a, b, c, d;
+              split(r0 + 2 * ow, a, b);
+              split(r1 + 2 * ow, c, d);
+              __m256 m = a, k = _mm256_setzero_ps();  // k: offset in the window, as float bits of an int
+              auto take = [&](__m256 v, std::int32_t off) {
+                __m256 const t = _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+                m = _mm256_blendv_ps(m, v, t);
+                k = _mm256_blendv_ps(k, _mm256_castsi256_ps(_mm256_set1_epi32(off)), t);
+              };
+              take(b, 1);
+              take(c, W);
+              take(d, W + 1);
+              _mm256_storeu_ps(yo + ow, m);
+              __m256i const pos = _mm256_add_epi32(_mm256_set1_epi32(base + static_cast<std::int32_t>(2 * ow)),
+                                                   _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(io + ow), _mm256_add_epi32(pos, _mm256_castps_si256(k)));
+            }
+          }
+#endif
+          for (; ow < OW; ++ow) {
+            // Window order r0[j], r0[j+1], r1[j], r1[j+1]; a later value wins if larger or NaN (as PyTorch).
+            T const a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+            T m = a;
+            std::int32_t k = 0;
+            bool t = (b > m) | (b != b);
+            m = t ? b : m, k = t ? 1 : k;
+            t = (c > m) | (c != c);
+            m = t ? c : m, k = t ? W : k;
+            t = (d > m) | (d != d);
+            m = t ? d : m, k = t ? W + 1 : k;
+            yo[ow] = m;
+            io[ow] = base + static_cast<std::int32_t>(2 * ow) + k;
           }
         }
       }

@@ -154,6 +154,42 @@ TEST_CASE("max_pool2d: the gradient goes to each window's maximum, summed where 
   for (int i = 0; i < 9; ++i) CHECK(x.grad()[i] == (i == 4 ? 4.0 : 0.0));
 }
 
+TEST_CASE("max_pool2d 2x2 in float (the vectorised path): ties go to the first, NaN propagates, wide and odd sizes") {
+  // Width 37 -> 18 windows per row: two vector blocks of 8 and a scalar tail; height 9 leaves a row uncovered.
+  Generator gen(450);
+  Shape const xs{2, 3, 9, 37};
+  Tensor<float> x(xs);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(gen.below(5)) - 2.0f;  // many ties
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[37 + 20] = std::numeric_limits<float>::quiet_NaN();
+  Var xv(x, RequiresGrad::kYes);
+  Var y = max_pool2d(xv, 2);
+  Tensor<float> gy(y.shape());
+  for (std::int64_t i = 0; i < gy.numel(); ++i) gy[i] = static_cast<float>(i + 1);
+  backward(sum(y * Var(gy)));
+  // Reference: scan each window in order r0[j], r0[j+1], r1[j], r1[j+1]; a later value wins if larger or NaN.
+  Tensor<float> gx_ref = zeros<float>(xs);
+  std::int64_t const OH = 4, OW = 18;
+  for (std::int64_t p = 0; p < 6; ++p)
+    for (std::int64_t oh = 0; oh < OH; ++oh)
+      for (std::int64_t ow = 0; ow < OW; ++ow) {
+        std::int64_t const o = (p * OH + oh) * OW + ow;
+        std::int64_t const at[4] = {(2 * oh) * 37 + 2 * ow, (2 * oh) * 37 + 2 * ow + 1, (2 * oh + 1) * 37 + 2 * ow,
+                                    (2 * oh + 1) * 37 + 2 * ow + 1};
+        std::int64_t best = at[0];
+        float m = x[p * 9 * 37 + at[0]];
+        for (int j = 1; j < 4; ++j) {
+          float const v = x[p * 9 * 37 + at[j]];
+          if (v > m || std::isnan(v)) m = v, best = at[j];
+        }
+        INFO("window ", o);
+        if (std::isnan(m)) CHECK(std::isnan(y.value()[o]));
+        else CHECK(y.value()[o] == m);
+        gx_ref[p * 9 * 37 + best] += gy[o];
+      }
+  CHECK(max_abs_diff(xv.grad(), gx_ref) == 0.0);
+}
+
 TEST_CASE("max_pool2d errors name the shape") {
   Generator gen(500);
   check_throws_with<ShapeError>([&] { (void)max_pool2d(param(uniform(Shape{4, 4}, gen)), 2); }, {"max_pool2d", "[4, 4]"});
