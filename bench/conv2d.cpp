@@ -45,15 +45,15 @@ int main(int argc, char** argv) {
     g.algorithm = algo;
     double const f = median_ms([&] { K::conv2d_fwd(g, x.data(), w.data(), b.data(), y.data()); });
     double const d = median_ms([&] {
-      K::conv2d_bwd(g, x.data(), w.data(), gy.data(), 0.0f, gx.data(), 0.0f, static_cast<float*>(nullptr), 0.0f,
+      K::conv2d_bwd(g, x.data(), w.data(), y.data(), gy.data(), 0.0f, gx.data(), 0.0f, static_cast<float*>(nullptr), 0.0f,
                     static_cast<float*>(nullptr));
     });
     double const wg = median_ms([&] {
-      K::conv2d_bwd(g, x.data(), w.data(), gy.data(), 0.0f, static_cast<float*>(nullptr), 0.0f, gw.data(), 0.0f,
+      K::conv2d_bwd(g, x.data(), w.data(), y.data(), gy.data(), 0.0f, static_cast<float*>(nullptr), 0.0f, gw.data(), 0.0f,
                     static_cast<float*>(nullptr));
     });
     double const both = median_ms([&] {
-      K::conv2d_bwd(g, x.data(), w.data(), gy.data(), 0.0f, gx.data(), 0.0f, gw.data(), 0.0f, gb.data());
+      K::conv2d_bwd(g, x.data(), w.data(), y.data(), gy.data(), 0.0f, gx.data(), 0.0f, gw.data(), 0.0f, gb.data());
     });
     std::printf("%-9s forward %7.2f ms   data grad %7.2f ms   weight grad %7.2f ms   whole backward %7.2f ms   "
                 "forward + backward %7.2f ms\n",
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   };
   double const it = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::input_transform(g, tl, x.data(), n0, cn, V.data(), s); }); });
   double const ot = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::output_transform(g, tl, M.data(), b.data(), 0.0f, n0, cn, y.data(), s); }); });
-  double const oa = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::output_adjoint(g, tl, gy.data(), n0, cn, M.data(), s); }); });
+  double const oa = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::output_adjoint(g, tl, gy.data(), static_cast<float const*>(nullptr), n0, cn, M.data(), static_cast<float*>(nullptr), s); }); });
   double const gm = median_ms([&] {
     each_chunk([&](auto, auto cn) {
       std::int64_t const tc = cn * tl.per_image;

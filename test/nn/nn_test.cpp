@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "ddp/ddp.hpp"
 
@@ -133,4 +135,35 @@ TEST_CASE("ParameterArena rejects non-parameters and packs shared weights once")
   nn::ParameterArena<float> a(std::vector<nn::NamedParameter<float, HostSpace>>{{"w", w}, {"tied", w}});
   CHECK(a.count() == 1);
   CHECK(a.numel() == 3);
+}
+
+TEST_CASE("Sequential fuses a Conv2d directly followed by a ReLU: same values and gradients, one op") {
+  static_assert(nn::Sequential<nn::Conv2d, nn::ReLU, nn::Flatten>::fuses_relu<0>());
+  static_assert(!nn::Sequential<nn::Conv2d, nn::Flatten, nn::ReLU>::fuses_relu<0>());
+  static_assert(!nn::Sequential<nn::Linear, nn::ReLU>::fuses_relu<0>());
+  static_assert(nn::Sequential<nn::Named<nn::Conv2d>, nn::Named<nn::ReLU>>::fuses_relu<0>());
+  Generator init(3), data(4);
+  nn::Sequential fused(nn::Conv2d(3, 16, 3, init), nn::ReLU(), nn::Conv2d(16, 8, 3, init, {.padding = 1}), nn::ReLU());
+  Tensor<float> x(Shape{2, 3, 10, 9});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = data.uniform(-1.0f, 1.0f);
+  Var out = fused(Var(x));
+  CHECK(std::string(out.node().op) == "conv2d+relu");
+  backward(sum(out * out));
+  // The same layers applied one by one (conv2d, then relu).
+  auto& c1 = fused.get<0>();
+  auto& c2 = fused.get<2>();
+  std::vector<Tensor<float>> grads;
+  for (auto* p : {&c1.weight, &c1.bias, &c2.weight, &c2.bias}) grads.push_back(clone(p->grad())), p->zero_grad();
+  Var ref = relu(c2.forward(relu(c1.forward(Var(x)))));
+  CHECK(std::string(ref.node().op) == "relu");
+  backward(sum(ref * ref));
+  auto same = [](Tensor<float> const& a, Tensor<float> const& b) {
+    if (!(a.shape() == b.shape())) return false;
+    for (std::int64_t k = 0; k < a.numel(); ++k)
+      if (a[k] != b[k]) return false;
+    return true;
+  };
+  CHECK(same(out.value(), ref.value()));
+  int i = 0;
+  for (auto* p : {&c1.weight, &c1.bias, &c2.weight, &c2.bias}) CHECK(same(p->grad(), grads[i++]));
 }

@@ -64,6 +64,12 @@ class basic_conv2d : public Module<T, S> {
   }
   Variable<T, S> forward(Variable<T, S> const& x) { return conv2d(x, weight, bias, args_); }
   Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }
+  // relu(forward(x)) in one op; Sequential calls this for a Conv2d directly followed by a ReLU.
+  Variable<T, S> forward_relu(Variable<T, S> const& x) {
+    Conv2dArgs a = args_;
+    a.relu = true;
+    return conv2d(x, weight, bias, a);
+  }
 
   Variable<T, S> weight, bias;
 

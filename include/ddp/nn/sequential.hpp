@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,13 @@ template <class M>
 struct unwrap_named<Named<M>> {
   using type = M;
 };
+template <class T, MemorySpace S, class Op>
+class stateless_layer;  // layers.hpp
+struct relu_op;
+template <class L>
+struct is_relu_layer : std::false_type {};
+template <class T, MemorySpace S>
+struct is_relu_layer<stateless_layer<T, S, relu_op>> : std::true_type {};
 }  // namespace detail
 
 // Applies its layers in order. Parameters are named "<index or name>.<param>", in layer order.
@@ -46,11 +54,9 @@ class Sequential {
 
   explicit Sequential(Ls... layers) : layers_(std::move(layers)...) {}
 
-  V forward(V const& x) {
-    V h = x;
-    std::apply([&](auto&... l) { ((h = layer_of(l).forward(h)), ...); }, layers_);
-    return h;
-  }
+  // Layers in order. A layer with forward_relu() directly followed by a ReLU (Conv2d, ReLU) runs as one
+  // fused op: the same values and gradients, one pass less over the activation and its gradient.
+  V forward(V const& x) { return run<0>(x); }
   V operator()(V const& x) { return forward(x); }
 
   std::vector<NamedParameter<value_type, space>> named_parameters() const {
@@ -73,7 +79,29 @@ class Sequential {
     return layer_of(std::get<I>(layers_));
   }
 
+  // Whether layer I and the ReLU after it run fused.
+  template <std::size_t I>
+  static constexpr bool fuses_relu() {
+    if constexpr (I + 1 >= sizeof...(Ls)) {
+      return false;
+    } else {
+      using L = typename detail::unwrap_named<std::tuple_element_t<I, std::tuple<Ls...>>>::type;
+      using Next = typename detail::unwrap_named<std::tuple_element_t<I + 1, std::tuple<Ls...>>>::type;
+      return detail::is_relu_layer<Next>::value && requires(L& l, V const& h) { l.forward_relu(h); };
+    }
+  }
+
  private:
+  template <std::size_t I>
+  V run(V const& h) {
+    if constexpr (I == sizeof...(Ls)) {
+      return h;
+    } else if constexpr (fuses_relu<I>()) {
+      return run<I + 2>(layer_of(std::get<I>(layers_)).forward_relu(h));
+    } else {
+      return run<I + 1>(layer_of(std::get<I>(layers_)).forward(h));
+    }
+  }
   template <class L>
   static auto& layer_of(L& l) {
     if constexpr (requires { l.layer; }) return l.layer; else return l;

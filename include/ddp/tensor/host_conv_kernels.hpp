@@ -110,20 +110,29 @@ struct HostConvKernels {
       Y.noalias() = W * Cm;
       if (bias)
         for (i64 o = 0; o < g.O; ++o) Y.row(o).array() += bias[o];
+      if (g.relu) Y = Y.cwiseMax(T(0));
     }
   }
 
   // Backward of conv2d. Each output pointer may be null (not needed); beta (0 or 1) says whether to
-  // accumulate into it (1) or overwrite it (0, never read).
+  // accumulate into it (1) or overwrite it (0, never read). y is the layer's output (read when g.relu:
+  // the gradient flows only where y > 0).
   template <class T>
-  static void conv2d_bwd(ConvGeometry const& g, T const* x, T const* w, T const* gy, T beta_x, T* gx, T beta_w, T* gw,
-                         T beta_b, T* gb) {
+  static void conv2d_bwd(ConvGeometry const& g, T const* x, T const* w, T const* y, T const* gy, T beta_x, T* gx,
+                         T beta_w, T* gw, T beta_b, T* gb) {
+    if (use_winograd(g)) {
+      detail::winograd::backward(g, x, w, gy, y, beta_x, gx, beta_w, gw, beta_b, gb);
+      return;
+    }
+    detail::HostBuffer<T> masked(static_cast<std::size_t>(g.relu ? g.N * g.O * g.L() : 0));
+    if (g.relu) {
+      i64 const n = g.N * g.O * g.L();
+      T* m = masked.data();
+      for (i64 i = 0; i < n; ++i) m[i] = y[i] > T(0) ? gy[i] : T(0);
+      gy = m;
+    }
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     i64 const L = g.L(), P = g.patch(), img = g.C * g.H * g.W;
-    if (use_winograd(g)) {
-      detail::winograd::backward(g, x, w, gy, beta_x, gx, beta_w, gw);
-      gx = gw = nullptr;
-    }
     detail::HostBuffer<T> col(static_cast<std::size_t>(gw || gx ? P * L : 0));  // recycled per thread
     Eigen::Map<Mat> Cm(col.data(), P, L);
     Eigen::Map<Mat const> W(w, g.O, P);

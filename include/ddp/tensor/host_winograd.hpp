@@ -202,9 +202,10 @@ DDP_ALWAYS_INLINE void transpose8x8(__m256 (&r)[8]) {
 }
 #endif
 
-// row(p)[c] = src[c·ss + p] for c < nc, p < np.
+// row(p)[c] = src[c·ss + p] for c < nc, p < np; with a mask (same layout as src), only where mask > 0
+// (0 elsewhere): the gradient of a fused ReLU.
 template <class T, class Row>
-DDP_ALWAYS_INLINE void planes_to_rows(T const* src, i64 ss, i64 nc, i64 np, Row&& row) {
+DDP_ALWAYS_INLINE void planes_to_rows(T const* src, i64 ss, i64 nc, i64 np, Row&& row, T const* mask = nullptr) {
   i64 c0 = 0;
 #if defined(__AVX__)
   if constexpr (std::is_same_v<T, float>) {
@@ -212,26 +213,34 @@ DDP_ALWAYS_INLINE void planes_to_rows(T const* src, i64 ss, i64 nc, i64 np, Row&
       i64 p0 = 0;
       for (; p0 + 8 <= np; p0 += 8) {
         __m256 r[8];
-        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (c0 + i) * ss + p0);
+        for (int i = 0; i < 8; ++i) {
+          r[i] = _mm256_loadu_ps(src + (c0 + i) * ss + p0);
+          if (mask)
+            r[i] = _mm256_and_ps(r[i], _mm256_cmp_ps(_mm256_loadu_ps(mask + (c0 + i) * ss + p0), _mm256_setzero_ps(), _CMP_GT_OQ));
+        }
         transpose8x8(r);
         for (int j = 0; j < 8; ++j) _mm256_storeu_ps(row(p0 + j) + c0, r[j]);
       }
       for (; p0 < np; ++p0) {
         T* d = row(p0) + c0;
-        for (int i = 0; i < 8; ++i) d[i] = src[(c0 + i) * ss + p0];
+        for (int i = 0; i < 8; ++i) {
+          i64 const at = (c0 + i) * ss + p0;
+          d[i] = !mask || mask[at] > T(0) ? src[at] : T(0);
+        }
       }
     }
   }
 #endif
   for (i64 p = 0; p < np; ++p) {
     T* d = row(p);
-    for (i64 c = c0; c < nc; ++c) d[c] = src[c * ss + p];
+    for (i64 c = c0; c < nc; ++c) d[c] = !mask || mask[c * ss + p] > T(0) ? src[c * ss + p] : T(0);
   }
 }
 
-// dst[c·ds + p] = (beta == 0 ? 0 : dst[c·ds + p]) + row(p)[c] + bias[c] (bias may be null) for c < nc, p < np.
+// dst[c·ds + p] = (beta == 0 ? 0 : dst[c·ds + p]) + row(p)[c] + bias[c] (bias may be null) for c < nc, p < np;
+// with relu (beta must be 0), max(0, ·) of that.
 template <class T, class Row>
-DDP_ALWAYS_INLINE void rows_to_planes(Row&& row, i64 nc, i64 np, T const* bias, T beta, T* dst, i64 ds) {
+DDP_ALWAYS_INLINE void rows_to_planes(Row&& row, i64 nc, i64 np, T const* bias, T beta, T* dst, i64 ds, bool relu = false) {
   i64 c0 = 0;
 #if defined(__AVX__)
   if constexpr (std::is_same_v<T, float>) {
@@ -245,6 +254,7 @@ DDP_ALWAYS_INLINE void rows_to_planes(Row&& row, i64 nc, i64 np, T const* bias, 
           float* d = dst + (c0 + i) * ds + p0;
           __m256 v = bias ? _mm256_add_ps(r[i], _mm256_set1_ps(bias[c0 + i])) : r[i];
           if (beta != T(0)) v = _mm256_add_ps(v, _mm256_loadu_ps(d));
+          if (relu) v = _mm256_max_ps(v, _mm256_setzero_ps());
           _mm256_storeu_ps(d, v);
         }
       }
@@ -254,6 +264,7 @@ DDP_ALWAYS_INLINE void rows_to_planes(Row&& row, i64 nc, i64 np, T const* bias, 
           T& d = dst[(c0 + i) * ds + p0];
           T const v = sr[i] + (bias ? bias[c0 + i] : T(0));
           d = beta == T(0) ? v : d + v;
+          if (relu) d = std::max(d, T(0));
         }
       }
     }
@@ -265,6 +276,7 @@ DDP_ALWAYS_INLINE void rows_to_planes(Row&& row, i64 nc, i64 np, T const* bias, 
       T& d = dst[c * ds + p];
       T const v = row(p)[c] + b;
       d = beta == T(0) ? v : d + v;
+      if (relu) d = std::max(d, T(0));
     }
   }
 }
@@ -371,16 +383,24 @@ void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M,
       for (i64 xx = 0; xx < OW; ++xx) copy_lanes(Z + ((xx & 3) * TW + (xx >> 2)) * O, O, dst + xx * O);
     }
   }
-  rows_to_planes([&](i64 p) -> T const* { return s.image + p * O; }, O, OH * OW, bias, beta, y, OH * OW);
+  rows_to_planes([&](i64 p) -> T const* { return s.image + p * O; }, O, OH * OW, bias, beta, y, OH * OW, g.relu);
 }
 
 // dM rows of one image: (A g Aᵀ)[ξ] for each tile's 4×4 window g of gy (O planes of OH×OW; zero past the edge).
+// With a fused ReLU, g is gy where the layer's output y > 0. gb (if not null) += Σ g per channel.
 template <class T>
-void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, T* dM, i64 plane, Scratch<T>& s) {
+void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, T const* y, T* dM, i64 plane, T* gb,
+                          Scratch<T>& s) {
   i64 const TW = tl.TW, O = g.O, n = TW * O, OH = g.OH(), OW = g.OW();
   T* Wr = s.mid;    // Wr[q·4 + u] (n lanes): A along x of row u of the tile row
   T* Q = s.phases;  // Q[v][tw][o] = gy(o, 4th + u, 4tw + v)
-  planes_to_rows(gy, OH * OW, O, OH * OW, [&](i64 p) { return s.image + p * O; });
+  planes_to_rows(gy, OH * OW, O, OH * OW, [&](i64 p) { return s.image + p * O; }, g.relu ? y : nullptr);
+  if (gb)
+    for (i64 p = 0; p < OH * OW; ++p) {
+      T const* r = s.image + p * O;
+#pragma GCC ivdep
+      for (i64 o = 0; o < O; ++o) gb[o] += r[o];
+    }
   auto at = [&](i64 xx) { return Q + ((xx & 3) * TW + (xx >> 2)) * O; };
   for (i64 th = 0; th < tl.TH; ++th) {
     for (int u = 0; u < 4; ++u) {
@@ -461,10 +481,12 @@ void output_transform(ConvGeometry const& g, Tiling const& tl, T const* M, T con
     output_transform_image(g, tl, M + i * tl.per_image * g.O, plane, bias, beta, y + (n0 + i) * g.O * g.OH() * g.OW(), s);
 }
 template <class T>
-void output_adjoint(ConvGeometry const& g, Tiling const& tl, T const* gy, i64 n0, i64 cn, T* dM, Scratch<T>& s) {
-  i64 const plane = cn * tl.per_image * g.O;
+void output_adjoint(ConvGeometry const& g, Tiling const& tl, T const* gy, T const* y, i64 n0, i64 cn, T* dM, T* gb,
+                    Scratch<T>& s) {
+  i64 const plane = cn * tl.per_image * g.O, img = g.O * g.OH() * g.OW();
   for (i64 i = 0; i < cn; ++i)
-    output_adjoint_image(g, tl, gy + (n0 + i) * g.O * g.OH() * g.OW(), dM + i * tl.per_image * g.O, plane, s);
+    output_adjoint_image(g, tl, gy + (n0 + i) * img, y ? y + (n0 + i) * img : nullptr, dM + i * tl.per_image * g.O,
+                         plane, gb, s);
 }
 
 template <class T>
@@ -489,12 +511,16 @@ void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T bet
   }
 }
 
-// Gradients from the output gradient gy: gw = beta_w·gw + ∂L/∂w and gx = beta_x·gx + ∂L/∂x (either may be
-// null). Per chunk: dM = output adjoint of gy; dU_ξ (O × C) += dM_ξᵀ · V_ξ with V the input transform of x;
-// dV_ξ (tc × C) = dM_ξ · U_ξᵀ and gx += the input adjoint of dV.
+// Gradients from the output gradient gy: gx = beta_x·gx + ∂L/∂x, gw = beta_w·gw + ∂L/∂w, gb likewise (any
+// may be null; y is the layer's output, read when g.relu). Per chunk: dM = output adjoint of gy;
+// dU_ξ (O × C) += dM_ξᵀ · V_ξ with V the input transform of x; dV_ξ (tc × C) = dM_ξ · U_ξᵀ and gx += the
+// input adjoint of dV. The bias gradient is summed from the staged (masked) gy.
 template <class T>
-void backward(ConvGeometry const& g, T const* x, T const* w, T const* gy, T beta_x, T* gx, T beta_w, T* gw) {
-  if (!gx && !gw) return;
+void backward(ConvGeometry const& g, T const* x, T const* w, T const* gy, T const* y, T beta_x, T* gx, T beta_w, T* gw,
+              T beta_b, T* gb) {
+  if (!gx && !gw && !gb) return;
+  HostBuffer<T> bsum(static_cast<std::size_t>(gb ? g.O : 0));
+  if (gb) std::fill(bsum.data(), bsum.data() + g.O, T(0));
   Tiling const tl(g, sizeof(T));
   i64 const ct = tl.chunk_tiles();
   HostBuffer<T> dM(static_cast<std::size_t>(kPos * g.O * ct + 64));
@@ -505,7 +531,7 @@ void backward(ConvGeometry const& g, T const* x, T const* w, T const* gy, T beta
   Scratch<T> s(tl, g);
   for (i64 n0 = 0; n0 < g.N; n0 += tl.images_per_chunk) {
     i64 const cn = std::min(tl.images_per_chunk, g.N - n0), tc = cn * tl.per_image;
-    output_adjoint(g, tl, gy, n0, cn, dM.data(), s);
+    output_adjoint(g, tl, gy, y, n0, cn, dM.data(), gb ? bsum.data() : nullptr, s);
     if (gw) {
       input_transform(g, tl, x, n0, cn, V.data(), s);
       for (int xi = 0; xi < kPos; ++xi) {
@@ -528,6 +554,8 @@ void backward(ConvGeometry const& g, T const* x, T const* w, T const* gy, T beta
     }
   }
   if (gw) weight_transform_adjoint(g.O, g.C, dU.data(), beta_w, gw);
+  if (gb)
+    for (i64 o = 0; o < g.O; ++o) gb[o] = beta_b == T(0) ? bsum.data()[o] : gb[o] + bsum.data()[o];
 }
 
 }  // namespace ddp::detail::winograd

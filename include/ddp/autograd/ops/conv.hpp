@@ -10,6 +10,7 @@ struct Conv2dArgs {
   std::int64_t stride = 1;
   std::int64_t padding = 0;
   ConvAlgorithm algorithm = ConvAlgorithm::kAuto;  // kernels.hpp: Winograd for 3×3 stride 1, or im2col
+  bool relu = false;  // relu(conv2d(x) + b) as one op: no separate pass over the output or its gradient
 };
 
 // x:(N,C,H,W) w:(O,C,k,k) b:(O) or undefined -> (N,O,OH,OW), OH = (H + 2p - k)/s + 1.
@@ -25,7 +26,7 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
     throw ArgumentError(detail::cat("conv2d: stride must be >= 1 and padding >= 0 (got ", args.stride, ", ",
                                     args.padding, ")"));
   ConvGeometry g{.N = xs[0], .C = xs[1], .H = xs[2], .W = xs[3], .O = ws[0], .k = ws[2], .stride = args.stride,
-                 .pad = args.padding, .algorithm = args.algorithm};
+                 .pad = args.padding, .algorithm = args.algorithm, .relu = args.relu};
   if (args.algorithm == ConvAlgorithm::kWinograd && (g.k != 3 || g.stride != 1))
     throw ArgumentError(detail::cat("conv2d: ConvAlgorithm::kWinograd needs a 3x3 kernel with stride 1 (got kernel ",
                                     g.k, ", stride ", g.stride, ")"));
@@ -41,10 +42,11 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
     if (x.requires_grad()) bx = detail::grad_beta(x.node()), gx = x.node().grad.data();
     if (w.requires_grad()) bw = detail::grad_beta(w.node()), gw = w.node().grad.data();
     if (b.defined() && b.requires_grad()) bb = detail::grad_beta(b.node()), gb = b.node().grad.data();
-    K::conv2d_bwd(g, x.value().data(), w.value().data(), self.grad.data(), bx, gx, bw, gw, bb, gb);
+    K::conv2d_bwd(g, x.value().data(), w.value().data(), self.value.data(), self.grad.data(), bx, gx, bw, gw, bb, gb);
   };
-  if (b.defined()) return detail::record("conv2d", std::move(y), std::move(bwd), x, w, b);
-  return detail::record("conv2d", std::move(y), std::move(bwd), x, w);
+  char const* name = args.relu ? "conv2d+relu" : "conv2d";
+  if (b.defined()) return detail::record(name, std::move(y), std::move(bwd), x, w, b);
+  return detail::record(name, std::move(y), std::move(bwd), x, w);
 }
 
 // x:(N,C,H,W) -> (N,C,(H-k)/s+1,(W-k)/s+1); stride 0 means stride = kernel. No padding.
