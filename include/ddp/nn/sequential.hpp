@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/autograd/ops/activation.hpp"
 #include "ddp/nn/module.hpp"
 
 namespace ddp::nn {
@@ -143,6 +144,10 @@ class AnyModel {
   std::vector<NamedBuffer<T, S>> named_buffers() const { return p_->named_buffers(); }
   void set_mode(Mode m) { p_->set_mode(m); }
   Mode mode() const { return p_->mode(); }
+  // For AnySequential's fusion of a layer with forward_relu() (Conv2d) and a ReLU right after it.
+  bool is_relu() const noexcept { return p_->is_relu(); }
+  bool has_forward_relu() const noexcept { return p_->has_forward_relu(); }
+  Variable<T, S> forward_relu(Variable<T, S> const& x) { return p_->forward_relu(x); }
 
  private:
   struct Base {
@@ -152,6 +157,9 @@ class AnyModel {
     virtual std::vector<NamedBuffer<T, S>> named_buffers() const = 0;
     virtual void set_mode(Mode) = 0;
     virtual Mode mode() const = 0;
+    virtual bool is_relu() const noexcept = 0;
+    virtual bool has_forward_relu() const noexcept = 0;
+    virtual Variable<T, S> forward_relu(Variable<T, S> const&) = 0;
   };
   template <class M>
   struct Impl final : Base {
@@ -162,6 +170,12 @@ class AnyModel {
     std::vector<NamedBuffer<T, S>> named_buffers() const override { return m.named_buffers(); }
     void set_mode(Mode md) override { m.set_mode(md); }
     Mode mode() const override { return m.mode(); }
+    bool is_relu() const noexcept override { return detail::is_relu_layer<M>::value; }
+    bool has_forward_relu() const noexcept override { return requires(M& l, Variable<T, S> const& v) { l.forward_relu(v); }; }
+    Variable<T, S> forward_relu(Variable<T, S> const& x) override {
+      if constexpr (requires { m.forward_relu(x); }) return m.forward_relu(x);
+      else return ddp::relu(m.forward(x));
+    }
   };
   std::shared_ptr<Base> p_;
 };
@@ -184,9 +198,18 @@ class AnySequential {
   }
   std::size_t size() const noexcept { return layers_.size(); }
 
+  // Layers in order; a Conv2d directly followed by a ReLU runs as one fused op, as in Sequential.
   Variable<T, S> forward(Variable<T, S> const& x) {
     Variable<T, S> h = x;
-    for (auto& l : layers_) h = l.layer.forward(h);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      auto& l = layers_[i].layer;
+      if (i + 1 < layers_.size() && l.has_forward_relu() && layers_[i + 1].layer.is_relu()) {
+        h = l.forward_relu(h);
+        ++i;
+      } else {
+        h = l.forward(h);
+      }
+    }
     return h;
   }
   Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }

@@ -131,8 +131,8 @@ void weight_transform(i64 O, i64 C, T const* w, T* U) {
                                      {-1.0 / 6, 1.0 / 6, -1.0 / 6}, {1.0 / 24, 1.0 / 12, 1.0 / 6},
                                      {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
   i64 const plane = O * C;
-  for (i64 a = 0; a < O; ++a)
-    for (i64 b = 0; b < C; ++b) {
+  for (i64 b = 0; b < C; ++b)  // U[ξ] rows are input channels: write each row's output channels in order
+    for (i64 a = 0; a < O; ++a) {
       T const* k = w + (a * C + b) * 9;
       T kk[3][3];
       for (int i = 0; i < 3; ++i)

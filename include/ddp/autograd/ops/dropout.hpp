@@ -3,6 +3,7 @@
 
 #include "ddp/autograd/variable.hpp"
 #include "ddp/tensor/kernels.hpp"
+#include "ddp/tensor/host_allocator.hpp"
 #include "ddp/tensor/random.hpp"
 
 namespace ddp {
@@ -19,7 +20,12 @@ Variable<T, S> dropout(Variable<T, S> const& x, double p, Mode mode, Generator& 
   T const keep_scale = T(1.0 / (1.0 - p));
   auto const threshold = static_cast<std::uint32_t>(p * 4294967296.0);  // drop when u32 < p·2³²
   Tensor<T> host_mask(x.shape());
-  for (std::int64_t i = 0; i < n; ++i) host_mask[i] = gen.next_u32() < threshold ? T(0) : keep_scale;
+  {
+    detail::HostBuffer<std::uint32_t> u(static_cast<std::size_t>(n));
+    gen.fill_u32(u.data(), n);  // the same values as n calls of next_u32()
+    T* m = host_mask.data();
+    for (std::int64_t i = 0; i < n; ++i) m[i] = u.data()[i] < threshold ? T(0) : keep_scale;
+  }
   Tensor<T, S> mask;
   if constexpr (std::same_as<S, HostSpace>) {
     mask = host_mask;
