@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
       for (int xi = 0; xi < wd::kPos; ++xi)
         Eigen::Map<wd::RowMat<float>>(M.data() + xi * tc * g.O, tc, g.O).noalias() =
             Eigen::Map<wd::RowMat<float> const>(V.data() + xi * tc * g.C, tc, g.C) *
-            Eigen::Map<wd::RowMat<float> const>(U.data() + xi * g.C * g.O, g.C, g.O);
+            Eigen::Map<wd::RowMat<float> const>(U.data() + xi * g.O * g.C, g.O, g.C).transpose();
     });
   });
   double const gemm_gflop = 2.0 * wd::kPos * g.O * g.C * tl.per_image * g.N / 1e9;

@@ -1,4 +1,4 @@
-// bench/ddp_step: one DDP training step for the toy, MLP and wide models, split into forward, backward
+// bench/ddp_step: one DDP training step for the toy, MLP, wide and CNN models, split into forward, backward
 // (including DDP's wait for its buckets), optimizer, and exposed communication = DDP step − plain step.
 // Medians over many steps after warm-up; rank 0 reports.
 //   bazel run //bench:ddp_step -- --world-size 2            (threads)
@@ -89,7 +89,7 @@ void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_
 int main(int argc, char** argv) {
   examples::Flags flags("ddp_step", "DDP step time split into phases, vs plain training.");
   flags.add("backend", "threads", "threads or mpi").add("world-size", "2", "ranks (threads backend)")
-      .add("models", "toy,mlp,wide", "comma-separated subset of toy,mlp,wide");
+      .add("models", "toy,mlp,wide", "comma-separated subset of toy,mlp,wide,cnn");
   try {
     if (!flags.parse(argc, argv)) return 0;
     auto const backend = examples::parse_backend(flags.choice("backend", {"threads", "mpi"}));
@@ -112,6 +112,21 @@ int main(int argc, char** argv) {
               [] { Generator i(0); return nn::Sequential(nn::Flatten(), nn::Linear(784, 256, i), nn::ReLU(), nn::Linear(256, 128, i), nn::ReLU(), nn::Linear(128, 10, i)); },
               [](auto& p) { return optim::SGD(p, {.lr = 0.01, .momentum = 0.9}); }, x,
               [&](Var const& o) { return cross_entropy(o, y); }, 50, 500, 0.6, "ms", kDefaultBucketCapBytes);
+      }
+      if (models.find(",cnn,") != std::string::npos) {  // BasicNet, 32 samples per rank (64 global at ws 2)
+        auto x = rnd({32, 1, 28, 28}, g);
+        Tensor<std::int32_t> y(Shape{32});
+        for (int i = 0; i < 32; ++i) y[i] = static_cast<std::int32_t>(g.below(10));
+        auto const seed = 7 + static_cast<std::uint64_t>(comm.rank());
+        bench(comm, "cnn",
+              [seed] {
+                Generator i(0);
+                return nn::Sequential(nn::Conv2d(1, 32, 3, i), nn::ReLU(), nn::Conv2d(32, 64, 3, i), nn::ReLU(),
+                                      nn::MaxPool2d(2), nn::Dropout(0.25, seed), nn::Flatten(), nn::Linear(9216, 128, i),
+                                      nn::ReLU(), nn::Dropout(0.5, seed + 100), nn::Linear(128, 10, i));
+              },
+              [](auto& p) { return optim::AdamW(p, {.lr = 1e-3}); }, x, [&](Var const& o) { return cross_entropy(o, y); },
+              10, 100, 22, "ms", kDefaultBucketCapBytes);
       }
       if (models.find(",wide,") != std::string::npos) {
         auto x = rnd({2, 10}, g), y = rnd({2, 5}, g);

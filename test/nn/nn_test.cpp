@@ -164,6 +164,13 @@ TEST_CASE("Sequential fuses a Conv2d directly followed by a ReLU: same values an
     return true;
   };
   CHECK(same(out.value(), ref.value()));
+  // AnySequential (layers chosen at run time) fuses the same pairs; these layers share fused's parameters.
+  nn::AnySequential<> any;
+  any.push_back(c1).push_back(nn::ReLU()).push_back(c2).push_back(nn::Flatten()).push_back(nn::ReLU());
+  Var const a = any(Var(x));
+  CHECK(std::string(a.node().op) == "relu");  // conv2 is followed by Flatten, not ReLU: not fused
+  CHECK(std::string(a.node().parents[0]->parents[0]->op) == "conv2d");
+  CHECK(std::string(a.node().parents[0]->parents[0]->parents[0]->op) == "conv2d+relu");
   int i = 0;
   for (auto* p : {&c1.weight, &c1.bias, &c2.weight, &c2.bias}) CHECK(same(p->grad(), grads[i++]));
 }

@@ -38,6 +38,9 @@ inline constexpr int kAlpha = 6;    // transformed tile side (m + r - 1)
 inline constexpr int kPos = 36;     // transformed positions ξ per tile
 inline constexpr i64 kL2Budget = i64{3} << 19;  // bytes of V + M per chunk (1.5 MiB)
 
+template <class T>
+using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
 // The kernels' precondition (the automatic choice in HostConvKernels also wants enough channels for the
 // GEMMs to pay for the transforms). Any padding.
 constexpr bool supports(ConvGeometry const& g) noexcept { return g.k == 3 && g.stride == 1; }
@@ -124,53 +127,39 @@ DDP_ALWAYS_INLINE void b6(T const* const (&d)[6], T* const (&o)[6], i64 n) {
 
 // ---- kernel transforms ----
 
-// U[ξ][c][o] = (G w_oc Gᵀ)[ξ] for the O×C kernels w (O, C, 3, 3), input channel first (M_ξ = V_ξ · U_ξ).
+// G ⊗ G as a 36 × 9 matrix: (G k Gᵀ)[ξ = 6i + j] = Σ_{p,q} G[i][p]·G[j][q]·k[3p + q].
 template <class T>
-void weight_transform(i64 O, i64 C, T const* w, T* U) {
-  static constexpr double G[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6}, {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                     {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
-  i64 const plane = O * C;
-  for (i64 b = 0; b < C; ++b)  // U[ξ] rows are input channels: write each row's output channels in order
-    for (i64 a = 0; a < O; ++a) {
-      T const* k = w + (a * C + b) * 9;
-      T kk[3][3];
-      for (int i = 0; i < 3; ++i)
-        for (int j = 0; j < 3; ++j) kk[i][j] = k[i * 3 + j];
-      T gk[6][3];  // G·k
-      for (int i = 0; i < 6; ++i)
-        for (int j = 0; j < 3; ++j) gk[i][j] = T(G[i][0]) * kk[0][j] + T(G[i][1]) * kk[1][j] + T(G[i][2]) * kk[2][j];
-      for (int i = 0; i < 6; ++i)
-        for (int j = 0; j < 6; ++j)
-          U[(i * 6 + j) * plane + b * O + a] = gk[i][0] * T(G[j][0]) + gk[i][1] * T(G[j][1]) + gk[i][2] * T(G[j][2]);
-    }
+Eigen::Matrix<T, kPos, 9, Eigen::RowMajor> const& kron_g() {
+  static Eigen::Matrix<T, kPos, 9, Eigen::RowMajor> const m = [] {
+    constexpr double G[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                {-1.0 / 6, 1.0 / 6, -1.0 / 6}, {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
+    Eigen::Matrix<T, kPos, 9, Eigen::RowMajor> k;
+    for (int i = 0; i < 6; ++i)
+      for (int j = 0; j < 6; ++j)
+        for (int p = 0; p < 3; ++p)
+          for (int q = 0; q < 3; ++q) k(i * 6 + j, p * 3 + q) = T(G[i][p] * G[j][q]);
+    return k;
+  }();
+  return m;
 }
 
-// w[o][c] = beta·w[o][c] + (Gᵀ dU[·][o][c] G), the weight gradient from its transformed accumulation.
+// U[ξ][o][c] = (G w_oc Gᵀ)[ξ] for the kernels w (O, C, 3, 3): one product (36 × 9)·(9 × O·C).
+template <class T>
+void weight_transform(i64 O, i64 C, T const* w, T* U) {
+  Eigen::Map<RowMat<T>>(U, kPos, O * C).noalias() = kron_g<T>() * Eigen::Map<RowMat<T> const>(w, O * C, 9).transpose();
+}
+
+// gw (O, C, 3, 3) = beta·gw + Gᵀ dU[·][o][c] G, the weight gradient from its transformed accumulation:
+// one product (O·C × 36)·(36 × 9).
 template <class T>
 void weight_transform_adjoint(i64 O, i64 C, T const* dU, T beta, T* gw) {
-  static constexpr double G[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6}, {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                     {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
-  i64 const plane = O * C;
-  for (i64 oc = 0; oc < plane; ++oc) {
-    T u[6][6];
-    for (int xi = 0; xi < kPos; ++xi) u[xi / 6][xi % 6] = dU[xi * plane + oc];
-    T ug[6][3];  // u·G
-    for (int i = 0; i < 6; ++i)
-      for (int j = 0; j < 3; ++j) {
-        T s = 0;
-        for (int q = 0; q < 6; ++q) s += u[i][q] * T(G[q][j]);
-        ug[i][j] = s;
-      }
-    T* out = gw + oc * 9;
-    for (int i = 0; i < 3; ++i)
-      for (int j = 0; j < 3; ++j) {
-        T s = 0;
-        for (int q = 0; q < 6; ++q) s += T(G[q][i]) * ug[q][j];
-        out[i * 3 + j] = beta == T(0) ? s : out[i * 3 + j] + s;
-      }
-  }
+  Eigen::Map<RowMat<T>> out(gw, O * C, 9);
+  auto const prod = Eigen::Map<RowMat<T> const>(dU, kPos, O * C).transpose() * kron_g<T>();
+  if (beta == T(0))
+    out.noalias() = prod;
+  else
+    out.noalias() += prod;
 }
 
 // ---- data transforms, one image and one row of tiles at a time ----
@@ -489,11 +478,8 @@ void output_adjoint(ConvGeometry const& g, Tiling const& tl, T const* gy, T cons
                          plane, gb, s);
 }
 
-template <class T>
-using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
 // y = beta·y + conv(x, kernels) + bias, with U the transformed kernels (weight_transform, A = g.O, B = g.C).
-// Per chunk: V = input transform, M_ξ = V_ξ (tc × C) · U_ξ (C × O) for the 36 ξ, y = output transform.
+// Per chunk: V = input transform, M_ξ = V_ξ (tc × C) · U_ξᵀ (C × O) for the 36 ξ, y = output transform.
 template <class T>
 void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T beta, T* y) {
   Tiling const tl(g, sizeof(T));
@@ -504,8 +490,8 @@ void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T bet
     i64 const cn = std::min(tl.images_per_chunk, g.N - n0), tc = cn * tl.per_image;
     input_transform(g, tl, x, n0, cn, V.data(), s);
     for (int xi = 0; xi < kPos; ++xi) {
-      Eigen::Map<RowMat<T> const> v(V.data() + xi * tc * g.C, tc, g.C), u(U + xi * g.C * g.O, g.C, g.O);
-      Eigen::Map<RowMat<T>>(M.data() + xi * tc * g.O, tc, g.O).noalias() = v * u;
+      Eigen::Map<RowMat<T> const> v(V.data() + xi * tc * g.C, tc, g.C), u(U + xi * g.O * g.C, g.O, g.C);
+      Eigen::Map<RowMat<T>>(M.data() + xi * tc * g.O, tc, g.O).noalias() = v * u.transpose();
     }
     output_transform(g, tl, M.data(), bias, beta, n0, cn, y, s);
   }
@@ -513,7 +499,7 @@ void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T bet
 
 // Gradients from the output gradient gy: gx = beta_x·gx + ∂L/∂x, gw = beta_w·gw + ∂L/∂w, gb likewise (any
 // may be null; y is the layer's output, read when g.relu). Per chunk: dM = output adjoint of gy;
-// dU_ξ (O × C) += dM_ξᵀ · V_ξ with V the input transform of x; dV_ξ (tc × C) = dM_ξ · U_ξᵀ and gx += the
+// dU_ξ (O × C) += dM_ξᵀ · V_ξ with V the input transform of x; dV_ξ (tc × C) = dM_ξ · U_ξ and gx += the
 // input adjoint of dV. The bias gradient is summed from the staged (masked) gy.
 template <class T>
 void backward(ConvGeometry const& g, T const* x, T const* w, T const* gy, T const* y, T beta_x, T* gx, T beta_w, T* gw,
@@ -545,8 +531,8 @@ void backward(ConvGeometry const& g, T const* x, T const* w, T const* gy, T cons
     }
     if (gx) {
       for (int xi = 0; xi < kPos; ++xi) {
-        Eigen::Map<RowMat<T> const> m(dM.data() + xi * tc * g.O, tc, g.O), u(U.data() + xi * g.C * g.O, g.C, g.O);
-        Eigen::Map<RowMat<T>>(V.data() + xi * tc * g.C, tc, g.C).noalias() = m * u.transpose();
+        Eigen::Map<RowMat<T> const> m(dM.data() + xi * tc * g.O, tc, g.O), u(U.data() + xi * g.O * g.C, g.O, g.C);
+        Eigen::Map<RowMat<T>>(V.data() + xi * tc * g.C, tc, g.C).noalias() = m * u;
       }
       i64 const plane = tc * g.C;
       for (i64 i = 0; i < cn; ++i)
