@@ -174,3 +174,25 @@ TEST_CASE("Sequential fuses a Conv2d directly followed by a ReLU: same values an
   int i = 0;
   for (auto* p : {&c1.weight, &c1.bias, &c2.weight, &c2.bias}) CHECK(same(p->grad(), grads[i++]));
 }
+
+TEST_CASE("Sequential and AnySequential fuse Conv2d, ReLU, MaxPool2d(2) into one op; other pools stay separate") {
+  static_assert(nn::Sequential<nn::Conv2d, nn::ReLU, nn::MaxPool2d>::fuses_relu_pool<0>());
+  static_assert(!nn::Sequential<nn::Conv2d, nn::ReLU, nn::Flatten>::fuses_relu_pool<0>());
+  Generator init(5), data(6);
+  Tensor<float> x(Shape{2, 8, 12, 12});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = data.uniform(-1.0f, 1.0f);
+  nn::Sequential s2(nn::Conv2d(8, 8, 3, init), nn::ReLU(), nn::MaxPool2d(2));
+  nn::Sequential s3(nn::Conv2d(8, 8, 3, init), nn::ReLU(), nn::MaxPool2d(3));
+  CHECK(std::string(s2(Var(x)).node().op) == "conv2d+relu+max_pool2d");
+  Var const y3 = s3(Var(x));
+  CHECK(std::string(y3.node().op) == "max_pool2d");
+  CHECK(std::string(y3.node().parents[0]->op) == "conv2d+relu");
+  nn::AnySequential<> any;
+  any.push_back(s2.get<0>()).push_back(nn::ReLU()).push_back(nn::MaxPool2d(2));
+  Var const a = any(Var(x));
+  CHECK(std::string(a.node().op) == "conv2d+relu+max_pool2d");
+  Tensor<float> const ref = s2(Var(x)).value();
+  bool same = a.value().shape() == ref.shape();
+  for (std::int64_t i = 0; same && i < ref.numel(); ++i) same = a.value()[i] == ref[i];
+  CHECK(same);
+}

@@ -70,6 +70,13 @@ class basic_conv2d : public Module<T, S> {
     a.relu = true;
     return conv2d(x, weight, bias, a);
   }
+  // max_pool2d(relu(forward(x)), 2) in one op; for a Conv2d, ReLU, MaxPool2d(2) run.
+  Variable<T, S> forward_relu_pool2(Variable<T, S> const& x) {
+    Conv2dArgs a = args_;
+    a.relu = true;
+    a.max_pool = 2;
+    return conv2d(x, weight, bias, a);
+  }
 
   Variable<T, S> weight, bias;
 
@@ -136,6 +143,8 @@ class basic_max_pool2d : public Module<T, S> {
   }
   Variable<T, S> forward(Variable<T, S> const& x) { return max_pool2d(x, kernel_, stride_); }
   Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }
+  // 2×2 windows with stride 2 (the pooling a preceding Conv2d + ReLU can fuse).
+  bool is_2x2() const noexcept { return kernel_ == 2 && (stride_ == 0 || stride_ == 2); }
 
  private:
   std::int64_t kernel_, stride_;

@@ -25,6 +25,9 @@ Named<M> named(std::string name, M layer) {
   return {std::move(name), std::move(layer)};
 }
 
+template <class T, MemorySpace S>
+class basic_max_pool2d;  // layers.hpp
+
 namespace detail {
 template <class L>
 struct unwrap_named {
@@ -37,6 +40,10 @@ struct unwrap_named<Named<M>> {
 template <class T, MemorySpace S, class Op>
 class stateless_layer;  // layers.hpp
 struct relu_op;
+template <class L>
+struct is_max_pool_layer : std::false_type {};
+template <class T, MemorySpace S>
+struct is_max_pool_layer<basic_max_pool2d<T, S>> : std::true_type {};
 template <class L>
 struct is_relu_layer : std::false_type {};
 template <class T, MemorySpace S>
@@ -56,7 +63,8 @@ class Sequential {
   explicit Sequential(Ls... layers) : layers_(std::move(layers)...) {}
 
   // Layers in order. A layer with forward_relu() directly followed by a ReLU (Conv2d, ReLU) runs as one
-  // fused op: the same values and gradients, one pass less over the activation and its gradient.
+  // fused op, and with a 2×2 MaxPool2d after them as one op too: the same values and gradients, fewer passes
+  // over the activation and its gradient.
   V forward(V const& x) { return run<0>(x); }
   V operator()(V const& x) { return forward(x); }
 
@@ -91,6 +99,18 @@ class Sequential {
       return detail::is_relu_layer<Next>::value && requires(L& l, V const& h) { l.forward_relu(h); };
     }
   }
+  // Whether layers I, I+1, I+2 are (a layer with forward_relu_pool2, ReLU, MaxPool2d); they run fused when the
+  // pool is 2×2 with stride 2 (checked at run time: the kernel size is a constructor argument).
+  template <std::size_t I>
+  static constexpr bool fuses_relu_pool() {
+    if constexpr (!fuses_relu<I>() || I + 2 >= sizeof...(Ls)) {
+      return false;
+    } else {
+      using L = typename detail::unwrap_named<std::tuple_element_t<I, std::tuple<Ls...>>>::type;
+      using Pool = typename detail::unwrap_named<std::tuple_element_t<I + 2, std::tuple<Ls...>>>::type;
+      return detail::is_max_pool_layer<Pool>::value && requires(L& l, V const& h) { l.forward_relu_pool2(h); };
+    }
+  }
 
  private:
   template <std::size_t I>
@@ -98,6 +118,9 @@ class Sequential {
     if constexpr (I == sizeof...(Ls)) {
       return h;
     } else if constexpr (fuses_relu<I>()) {
+      if constexpr (fuses_relu_pool<I>()) {
+        if (layer_of(std::get<I + 2>(layers_)).is_2x2()) return run<I + 3>(layer_of(std::get<I>(layers_)).forward_relu_pool2(h));
+      }
       return run<I + 2>(layer_of(std::get<I>(layers_)).forward_relu(h));
     } else {
       return run<I + 1>(layer_of(std::get<I>(layers_)).forward(h));
@@ -146,8 +169,11 @@ class AnyModel {
   Mode mode() const { return p_->mode(); }
   // For AnySequential's fusion of a layer with forward_relu() (Conv2d) and a ReLU right after it.
   bool is_relu() const noexcept { return p_->is_relu(); }
+  bool is_max_pool_2x2() const noexcept { return p_->is_max_pool_2x2(); }
   bool has_forward_relu() const noexcept { return p_->has_forward_relu(); }
+  bool has_forward_relu_pool2() const noexcept { return p_->has_forward_relu_pool2(); }
   Variable<T, S> forward_relu(Variable<T, S> const& x) { return p_->forward_relu(x); }
+  Variable<T, S> forward_relu_pool2(Variable<T, S> const& x) { return p_->forward_relu_pool2(x); }
 
  private:
   struct Base {
@@ -158,8 +184,11 @@ class AnyModel {
     virtual void set_mode(Mode) = 0;
     virtual Mode mode() const = 0;
     virtual bool is_relu() const noexcept = 0;
+    virtual bool is_max_pool_2x2() const noexcept = 0;
     virtual bool has_forward_relu() const noexcept = 0;
+    virtual bool has_forward_relu_pool2() const noexcept = 0;
     virtual Variable<T, S> forward_relu(Variable<T, S> const&) = 0;
+    virtual Variable<T, S> forward_relu_pool2(Variable<T, S> const&) = 0;
   };
   template <class M>
   struct Impl final : Base {
@@ -171,10 +200,21 @@ class AnyModel {
     void set_mode(Mode md) override { m.set_mode(md); }
     Mode mode() const override { return m.mode(); }
     bool is_relu() const noexcept override { return detail::is_relu_layer<M>::value; }
+    bool is_max_pool_2x2() const noexcept override {
+      if constexpr (detail::is_max_pool_layer<M>::value) return m.is_2x2();
+      else return false;
+    }
     bool has_forward_relu() const noexcept override { return requires(M& l, Variable<T, S> const& v) { l.forward_relu(v); }; }
+    bool has_forward_relu_pool2() const noexcept override {
+      return requires(M& l, Variable<T, S> const& v) { l.forward_relu_pool2(v); };
+    }
     Variable<T, S> forward_relu(Variable<T, S> const& x) override {
       if constexpr (requires { m.forward_relu(x); }) return m.forward_relu(x);
       else return ddp::relu(m.forward(x));
+    }
+    Variable<T, S> forward_relu_pool2(Variable<T, S> const& x) override {
+      if constexpr (requires { m.forward_relu_pool2(x); }) return m.forward_relu_pool2(x);
+      else return ddp::max_pool2d(forward_relu(x), 2);
     }
   };
   std::shared_ptr<Base> p_;
@@ -198,12 +238,17 @@ class AnySequential {
   }
   std::size_t size() const noexcept { return layers_.size(); }
 
-  // Layers in order; a Conv2d directly followed by a ReLU runs as one fused op, as in Sequential.
+  // Layers in order; a Conv2d directly followed by a ReLU (and a 2×2 MaxPool2d) runs as one fused op, as in
+  // Sequential.
   Variable<T, S> forward(Variable<T, S> const& x) {
     Variable<T, S> h = x;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       auto& l = layers_[i].layer;
-      if (i + 1 < layers_.size() && l.has_forward_relu() && layers_[i + 1].layer.is_relu()) {
+      if (i + 2 < layers_.size() && l.has_forward_relu_pool2() && layers_[i + 1].layer.is_relu() &&
+          layers_[i + 2].layer.is_max_pool_2x2()) {
+        h = l.forward_relu_pool2(h);
+        i += 2;
+      } else if (i + 1 < layers_.size() && l.has_forward_relu() && layers_[i + 1].layer.is_relu()) {
         h = l.forward_relu(h);
         ++i;
       } else {

@@ -278,6 +278,8 @@ struct Scratch {
   T* phases;             // 4 × (TW + 1) × CM: one padded image row split by x mod 4
   T* rows[6];            // input: x-transformed rows k = 0..5 of the current tile row, 6 × TW × CM each
   T* mid;                // output: 24 × TW × CM (S or W)
+  T* pooled;             // with g.pool2: one pooled image, channel-fastest (OH/2 · OW/2 rows of O)
+  static i64 pooled_size(ConvGeometry const& g) { return g.pool2 ? (g.OH() / 2) * (g.OW() / 2) * g.O : 0; }
   static i64 image_size(Tiling const& tl, ConvGeometry const& g) {
     // the larger of: the input or output image, channel-fastest; the padded input gradient as phase rows
     return std::max({g.H * g.W * g.C, g.OH() * g.OW() * g.O, (4 * tl.TH + 2) * 4 * (tl.TW + 1) * g.C});
@@ -285,7 +287,8 @@ struct Scratch {
   explicit Scratch(Tiling const& tl, ConvGeometry const& g)
       : TW(tl.TW),
         CM(std::max(g.C, g.O)),
-        buf(static_cast<std::size_t>(image_size(tl, g) + (4 * (tl.TW + 1) + 60 * tl.TW) * std::max(g.C, g.O))) {
+        buf(static_cast<std::size_t>(image_size(tl, g) + (4 * (tl.TW + 1) + 60 * tl.TW) * std::max(g.C, g.O) +
+                                     pooled_size(g))) {
     T* p = buf.data();
     image = p;
     p += image_size(tl, g);
@@ -293,6 +296,8 @@ struct Scratch {
     p += 4 * (TW + 1) * CM;
     for (auto& r : rows) r = p, p += 6 * TW * CM;
     mid = p;
+    p += 24 * TW * CM;
+    pooled = p;
   }
 };
 
@@ -349,10 +354,92 @@ void input_transform_image(ConvGeometry const& g, Tiling const& tl, T const* x, 
   }
 }
 
-// y of one image (O planes of OH×OW) = beta·y + Aᵀ M A + bias for each tile.
+// ---- a fused 2×2, stride-2 max-pool after bias and ReLU (g.pool2) ----
+// Each window's 4 values are compared after the bias, in PyTorch's order (a later value wins if larger or
+// NaN), so values and gradients are those of max_pool2d(relu(conv + bias), 2). code[o] is the winner's place
+// in the window (0..3), or 4 where the pooled value is not > 0 (ReLU passes no gradient there).
+
+// pooled[(ph·PW + pw)·O + o] and codes, from the channel-fastest image img (OH·OW rows of O, before bias).
+// Channels are processed in blocks with the codes kept as T first, so the loops vectorise.
+template <class T>
+void pool_rows(ConvGeometry const& g, T const* img, T const* bias, T* pooled, std::uint8_t* codes) {
+  constexpr i64 kBlock = 256;
+  i64 const O = g.O, OW = g.OW(), PH = g.OH() / 2, PW = OW / 2;
+  alignas(64) T kf[kBlock];
+  alignas(64) T zero_bias[kBlock] = {};
+  for (i64 ph = 0; ph < PH; ++ph)
+    for (i64 pw = 0; pw < PW; ++pw)
+      for (i64 o0 = 0; o0 < O; o0 += kBlock) {
+        i64 const nb = std::min(kBlock, O - o0), at = ((2 * ph) * OW + 2 * pw) * O + o0;
+        T const* __restrict r0 = img + at;
+        T const* __restrict r1 = r0 + O;
+        T const* __restrict r2 = r0 + OW * O;
+        T const* __restrict r3 = r2 + O;
+        T const* __restrict bs = bias ? bias + o0 : zero_bias;
+        T* __restrict out = pooled + (ph * PW + pw) * O + o0;
+        T* __restrict k = kf;
+#pragma GCC ivdep
+        for (i64 o = 0; o < nb; ++o) {
+          T m = r0[o] + bs[o], c = T(0);
+          T v = r1[o] + bs[o];
+          bool t = (v > m) | (v != v);
+          m = t ? v : m, c = t ? T(1) : c;
+          v = r2[o] + bs[o];
+          t = (v > m) | (v != v);
+          m = t ? v : m, c = t ? T(2) : c;
+          v = r3[o] + bs[o];
+          t = (v > m) | (v != v);
+          m = t ? v : m, c = t ? T(3) : c;
+          bool const pass = m > T(0);
+          out[o] = pass ? m : T(0);
+          k[o] = pass ? c : T(4);
+        }
+        std::uint8_t* code = codes + (ph * PW + pw) * O + o0;
+        for (i64 o = 0; o < nb; ++o) code[o] = static_cast<std::uint8_t>(kf[o]);
+      }
+}
+
+// The channel-fastest output-gradient image img (OH·OW rows of O) from the pooled gradient rows gp
+// (PH·PW rows of O) and the codes: each window's gradient goes to its winner; the rest is 0.
+template <class T>
+void unpool_rows(ConvGeometry const& g, T const* gp, std::uint8_t const* codes, T* img) {
+  constexpr i64 kBlock = 256;
+  i64 const O = g.O, OH = g.OH(), OW = g.OW(), PH = OH / 2, PW = OW / 2;
+  alignas(64) T kf[kBlock];
+  for (i64 ph = 0; ph < PH; ++ph) {
+    for (i64 pw = 0; pw < PW; ++pw)
+      for (i64 o0 = 0; o0 < O; o0 += kBlock) {
+        i64 const nb = std::min(kBlock, O - o0), at = ((2 * ph) * OW + 2 * pw) * O + o0;
+        std::uint8_t const* code = codes + (ph * PW + pw) * O + o0;
+        for (i64 o = 0; o < nb; ++o) kf[o] = static_cast<T>(code[o]);
+        T* __restrict r0 = img + at;
+        T* __restrict r1 = r0 + O;
+        T* __restrict r2 = r0 + OW * O;
+        T* __restrict r3 = r2 + O;
+        T const* __restrict gr = gp + (ph * PW + pw) * O + o0;
+        T const* __restrict k = kf;
+#pragma GCC ivdep
+        for (i64 o = 0; o < nb; ++o) {
+          T const v = gr[o], c = k[o];
+          r0[o] = c == T(0) ? v : T(0);
+          r1[o] = c == T(1) ? v : T(0);
+          r2[o] = c == T(2) ? v : T(0);
+          r3[o] = c == T(3) ? v : T(0);
+        }
+      }
+    if (OW & 1) {  // the column no window covers
+      std::fill(img + ((2 * ph) * OW + OW - 1) * O, img + ((2 * ph) * OW + OW) * O, T(0));
+      std::fill(img + ((2 * ph + 1) * OW + OW - 1) * O, img + ((2 * ph + 1) * OW + OW) * O, T(0));
+    }
+  }
+  if (OH & 1) std::fill(img + (OH - 1) * OW * O, img + OH * OW * O, T(0));  // the row no window covers
+}
+
+// y of one image (O planes of OH×OW) = beta·y + Aᵀ M A + bias for each tile (then ReLU with g.relu); with
+// g.pool2, y is the pooled image (O planes of OH/2 × OW/2) and codes its window codes (pool_rows).
 template <class T>
 void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M, i64 plane, T const* bias, T beta,
-                            T* y, Scratch<T>& s) {
+                            T* y, std::uint8_t* codes, Scratch<T>& s) {
   i64 const TW = tl.TW, O = g.O, n = TW * O, OH = g.OH(), OW = g.OW();
   T* S = s.mid;     // S[q·4 + u] (n lanes): Aᵀ along y
   T* Z = s.phases;  // Z[v][tw][o]: one output row, split by x mod 4
@@ -372,18 +459,31 @@ void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M,
       for (i64 xx = 0; xx < OW; ++xx) copy_lanes(Z + ((xx & 3) * TW + (xx >> 2)) * O, O, dst + xx * O);
     }
   }
+  if (g.pool2) {
+    i64 const P = (OH / 2) * (OW / 2);
+    pool_rows(g, s.image, bias, s.pooled, codes);
+    rows_to_planes([&](i64 p) -> T const* { return s.pooled + p * O; }, O, P, static_cast<T const*>(nullptr), T(0), y, P);
+    return;
+  }
   rows_to_planes([&](i64 p) -> T const* { return s.image + p * O; }, O, OH * OW, bias, beta, y, OH * OW, g.relu);
 }
 
 // dM rows of one image: (A g Aᵀ)[ξ] for each tile's 4×4 window g of gy (O planes of OH×OW; zero past the edge).
 // With a fused ReLU, g is gy where the layer's output y > 0. gb (if not null) += Σ g per channel.
+// With g.pool2, gy is the pooled gradient (O planes of OH/2 × OW/2), routed through the window codes.
 template <class T>
-void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, T const* y, T* dM, i64 plane, T* gb,
-                          Scratch<T>& s) {
+void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, T const* y, std::uint8_t const* codes,
+                          T* dM, i64 plane, T* gb, Scratch<T>& s) {
   i64 const TW = tl.TW, O = g.O, n = TW * O, OH = g.OH(), OW = g.OW();
   T* Wr = s.mid;    // Wr[q·4 + u] (n lanes): A along x of row u of the tile row
   T* Q = s.phases;  // Q[v][tw][o] = gy(o, 4th + u, 4tw + v)
-  planes_to_rows(gy, OH * OW, O, OH * OW, [&](i64 p) { return s.image + p * O; }, g.relu ? y : nullptr);
+  if (g.pool2) {
+    i64 const P = (OH / 2) * (OW / 2);
+    planes_to_rows(gy, P, O, P, [&](i64 p) { return s.pooled + p * O; });
+    unpool_rows(g, s.pooled, codes, s.image);
+  } else {
+    planes_to_rows(gy, OH * OW, O, OH * OW, [&](i64 p) { return s.image + p * O; }, g.relu ? y : nullptr);
+  }
   if (gb)
     for (i64 p = 0; p < OH * OW; ++p) {
       T const* r = s.image + p * O;
@@ -462,26 +562,32 @@ void input_transform(ConvGeometry const& g, Tiling const& tl, T const* x, i64 n0
   for (i64 i = 0; i < cn; ++i)
     input_transform_image(g, tl, x + (n0 + i) * g.C * g.H * g.W, V + i * tl.per_image * g.C, plane, s);
 }
-template <class T>
-void output_transform(ConvGeometry const& g, Tiling const& tl, T const* M, T const* bias, T beta, i64 n0, i64 cn,
-                      T* y, Scratch<T>& s) {
-  i64 const plane = cn * tl.per_image * g.O;
-  for (i64 i = 0; i < cn; ++i)
-    output_transform_image(g, tl, M + i * tl.per_image * g.O, plane, bias, beta, y + (n0 + i) * g.O * g.OH() * g.OW(), s);
+// Elements per image of the layer's output (pooled with g.pool2).
+inline i64 output_image_size(ConvGeometry const& g) {
+  return g.pool2 ? g.O * (g.OH() / 2) * (g.OW() / 2) : g.O * g.OH() * g.OW();
 }
 template <class T>
-void output_adjoint(ConvGeometry const& g, Tiling const& tl, T const* gy, T const* y, i64 n0, i64 cn, T* dM, T* gb,
-                    Scratch<T>& s) {
-  i64 const plane = cn * tl.per_image * g.O, img = g.O * g.OH() * g.OW();
+void output_transform(ConvGeometry const& g, Tiling const& tl, T const* M, T const* bias, T beta, i64 n0, i64 cn,
+                      T* y, std::uint8_t* codes, Scratch<T>& s) {
+  i64 const plane = cn * tl.per_image * g.O, img = output_image_size(g);
   for (i64 i = 0; i < cn; ++i)
-    output_adjoint_image(g, tl, gy + (n0 + i) * img, y ? y + (n0 + i) * img : nullptr, dM + i * tl.per_image * g.O,
-                         plane, gb, s);
+    output_transform_image(g, tl, M + i * tl.per_image * g.O, plane, bias, beta, y + (n0 + i) * img,
+                           codes ? codes + (n0 + i) * img : nullptr, s);
+}
+template <class T>
+void output_adjoint(ConvGeometry const& g, Tiling const& tl, T const* gy, T const* y, std::uint8_t const* codes, i64 n0,
+                    i64 cn, T* dM, T* gb, Scratch<T>& s) {
+  i64 const plane = cn * tl.per_image * g.O, img = output_image_size(g);
+  for (i64 i = 0; i < cn; ++i)
+    output_adjoint_image(g, tl, gy + (n0 + i) * img, y ? y + (n0 + i) * img : nullptr,
+                         codes ? codes + (n0 + i) * img : nullptr, dM + i * tl.per_image * g.O, plane, gb, s);
 }
 
 // y = beta·y + conv(x, kernels) + bias, with U the transformed kernels (weight_transform, A = g.O, B = g.C).
 // Per chunk: V = input transform, M_ξ = V_ξ (tc × C) · U_ξᵀ (C × O) for the 36 ξ, y = output transform.
+// With g.pool2, y is the pooled output and codes (N · OH/2 · OW/2 · O) receives the window codes.
 template <class T>
-void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T beta, T* y) {
+void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T beta, T* y, std::uint8_t* codes = nullptr) {
   Tiling const tl(g, sizeof(T));
   i64 const ct = tl.chunk_tiles();
   HostBuffer<T> V(static_cast<std::size_t>(kPos * g.C * ct + 64)), M(static_cast<std::size_t>(kPos * g.O * ct + 64));
@@ -493,7 +599,7 @@ void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T bet
       Eigen::Map<RowMat<T> const> v(V.data() + xi * tc * g.C, tc, g.C), u(U + xi * g.O * g.C, g.O, g.C);
       Eigen::Map<RowMat<T>>(M.data() + xi * tc * g.O, tc, g.O).noalias() = v * u.transpose();
     }
-    output_transform(g, tl, M.data(), bias, beta, n0, cn, y, s);
+    output_transform(g, tl, M.data(), bias, beta, n0, cn, y, codes, s);
   }
 }
 
@@ -503,7 +609,7 @@ void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T bet
 // input adjoint of dV. The bias gradient is summed from the staged (masked) gy.
 template <class T>
 void backward(ConvGeometry const& g, T const* x, T const* w, T const* gy, T const* y, T beta_x, T* gx, T beta_w, T* gw,
-              T beta_b, T* gb) {
+              T beta_b, T* gb, std::uint8_t const* codes = nullptr) {
   if (!gx && !gw && !gb) return;
   HostBuffer<T> bsum(static_cast<std::size_t>(gb ? g.O : 0));
   if (gb) std::fill(bsum.data(), bsum.data() + g.O, T(0));
@@ -517,7 +623,7 @@ void backward(ConvGeometry const& g, T const* x, T const* w, T const* gy, T cons
   Scratch<T> s(tl, g);
   for (i64 n0 = 0; n0 < g.N; n0 += tl.images_per_chunk) {
     i64 const cn = std::min(tl.images_per_chunk, g.N - n0), tc = cn * tl.per_image;
-    output_adjoint(g, tl, gy, y, n0, cn, dM.data(), gb ? bsum.data() : nullptr, s);
+    output_adjoint(g, tl, gy, y, codes, n0, cn, dM.data(), gb ? bsum.data() : nullptr, s);
     if (gw) {
       input_transform(g, tl, x, n0, cn, V.data(), s);
       for (int xi = 0; xi < kPos; ++xi) {

@@ -11,7 +11,14 @@ struct Conv2dArgs {
   std::int64_t padding = 0;
   ConvAlgorithm algorithm = ConvAlgorithm::kAuto;  // kernels.hpp: Winograd for 3×3 stride 1, or im2col
   bool relu = false;  // relu(conv2d(x) + b) as one op: no separate pass over the output or its gradient
+  // 2 (with relu): max_pool2d(relu(conv2d(x) + b), 2) as one op, pooled while each image is in cache (where
+  // the kernels can, i.e. Winograd layers; elsewhere the ops are composed). 0: no pooling.
+  std::int64_t max_pool = 0;
 };
+
+// x:(N,C,H,W) -> (N,C,(H-k)/s+1,(W-k)/s+1); stride 0 means stride = kernel. No padding. (Defined below.)
+template <class T, MemorySpace S>
+Variable<T, S> max_pool2d(Variable<T, S> const& x, std::int64_t kernel, std::int64_t stride = 0);
 
 // x:(N,C,H,W) w:(O,C,k,k) b:(O) or undefined -> (N,O,OH,OW), OH = (H + 2p - k)/s + 1.
 template <class T, MemorySpace S>
@@ -34,6 +41,33 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
     throw ShapeError(detail::cat("conv2d: kernel ", g.k, " is larger than the padded input ", xs));
   if (b.defined() && !(b.shape() == Shape{g.O}))
     throw ShapeError(detail::cat("conv2d: bias has shape ", b.shape(), ", expected [", g.O, "]"));
+  if (args.max_pool != 0 && args.max_pool != 2)
+    throw ArgumentError(detail::cat("conv2d: max_pool must be 0 or 2 (got ", args.max_pool, ")"));
+  if (args.max_pool == 2 && !args.relu)
+    throw ArgumentError("conv2d: max_pool = 2 needs relu = true (the fused op is max_pool2d(relu(conv2d(x) + b), 2))");
+  if (args.max_pool == 2) {
+    if (!K::fuses_pool2(g)) {
+      Conv2dArgs a = args;
+      a.max_pool = 0;
+      return max_pool2d(conv2d(x, w, b, a), 2);
+    }
+    g.pool2 = true;
+    Tensor<T, S> y(Shape{g.N, g.O, g.OH() / 2, g.OW() / 2});
+    Tensor<std::uint8_t, S> codes(Shape{y.numel()});
+    K::conv2d_fwd(g, x.value().data(), w.value().data(), b.defined() ? b.value().data() : nullptr, y.data(),
+                  codes.data());
+    auto bwd = [x, w, b, g, codes](Node<T, S>& self) {
+      T bx = 0, bw = 0, bb = 0;
+      T *gx = nullptr, *gw = nullptr, *gb = nullptr;
+      if (x.requires_grad()) bx = detail::grad_beta(x.node()), gx = x.node().grad.data();
+      if (w.requires_grad()) bw = detail::grad_beta(w.node()), gw = w.node().grad.data();
+      if (b.defined() && b.requires_grad()) bb = detail::grad_beta(b.node()), gb = b.node().grad.data();
+      K::conv2d_bwd(g, x.value().data(), w.value().data(), self.value.data(), self.grad.data(), bx, gx, bw, gw, bb, gb,
+                    codes.data());
+    };
+    if (b.defined()) return detail::record("conv2d+relu+max_pool2d", std::move(y), std::move(bwd), x, w, b);
+    return detail::record("conv2d+relu+max_pool2d", std::move(y), std::move(bwd), x, w);
+  }
   Tensor<T, S> y(Shape{g.N, g.O, g.OH(), g.OW()});
   K::conv2d_fwd(g, x.value().data(), w.value().data(), b.defined() ? b.value().data() : nullptr, y.data());
   auto bwd = [x, w, b, g](Node<T, S>& self) {
@@ -51,7 +85,7 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
 
 // x:(N,C,H,W) -> (N,C,(H-k)/s+1,(W-k)/s+1); stride 0 means stride = kernel. No padding.
 template <class T, MemorySpace S>
-Variable<T, S> max_pool2d(Variable<T, S> const& x, std::int64_t kernel, std::int64_t stride = 0) {
+Variable<T, S> max_pool2d(Variable<T, S> const& x, std::int64_t kernel, std::int64_t stride) {
   using K = Kernels<S>;
   Shape const& xs = x.shape();
   if (stride == 0) stride = kernel;
