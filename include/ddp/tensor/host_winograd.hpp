@@ -22,24 +22,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
 
 #include "ddp/tensor/host_allocator.hpp"
+#include "ddp/tensor/host_channels_last.hpp"
 #include "ddp/tensor/kernels.hpp"
+#include "ddp/tensor/winograd_math.hpp"
 
 namespace ddp::detail::winograd {
 
-using i64 = std::int64_t;
-inline constexpr int kTile = 4;     // output tile side (m)
-inline constexpr int kAlpha = 6;    // transformed tile side (m + r - 1)
-inline constexpr int kPos = 36;     // transformed positions ξ per tile
 inline constexpr i64 kL2Budget = i64{3} << 19;  // bytes of V + M per chunk (1.5 MiB)
-
-template <class T>
-using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // The kernels' precondition (the automatic choice in HostConvKernels also wants enough channels for the
 // GEMMs to pay for the transforms). Any padding.
@@ -57,218 +48,9 @@ struct Tiling {
   i64 chunk_tiles() const noexcept { return images_per_chunk * per_image; }
 };
 
-// ---- the three 1-D transforms, lane-wise over n lanes: out[·][l] from in[·][l] ----
-
-// out = Bᵀ·in (6 → 6)
-template <class T>
-DDP_ALWAYS_INLINE void bt6(T const* const (&d)[6], T* const (&o)[6], i64 n) {
-  T const *d0 = d[0], *d1 = d[1], *d2 = d[2], *d3 = d[3], *d4 = d[4], *d5 = d[5];
-  T *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3], *o4 = o[4], *o5 = o[5];
-#pragma GCC ivdep
-  for (i64 l = 0; l < n; ++l) {
-    T const a = d4[l] - T(4) * d2[l], b = d3[l] - T(4) * d1[l];  // rows 1, 2 share these
-    T const c = d4[l] - d2[l], e = T(2) * (d3[l] - d1[l]);        // rows 3, 4 share these
-    o0[l] = T(4) * d0[l] - T(5) * d2[l] + d4[l];
-    o1[l] = a + b;
-    o2[l] = a - b;
-    o3[l] = c + e;
-    o4[l] = c - e;
-    o5[l] = T(4) * d1[l] - T(5) * d3[l] + d5[l];
-  }
-}
-// out = Aᵀ·in (6 → 4)
-template <class T>
-DDP_ALWAYS_INLINE void at6(T const* const (&m)[6], T* const (&o)[4], i64 n) {
-  T const *m0 = m[0], *m1 = m[1], *m2 = m[2], *m3 = m[3], *m4 = m[4], *m5 = m[5];
-  T *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3];
-#pragma GCC ivdep
-  for (i64 l = 0; l < n; ++l) {
-    T const p12 = m1[l] + m2[l], d12 = m1[l] - m2[l], p34 = m3[l] + m4[l], d34 = m3[l] - m4[l];
-    o0[l] = m0[l] + p12 + p34;
-    o1[l] = d12 + T(2) * d34;
-    o2[l] = p12 + T(4) * p34;
-    o3[l] = d12 + T(8) * d34 + m5[l];
-  }
-}
-// out = A·in (4 → 6), the adjoint of at6
-template <class T>
-DDP_ALWAYS_INLINE void a4(T const* const (&g)[4], T* const (&o)[6], i64 n) {
-  T const *g0 = g[0], *g1 = g[1], *g2 = g[2], *g3 = g[3];
-  T *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3], *o4 = o[4], *o5 = o[5];
-#pragma GCC ivdep
-  for (i64 l = 0; l < n; ++l) {
-    T const e = g0[l] + g2[l], od = g1[l] + g3[l];
-    T const e4 = g0[l] + T(4) * g2[l], o4v = T(2) * g1[l] + T(8) * g3[l];
-    o0[l] = g0[l];
-    o1[l] = e + od;
-    o2[l] = e - od;
-    o3[l] = e4 + o4v;
-    o4[l] = e4 - o4v;
-    o5[l] = g3[l];
-  }
-}
-
-// out = B·in (6 → 6), the adjoint of bt6
-template <class T>
-DDP_ALWAYS_INLINE void b6(T const* const (&d)[6], T* const (&o)[6], i64 n) {
-  T const *d0 = d[0], *d1 = d[1], *d2 = d[2], *d3 = d[3], *d4 = d[4], *d5 = d[5];
-  T *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3], *o4 = o[4], *o5 = o[5];
-#pragma GCC ivdep
-  for (i64 l = 0; l < n; ++l) {
-    T const p12 = d1[l] + d2[l], m12 = d2[l] - d1[l], p34 = d3[l] + d4[l], m34 = d3[l] - d4[l];
-    o0[l] = T(4) * d0[l];
-    o1[l] = T(4) * (m12 + d5[l]) + T(2) * (d4[l] - d3[l]);
-    o2[l] = T(-5) * d0[l] - T(4) * p12 - p34;
-    o3[l] = -m12 + T(2) * m34 - T(5) * d5[l];
-    o4[l] = d0[l] + p12 + p34;
-    o5[l] = d5[l];
-  }
-}
-
-// ---- kernel transforms ----
-
-// G ⊗ G as a 36 × 9 matrix: (G k Gᵀ)[ξ = 6i + j] = Σ_{p,q} G[i][p]·G[j][q]·k[3p + q].
-template <class T>
-Eigen::Matrix<T, kPos, 9, Eigen::RowMajor> const& kron_g() {
-  static Eigen::Matrix<T, kPos, 9, Eigen::RowMajor> const m = [] {
-    constexpr double G[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                {-1.0 / 6, 1.0 / 6, -1.0 / 6}, {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
-    Eigen::Matrix<T, kPos, 9, Eigen::RowMajor> k;
-    for (int i = 0; i < 6; ++i)
-      for (int j = 0; j < 6; ++j)
-        for (int p = 0; p < 3; ++p)
-          for (int q = 0; q < 3; ++q) k(i * 6 + j, p * 3 + q) = T(G[i][p] * G[j][q]);
-    return k;
-  }();
-  return m;
-}
-
-// U[ξ][o][c] = (G w_oc Gᵀ)[ξ] for the kernels w (O, C, 3, 3): one product (36 × 9)·(9 × O·C).
-template <class T>
-void weight_transform(i64 O, i64 C, T const* w, T* U) {
-  Eigen::Map<RowMat<T>>(U, kPos, O * C).noalias() = kron_g<T>() * Eigen::Map<RowMat<T> const>(w, O * C, 9).transpose();
-}
-
-// gw (O, C, 3, 3) = beta·gw + Gᵀ dU[·][o][c] G, the weight gradient from its transformed accumulation:
-// one product (O·C × 36)·(36 × 9).
-template <class T>
-void weight_transform_adjoint(i64 O, i64 C, T const* dU, T beta, T* gw) {
-  Eigen::Map<RowMat<T>> out(gw, O * C, 9);
-  auto const prod = Eigen::Map<RowMat<T> const>(dU, kPos, O * C).transpose() * kron_g<T>();
-  if (beta == T(0))
-    out.noalias() = prod;
-  else
-    out.noalias() += prod;
-}
-
 // ---- data transforms, one image and one row of tiles at a time ----
 // In V (M, dM), position ξ, tile t of the chunk and channel c sit at [ξ·plane + t·C + c] (plane = tc·C,
 // tc the chunk's tile count); the chunk's image i has tiles i·per_image + th·TW + tw.
-
-// ---- between NCHW planes and channel-fastest rows ----
-// The only steps that move single values: a transpose of (channels × positions), done in 8×8 register
-// blocks for float with AVX, element by element otherwise. Positions map to rows through `row(p)`.
-
-#if defined(__AVX__)
-DDP_ALWAYS_INLINE void transpose8x8(__m256 (&r)[8]) {
-  __m256 const t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  __m256 const t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  __m256 const t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  __m256 const t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  __m256 const u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  __m256 const u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  __m256 const u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-  __m256 const u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-#endif
-
-// row(p)[c] = src[c·ss + p] for c < nc, p < np; with a mask (same layout as src), only where mask > 0
-// (0 elsewhere): the gradient of a fused ReLU.
-template <class T, class Row>
-DDP_ALWAYS_INLINE void planes_to_rows(T const* src, i64 ss, i64 nc, i64 np, Row&& row, T const* mask = nullptr) {
-  i64 c0 = 0;
-#if defined(__AVX__)
-  if constexpr (std::is_same_v<T, float>) {
-    for (; c0 + 8 <= nc; c0 += 8) {
-      i64 p0 = 0;
-      for (; p0 + 8 <= np; p0 += 8) {
-        __m256 r[8];
-        for (int i = 0; i < 8; ++i) {
-          r[i] = _mm256_loadu_ps(src + (c0 + i) * ss + p0);
-          if (mask)
-            r[i] = _mm256_and_ps(r[i], _mm256_cmp_ps(_mm256_loadu_ps(mask + (c0 + i) * ss + p0), _mm256_setzero_ps(), _CMP_GT_OQ));
-        }
-        transpose8x8(r);
-        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(row(p0 + j) + c0, r[j]);
-      }
-      for (; p0 < np; ++p0) {
-        T* d = row(p0) + c0;
-        for (int i = 0; i < 8; ++i) {
-          i64 const at = (c0 + i) * ss + p0;
-          d[i] = !mask || mask[at] > T(0) ? src[at] : T(0);
-        }
-      }
-    }
-  }
-#endif
-  for (i64 p = 0; p < np; ++p) {
-    T* d = row(p);
-    for (i64 c = c0; c < nc; ++c) d[c] = !mask || mask[c * ss + p] > T(0) ? src[c * ss + p] : T(0);
-  }
-}
-
-// dst[c·ds + p] = (beta == 0 ? 0 : dst[c·ds + p]) + row(p)[c] + bias[c] (bias may be null) for c < nc, p < np;
-// with relu (beta must be 0), max(0, ·) of that.
-template <class T, class Row>
-DDP_ALWAYS_INLINE void rows_to_planes(Row&& row, i64 nc, i64 np, T const* bias, T beta, T* dst, i64 ds, bool relu = false) {
-  i64 c0 = 0;
-#if defined(__AVX__)
-  if constexpr (std::is_same_v<T, float>) {
-    for (; c0 + 8 <= nc; c0 += 8) {
-      i64 p0 = 0;
-      for (; p0 + 8 <= np; p0 += 8) {
-        __m256 r[8];
-        for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(row(p0 + j) + c0);
-        transpose8x8(r);
-        for (int i = 0; i < 8; ++i) {
-          float* d = dst + (c0 + i) * ds + p0;
-          __m256 v = bias ? _mm256_add_ps(r[i], _mm256_set1_ps(bias[c0 + i])) : r[i];
-          if (beta != T(0)) v = _mm256_add_ps(v, _mm256_loadu_ps(d));
-          if (relu) v = _mm256_max_ps(v, _mm256_setzero_ps());
-          _mm256_storeu_ps(d, v);
-        }
-      }
-      for (; p0 < np; ++p0) {
-        T const* sr = row(p0) + c0;
-        for (int i = 0; i < 8; ++i) {
-          T& d = dst[(c0 + i) * ds + p0];
-          T const v = sr[i] + (bias ? bias[c0 + i] : T(0));
-          d = beta == T(0) ? v : d + v;
-          if (relu) d = std::max(d, T(0));
-        }
-      }
-    }
-  }
-#endif
-  for (i64 c = c0; c < nc; ++c) {
-    T const b = bias ? bias[c] : T(0);
-    for (i64 p = 0; p < np; ++p) {
-      T& d = dst[c * ds + p];
-      T const v = row(p)[c] + b;
-      d = beta == T(0) ? v : d + v;
-      if (relu) d = std::max(d, T(0));
-    }
-  }
-}
 
 template <class T>
 struct Scratch {
@@ -300,15 +82,6 @@ struct Scratch {
     pooled = p;
   }
 };
-
-// dst[0, n) = src[0, n), in whole cache lines where it can (kept inline: n is a channel count).
-template <class T>
-DDP_ALWAYS_INLINE void copy_lanes(T const* src, i64 n, T* dst) {
-  constexpr i64 kLine = 64 / sizeof(T);
-  i64 i = 0;
-  for (; i + kLine <= n; i += kLine) std::memcpy(dst + i, src + i, 64);
-  for (; i < n; ++i) dst[i] = src[i];
-}
 
 // phases[r][b][·] = xpad(yy, 4b + r): padded row yy of the channel-fastest image xt (H·W rows of C).
 template <class T>
