@@ -14,28 +14,6 @@ using namespace ddp::testing;
 
 namespace {
 
-Tensor<double> conv_reference(Tensor<double> const& x, Tensor<double> const& w, Tensor<double> const* b,
-                              std::int64_t pad) {
-  std::int64_t const N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), O = w.size(0);
-  std::int64_t const OH = H + 2 * pad - 2, OW = W + 2 * pad - 2;
-  Tensor<double> y(Shape{N, O, OH, OW});
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t o = 0; o < O; ++o)
-      for (std::int64_t i = 0; i < OH; ++i)
-        for (std::int64_t j = 0; j < OW; ++j) {
-          double s = b ? (*b)[o] : 0.0;
-          for (std::int64_t c = 0; c < C; ++c)
-            for (std::int64_t ki = 0; ki < 3; ++ki)
-              for (std::int64_t kj = 0; kj < 3; ++kj) {
-                std::int64_t const ih = i - pad + ki, iw = j - pad + kj;
-                if (ih >= 0 && ih < H && iw >= 0 && iw < W)
-                  s += x[((n * C + c) * H + ih) * W + iw] * w[((o * C + c) * 3 + ki) * 3 + kj];
-              }
-          y[((n * O + o) * OH + i) * OW + j] = s;
-        }
-  return y;
-}
-
 double max_abs(Tensor<double> const& t) {
   double m = 0;
   for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t[i]));
@@ -69,9 +47,9 @@ TEST_CASE("Winograd forward equals the direct definition (double): paddings 0-3,
       INFO("x ", x.shape(), " O ", O, " pad ", pad);
       Tensor<double> const y = conv2d(constant(x), constant(w), constant(b), winograd(pad)).value();
       Tensor<double> const y0 = conv2d(constant(x), constant(w), VarD{}, winograd(pad)).value();
-      Tensor<double> const ref = conv_reference(x, w, &b, pad);
+      Tensor<double> const ref = conv2d_reference(x, w, &b, 1, pad);
       CHECK(max_abs_diff(y, ref) <= 1e-12 * std::max(1.0, max_abs(ref)));
-      CHECK(max_abs_diff(y0, conv_reference(x, w, nullptr, pad)) <= 1e-12 * std::max(1.0, max_abs(ref)));
+      CHECK(max_abs_diff(y0, conv2d_reference(x, w, nullptr, 1, pad)) <= 1e-12 * std::max(1.0, max_abs(ref)));
     }
 }
 

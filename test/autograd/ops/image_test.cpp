@@ -14,29 +14,6 @@ using namespace ddp::testing;
 
 namespace {
 
-// Direct 7-loop cross-correlation with zero padding: y[n,o,i,j] = b[o] + Σ_c,ki,kj x[n,c,i·s-p+ki,j·s-p+kj] w[o,c,ki,kj].
-Tensor<double> conv2d_reference(Tensor<double> const& x, Tensor<double> const& w, Tensor<double> const* b,
-                                std::int64_t stride, std::int64_t pad) {
-  std::int64_t const N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), O = w.size(0), k = w.size(2);
-  std::int64_t const OH = (H + 2 * pad - k) / stride + 1, OW = (W + 2 * pad - k) / stride + 1;
-  Tensor<double> y(Shape{N, O, OH, OW});
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t o = 0; o < O; ++o)
-      for (std::int64_t i = 0; i < OH; ++i)
-        for (std::int64_t j = 0; j < OW; ++j) {
-          double s = b ? (*b)[o] : 0.0;
-          for (std::int64_t c = 0; c < C; ++c)
-            for (std::int64_t ki = 0; ki < k; ++ki)
-              for (std::int64_t kj = 0; kj < k; ++kj) {
-                std::int64_t const ih = i * stride - pad + ki, iw = j * stride - pad + kj;
-                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                s += x[((n * C + c) * H + ih) * W + iw] * w[((o * C + c) * k + ki) * k + kj];
-              }
-          y[((n * O + o) * OH + i) * OW + j] = s;
-        }
-  return y;
-}
-
 Tensor<double> maxpool_reference(Tensor<double> const& x, std::int64_t k, std::int64_t s) {
   std::int64_t const N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   std::int64_t const OH = (H - k) / s + 1, OW = (W - k) / s + 1;

@@ -16,6 +16,23 @@ struct Conv2dArgs {
   std::int64_t max_pool = 0;
 };
 
+namespace detail {
+// Where a conv2d node's gradients go (null: not needed) and whether each accumulates (beta 1) or overwrites.
+template <class T>
+struct ConvGrads {
+  T bx = 0, bw = 0, bb = 0;
+  T *gx = nullptr, *gw = nullptr, *gb = nullptr;
+};
+template <class T, MemorySpace S>
+ConvGrads<T> conv_grads(Variable<T, S> const& x, Variable<T, S> const& w, Variable<T, S> const& b) {
+  ConvGrads<T> o;
+  if (x.requires_grad()) o.bx = grad_beta(x.node()), o.gx = x.node().grad.data();
+  if (w.requires_grad()) o.bw = grad_beta(w.node()), o.gw = w.node().grad.data();
+  if (b.defined() && b.requires_grad()) o.bb = grad_beta(b.node()), o.gb = b.node().grad.data();
+  return o;
+}
+}  // namespace detail
+
 // x:(N,C,H,W) -> (N,C,(H-k)/s+1,(W-k)/s+1); stride 0 means stride = kernel. No padding. (Defined below.)
 template <class T, MemorySpace S>
 Variable<T, S> max_pool2d(Variable<T, S> const& x, std::int64_t kernel, std::int64_t stride = 0);
@@ -57,13 +74,9 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
     K::conv2d_fwd(g, x.value().data(), w.value().data(), b.defined() ? b.value().data() : nullptr, y.data(),
                   codes.data());
     auto bwd = [x, w, b, g, codes](Node<T, S>& self) {
-      T bx = 0, bw = 0, bb = 0;
-      T *gx = nullptr, *gw = nullptr, *gb = nullptr;
-      if (x.requires_grad()) bx = detail::grad_beta(x.node()), gx = x.node().grad.data();
-      if (w.requires_grad()) bw = detail::grad_beta(w.node()), gw = w.node().grad.data();
-      if (b.defined() && b.requires_grad()) bb = detail::grad_beta(b.node()), gb = b.node().grad.data();
-      K::conv2d_bwd(g, x.value().data(), w.value().data(), self.value.data(), self.grad.data(), bx, gx, bw, gw, bb, gb,
-                    codes.data());
+      auto const o = detail::conv_grads(x, w, b);
+      K::conv2d_bwd(g, x.value().data(), w.value().data(), self.value.data(), self.grad.data(), o.bx, o.gx, o.bw, o.gw,
+                    o.bb, o.gb, codes.data());
     };
     if (b.defined()) return detail::record("conv2d+relu+max_pool2d", std::move(y), std::move(bwd), x, w, b);
     return detail::record("conv2d+relu+max_pool2d", std::move(y), std::move(bwd), x, w);
@@ -71,12 +84,9 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
   Tensor<T, S> y(Shape{g.N, g.O, g.OH(), g.OW()});
   K::conv2d_fwd(g, x.value().data(), w.value().data(), b.defined() ? b.value().data() : nullptr, y.data());
   auto bwd = [x, w, b, g](Node<T, S>& self) {
-    T bx = 0, bw = 0, bb = 0;
-    T *gx = nullptr, *gw = nullptr, *gb = nullptr;
-    if (x.requires_grad()) bx = detail::grad_beta(x.node()), gx = x.node().grad.data();
-    if (w.requires_grad()) bw = detail::grad_beta(w.node()), gw = w.node().grad.data();
-    if (b.defined() && b.requires_grad()) bb = detail::grad_beta(b.node()), gb = b.node().grad.data();
-    K::conv2d_bwd(g, x.value().data(), w.value().data(), self.value.data(), self.grad.data(), bx, gx, bw, gw, bb, gb);
+    auto const o = detail::conv_grads(x, w, b);
+    K::conv2d_bwd(g, x.value().data(), w.value().data(), self.value.data(), self.grad.data(), o.bx, o.gx, o.bw, o.gw,
+                  o.bb, o.gb);
   };
   char const* name = args.relu ? "conv2d+relu" : "conv2d";
   if (b.defined()) return detail::record(name, std::move(y), std::move(bwd), x, w, b);
