@@ -157,16 +157,19 @@ TEST_CASE("conv2d with a fused ReLU: gradients (double) on both algorithms, and 
 
 TEST_CASE("conv2d with a fused ReLU and 2x2 max-pool: bitwise the composed ops (float), gradients (double)") {
   Generator gen(7600);
-  struct Case {
-    std::int64_t C, H, W, pad;
-    char const* op;  // the fused op where the kernels can, the composition elsewhere
+  // op: the fused op where the kernels can, the composition elsewhere
+  struct Case2 {
+    std::int64_t C, O, H, W, pad;
+    char const* op;
   };
-  for (Case const cc : {Case{16, 13, 11, 1, "conv2d+relu+max_pool2d"},  // 13x11 output: a row and a column uncovered
-                        Case{9, 10, 12, 0, "conv2d+relu+max_pool2d"}, Case{3, 10, 12, 1, "max_pool2d"}}) {
+  for (Case2 const cc : {Case2{16, 8, 13, 11, 1, "conv2d+relu+max_pool2d"},  // 13x11 output: a row and a column uncovered
+                         Case2{9, 8, 10, 12, 0, "conv2d+relu+max_pool2d"},
+                         Case2{8, 264, 6, 7, 0, "conv2d+relu+max_pool2d"},  // more channels than one pooling block
+                         Case2{3, 8, 10, 12, 1, "max_pool2d"}}) {
     Tensor<float> const xt = to_float(uniform(Shape{3, cc.C, cc.H, cc.W}, gen)),
-                        wt = to_float(uniform(Shape{8, cc.C, 3, 3}, gen, -0.3, 0.3)), bt = to_float(uniform(Shape{8}, gen));
+                        wt = to_float(uniform(Shape{cc.O, cc.C, 3, 3}, gen, -0.3, 0.3)), bt = to_float(uniform(Shape{cc.O}, gen));
     std::int64_t const PH = (cc.H + 2 * cc.pad - 2) / 2, PW = (cc.W + 2 * cc.pad - 2) / 2;
-    Tensor<float> const dir = to_float(uniform(Shape{3, 8, PH, PW}, gen));
+    Tensor<float> const dir = to_float(uniform(Shape{3, cc.O, PH, PW}, gen));
     auto run = [&](bool fused) {
       Var x(xt, RequiresGrad::kYes), w(wt, RequiresGrad::kYes), b(bt, RequiresGrad::kYes);
       Var y = fused ? conv2d(x, w, b, Conv2dArgs{.padding = cc.pad, .relu = true, .max_pool = 2})
@@ -176,7 +179,7 @@ TEST_CASE("conv2d with a fused ReLU and 2x2 max-pool: bitwise the composed ops (
       return std::array<Tensor<float>, 4>{y.value(), x.grad(), w.grad(), b.grad()};
     };
     auto const f = run(true), u = run(false);
-    INFO("C ", cc.C, " H ", cc.H, " W ", cc.W, " pad ", cc.pad);
+    INFO("C ", cc.C, " O ", cc.O, " H ", cc.H, " W ", cc.W, " pad ", cc.pad);
     for (int i = 0; i < 4; ++i) CHECK(max_abs_diff(f[i], u[i]) == 0.0);
   }
   VarD x = param(uniform(Shape{2, 3, 9, 8}, gen)), w = param(uniform(Shape{4, 3, 3, 3}, gen)), b = param(uniform(Shape{4}, gen));
