@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     for (std::int64_t n0 = 0; n0 < g.N; n0 += tl.images_per_chunk) fn(n0, std::min(tl.images_per_chunk, g.N - n0));
   };
   double const it = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::input_transform(g, tl, x.data(), n0, cn, V.data(), s); }); });
-  double const ot = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::output_transform(g, tl, M.data(), b.data(), 0.0f, n0, cn, y.data(), static_cast<std::uint8_t*>(nullptr), s); }); });
+  double const ot = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::output_transform(g, tl, M.data(), b.data(), n0, cn, y.data(), static_cast<std::uint8_t*>(nullptr), s); }); });
   double const oa = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::output_adjoint(g, tl, gy.data(), static_cast<float const*>(nullptr), static_cast<std::uint8_t const*>(nullptr), n0, cn, M.data(), static_cast<float*>(nullptr), s); }); });
   double const gm = median_ms([&] {
     each_chunk([&](auto, auto cn) {

@@ -107,7 +107,7 @@ struct HostConvKernels {
     if (use_winograd(g)) {
       detail::HostBuffer<T> U(static_cast<std::size_t>(detail::winograd::kPos * g.O * g.C));
       detail::winograd::weight_transform(g.O, g.C, w, U.data());
-      detail::winograd::forward(g, x, U.data(), bias, T(0), y, codes);
+      detail::winograd::forward(g, x, U.data(), bias, y, codes);
       return;
     }
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;

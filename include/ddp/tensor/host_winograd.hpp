@@ -208,10 +208,10 @@ void unpool_rows(ConvGeometry const& g, T const* gp, std::uint8_t const* codes, 
   if (OH & 1) std::fill(img + (OH - 1) * OW * O, img + OH * OW * O, T(0));  // the row no window covers
 }
 
-// y of one image (O planes of OH×OW) = beta·y + Aᵀ M A + bias for each tile (then ReLU with g.relu); with
+// y of one image (O planes of OH×OW) = Aᵀ M A + bias for each tile (then ReLU with g.relu); with
 // g.pool2, y is the pooled image (O planes of OH/2 × OW/2) and codes its window codes (pool_rows).
 template <class T>
-void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M, i64 plane, T const* bias, T beta,
+void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M, i64 plane, T const* bias,
                             T* y, std::uint8_t* codes, Scratch<T>& s) {
   i64 const TW = tl.TW, O = g.O, n = TW * O, OH = g.OH(), OW = g.OW();
   T* S = s.mid;     // S[q·4 + u] (n lanes): Aᵀ along y
@@ -238,7 +238,7 @@ void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M,
     rows_to_planes([&](i64 p) -> T const* { return s.pooled + p * O; }, O, P, static_cast<T const*>(nullptr), T(0), y, P);
     return;
   }
-  rows_to_planes([&](i64 p) -> T const* { return s.image + p * O; }, O, OH * OW, bias, beta, y, OH * OW, g.relu);
+  rows_to_planes([&](i64 p) -> T const* { return s.image + p * O; }, O, OH * OW, bias, T(0), y, OH * OW, g.relu);
 }
 
 // dM rows of one image: (A g Aᵀ)[ξ] for each tile's 4×4 window g of gy (O planes of OH×OW; zero past the edge).
@@ -340,11 +340,11 @@ inline i64 output_image_size(ConvGeometry const& g) {
   return g.pool2 ? g.O * (g.OH() / 2) * (g.OW() / 2) : g.O * g.OH() * g.OW();
 }
 template <class T>
-void output_transform(ConvGeometry const& g, Tiling const& tl, T const* M, T const* bias, T beta, i64 n0, i64 cn,
+void output_transform(ConvGeometry const& g, Tiling const& tl, T const* M, T const* bias, i64 n0, i64 cn,
                       T* y, std::uint8_t* codes, Scratch<T>& s) {
   i64 const plane = cn * tl.per_image * g.O, img = output_image_size(g);
   for (i64 i = 0; i < cn; ++i)
-    output_transform_image(g, tl, M + i * tl.per_image * g.O, plane, bias, beta, y + (n0 + i) * img,
+    output_transform_image(g, tl, M + i * tl.per_image * g.O, plane, bias, y + (n0 + i) * img,
                            codes ? codes + (n0 + i) * img : nullptr, s);
 }
 template <class T>
@@ -356,11 +356,11 @@ void output_adjoint(ConvGeometry const& g, Tiling const& tl, T const* gy, T cons
                          codes ? codes + (n0 + i) * img : nullptr, dM + i * tl.per_image * g.O, plane, gb, s);
 }
 
-// y = beta·y + conv(x, kernels) + bias, with U the transformed kernels (weight_transform, A = g.O, B = g.C).
+// y = conv(x, kernels) + bias, with U the transformed kernels (weight_transform, A = g.O, B = g.C).
 // Per chunk: V = input transform, M_ξ = V_ξ (tc × C) · U_ξᵀ (C × O) for the 36 ξ, y = output transform.
 // With g.pool2, y is the pooled output and codes (N · OH/2 · OW/2 · O) receives the window codes.
 template <class T>
-void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T beta, T* y, std::uint8_t* codes = nullptr) {
+void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T* y, std::uint8_t* codes = nullptr) {
   Tiling const tl(g, sizeof(T));
   i64 const ct = tl.chunk_tiles();
   HostBuffer<T> V(static_cast<std::size_t>(kPos * g.C * ct + 64)), M(static_cast<std::size_t>(kPos * g.O * ct + 64));
@@ -372,7 +372,7 @@ void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T bet
       Eigen::Map<RowMat<T> const> v(V.data() + xi * tc * g.C, tc, g.C), u(U + xi * g.O * g.C, g.O, g.C);
       Eigen::Map<RowMat<T>>(M.data() + xi * tc * g.O, tc, g.O).noalias() = v * u.transpose();
     }
-    output_transform(g, tl, M.data(), bias, beta, n0, cn, y, codes, s);
+    output_transform(g, tl, M.data(), bias, n0, cn, y, codes, s);
   }
 }
 

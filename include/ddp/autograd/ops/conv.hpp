@@ -62,33 +62,23 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
     throw ArgumentError(detail::cat("conv2d: max_pool must be 0 or 2 (got ", args.max_pool, ")"));
   if (args.max_pool == 2 && !args.relu)
     throw ArgumentError("conv2d: max_pool = 2 needs relu = true (the fused op is max_pool2d(relu(conv2d(x) + b), 2))");
-  if (args.max_pool == 2) {
-    if (!K::fuses_pool2(g)) {
-      Conv2dArgs a = args;
-      a.max_pool = 0;
-      return max_pool2d(conv2d(x, w, b, a), 2);
-    }
-    g.pool2 = true;
-    Tensor<T, S> y(Shape{g.N, g.O, g.OH() / 2, g.OW() / 2});
-    Tensor<std::uint8_t, S> codes(Shape{y.numel()});
-    K::conv2d_fwd(g, x.value().data(), w.value().data(), b.defined() ? b.value().data() : nullptr, y.data(),
-                  codes.data());
-    auto bwd = [x, w, b, g, codes](Node<T, S>& self) {
-      auto const o = detail::conv_grads(x, w, b);
-      K::conv2d_bwd(g, x.value().data(), w.value().data(), self.value.data(), self.grad.data(), o.bx, o.gx, o.bw, o.gw,
-                    o.bb, o.gb, codes.data());
-    };
-    if (b.defined()) return detail::record("conv2d+relu+max_pool2d", std::move(y), std::move(bwd), x, w, b);
-    return detail::record("conv2d+relu+max_pool2d", std::move(y), std::move(bwd), x, w);
+  if (args.max_pool == 2 && !K::fuses_pool2(g)) {  // kernels that cannot pool in place: compose the ops
+    Conv2dArgs a = args;
+    a.max_pool = 0;
+    return max_pool2d(conv2d(x, w, b, a), 2);
   }
-  Tensor<T, S> y(Shape{g.N, g.O, g.OH(), g.OW()});
-  K::conv2d_fwd(g, x.value().data(), w.value().data(), b.defined() ? b.value().data() : nullptr, y.data());
-  auto bwd = [x, w, b, g](Node<T, S>& self) {
+  g.pool2 = args.max_pool == 2;
+  Tensor<T, S> y(g.pool2 ? Shape{g.N, g.O, g.OH() / 2, g.OW() / 2} : Shape{g.N, g.O, g.OH(), g.OW()});
+  Tensor<std::uint8_t, S> codes;  // each pooling window's winner, for the backward
+  if (g.pool2) codes = Tensor<std::uint8_t, S>(Shape{y.numel()});
+  K::conv2d_fwd(g, x.value().data(), w.value().data(), b.defined() ? b.value().data() : nullptr, y.data(),
+                g.pool2 ? codes.data() : nullptr);
+  auto bwd = [x, w, b, g, codes](Node<T, S>& self) {
     auto const o = detail::conv_grads(x, w, b);
     K::conv2d_bwd(g, x.value().data(), w.value().data(), self.value.data(), self.grad.data(), o.bx, o.gx, o.bw, o.gw,
-                  o.bb, o.gb);
+                  o.bb, o.gb, g.pool2 ? codes.data() : nullptr);
   };
-  char const* name = args.relu ? "conv2d+relu" : "conv2d";
+  char const* name = g.pool2 ? "conv2d+relu+max_pool2d" : args.relu ? "conv2d+relu" : "conv2d";
   if (b.defined()) return detail::record(name, std::move(y), std::move(bwd), x, w, b);
   return detail::record(name, std::move(y), std::move(bwd), x, w);
 }
