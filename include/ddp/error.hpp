@@ -44,6 +44,13 @@ class CommError : public Error {
   int rank_;
 };
 
+// A data-parallel invariant broken across ranks (different models, bucket plans or collective orders, a
+// parameter without a gradient): DistributedDataParallel raises it on every rank for the same cause.
+class DdpError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 // Builds a message from streamable parts: ddp::detail::cat("param ", name, " has shape ", shape).
 template <class... Ts>

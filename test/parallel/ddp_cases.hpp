@@ -3,6 +3,8 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
+#include <optional>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -207,6 +209,211 @@ std::vector<CollectiveRecord> collective_order(C& inner, BucketConfig buckets) {
     backward(mse_loss(ddp(Var(data.x)), data.y));
   }
   return comm.records();
+}
+
+// Gradients of every rank, gathered: max |g_rank0 − g_rank_r| over all parameters and ranks.
+template <AsyncCommunicator C>
+double grad_spread(C& comm, nn::ParameterArena<float> const& p) {
+  std::vector<float> g;
+  for (auto const& e : p.entries()) {
+    Tensor<float> t = e.var.grad();
+    for (std::int64_t j = 0; j < e.numel; ++j) g.push_back(t.defined() ? t[j] : 0.0f);
+  }
+  std::vector<float> all(g.size() * static_cast<std::size_t>(comm.world_size()));
+  comm.all_gather(g, all);
+  double d = 0;
+  for (int r = 1; r < comm.world_size(); ++r)
+    for (std::size_t j = 0; j < g.size(); ++j) d = std::max(d, double(std::abs(all[j] - all[r * g.size() + j])));
+  return d;
+}
+
+// Defect 1 (GAN-style step): a backward through an unrelated model on the same thread, between DDP's
+// forward and its own backward, must not consume DDP's end-of-step synchronisation. Returns the largest
+// difference between the ranks' gradients and the single-process gradient of the global batch.
+template <AsyncCommunicator C>
+double unrelated_backward(C& comm, DdpOptions opts) {
+  int const n = comm.world_size(), r = comm.rank();
+  auto data = make_data(4 * n, 8, 4, 11);
+  auto model = make_mlp(8, 16, 4, 3);
+  DistributedDataParallel ddp(model, comm, opts);
+  auto other = make_mlp(8, 16, 4, 4);  // e.g. a discriminator, not wrapped
+  nn::ParameterArena<float> op(other);
+  ddp.parameters().zero_grad();
+  Var out = ddp(Var(rows(data.x, 4 * r, 4)));
+  backward(sum(other(Var(rows(data.x, 4 * r, 4)))));  // unrelated backward on the same thread
+  backward(mse_loss(out, rows(data.y, 4 * r, 4)));
+  expect(grad_spread(comm, ddp.parameters()) == 0.0, "ranks hold different gradients after a GAN-style step");
+  auto ref = make_mlp(8, 16, 4, 3);
+  nn::ParameterArena<float> rp(ref);
+  backward(mse_loss(ref(Var(data.x)), data.y));
+  double diff = 0;
+  for (std::size_t i = 0; i < rp.entries().size(); ++i) {
+    Tensor<float> a = ddp.parameters().entries()[i].var.grad(), b = rp.entries()[i].var.grad();
+    expect(a.defined(), "a used parameter lost its gradient: " + rp.entries()[i].name);
+    for (std::int64_t j = 0; j < a.numel(); ++j) diff = std::max(diff, double(std::abs(a[j] - b[j])));
+  }
+  return diff;
+}
+
+// Defect 2: with find_unused_parameters, a parameter no rank used keeps no gradient and the optimizers
+// leave it (and their state for it) alone; one used on some ranks only gets the average.
+template <AsyncCommunicator C>
+void globally_unused_is_skipped(C& comm) {
+  for (int which : {0, 1}) {  // SGD with momentum and weight decay, then AdamW
+    Generator g(5);
+    Branchy model(g);
+    model.use_extra = false;  // on every rank
+    DistributedDataParallel ddp(model, comm, {.find_unused_parameters = true});
+    auto& p = ddp.parameters();
+    std::vector<float> before(p.find("extra.weight").var.value().data(), p.find("extra.weight").var.value().data() + 9);
+    auto run = [&](auto& opt) {
+      for (int s = 0; s < 3; ++s) {
+        opt.zero_grad();
+        backward(sum(ddp(Var(full<float>({2, 4}, 1.0f + float(comm.rank()))))));
+        expect(!p.find("extra.weight").var.has_grad() && !p.find("extra.bias").var.has_grad(),
+               "a parameter unused on every rank has a gradient");
+        expect(p.find("fc1.weight").var.has_grad(), "a used parameter has no gradient");
+        opt.step();
+      }
+    };
+    if (which == 0) {
+      optim::SGD opt(p, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.1});
+      run(opt);
+    } else {
+      optim::AdamW opt(p, {.lr = 0.1, .weight_decay = 0.1});
+      run(opt);
+    }
+    Tensor<float> w = p.find("extra.weight").var.value();
+    for (int j = 0; j < 9; ++j) expect(w[j] == before[j], "the optimizer moved a parameter no rank used");
+  }
+}
+
+// Defect 4: an optimizer over an arena made before wrapping would update orphaned storage: wrapping says so.
+template <AsyncCommunicator C>
+void optimizer_before_wrap(C& comm) {
+  auto model = make_mlp(8, 16, 4, 3);
+  {
+    optim::SGD early(nn::ParameterArena<float>(model), {.lr = 0.1});
+    bool threw = false;
+    try {
+      DistributedDataParallel ddp(model, comm);
+    } catch (ArgumentError const& e) {
+      threw = std::string(e.what()).find("ddp.parameters()") != std::string::npos &&
+              std::string(e.what()).find("'fc1.weight'") != std::string::npos;
+      expect(threw, std::string("message does not say what to do: ") + e.what());
+    }
+    expect(threw, "wrapping a model whose parameters an optimizer holds did not raise");
+  }
+  // Once that optimizer is gone, wrapping works and an optimizer built afterwards trains the model.
+  DistributedDataParallel ddp(model, comm);
+  optim::SGD opt(ddp.parameters(), {.lr = 0.1});
+  float const w0 = ddp.parameters().find("fc2.bias").var.value()[0];
+  auto data = make_data(4, 8, 4, 1);
+  opt.zero_grad();
+  backward(mse_loss(ddp(Var(data.x)), data.y));
+  opt.step();
+  expect(model.named_parameters()[3].var.value()[0] != w0, "the optimizer did not move the model's parameter");
+}
+
+// Frozen parameters (requires_grad false) are accepted: broadcast from rank 0, never reduced or stepped.
+// A user's gradient hook on a parameter keeps running under DDP, before the reduction sees the gradient.
+template <AsyncCommunicator C>
+void frozen_and_hooks(C& comm) {
+  auto model = make_mlp(8, 16, 4, 1 + static_cast<std::uint64_t>(comm.rank()));
+  auto params = model.named_parameters();
+  params[0].var.node().requires_grad = false;  // fc1.weight frozen
+  int calls = 0;
+  params[3].var.set_grad_hook([&calls](Node<float, HostSpace>& nd) {  // fc2.bias: doubled before reduction
+    ++calls;
+    for (std::int64_t j = 0; j < nd.grad.numel(); ++j) nd.grad[j] *= 2.0f;
+  });
+  DistributedDataParallel ddp(model, comm);
+  expect(ddp.parameters().count() == 3, "the frozen parameter was packed for reduction");
+  auto data = make_data(4 * comm.world_size(), 8, 4, 5);
+  Var x(rows(data.x, 4 * comm.rank(), 4));
+  optim::SGD opt(ddp.parameters(), {.lr = 0.1});
+  opt.zero_grad();
+  backward(mse_loss(ddp(x), rows(data.y, 4 * comm.rank(), 4)));
+  expect(calls == 1, "the user's gradient hook ran " + std::to_string(calls) + " times, expected 1");
+  expect(grad_spread(comm, ddp.parameters()) == 0.0, "ranks hold different gradients");
+  std::vector<float> w(params[0].var.value().data(), params[0].var.value().data() + params[0].var.numel());
+  std::vector<float> all(w.size() * static_cast<std::size_t>(comm.world_size()));
+  comm.all_gather(w, all);
+  for (std::size_t j = 0; j < all.size(); ++j) expect(all[j] == w[j % w.size()], "frozen weights differ across ranks");
+  opt.step();
+  for (std::size_t j = 0; j < w.size(); ++j) expect(params[0].var.value()[j] == w[j], "a frozen parameter moved");
+  // The hook's doubling reached the average: compare with a plain model on the global batch.
+  auto ref = make_mlp(8, 16, 4, 1);
+  backward(mse_loss(ref(Var(data.x)), data.y));
+  auto rp = ref.named_parameters();
+  Tensor<float> gb = params[3].var.grad();
+  double d = 0;
+  for (std::int64_t j = 0; j < gb.numel(); ++j) d = std::max(d, double(std::abs(gb[j] - 2.0f * rp[3].var.grad()[j])));
+  expect(d <= 1e-5, "the hooked gradient is not twice the reference: " + std::to_string(d));
+}
+
+// A communicator that, on one rank, issues bucket 1's all-reduce before bucket 0's: that rank's buckets 0
+// and 1 are reduced against the others' 1 and 0 (equal sizes, so no backend check can notice).
+template <AsyncCommunicator C>
+class SwapFirstBuckets : public Recording<C> {
+ public:
+  using inner_work = decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<float, HostSpace>>(),
+                                                                   ReduceOp::kAvg, CollectiveTag{}));
+  struct Work {
+    std::shared_ptr<std::optional<inner_work>> w;
+    void wait() {
+      expect(w->has_value(), "SwapFirstBuckets: bucket 0 waited on before bucket 1 was issued");
+      (*w)->wait();
+    }
+    bool test() const { return w->has_value() && (*w)->test(); }
+  };
+  SwapFirstBuckets(C& inner, int swap_rank) : Recording<C>(inner), swap_rank_(swap_rank) {}
+  template <detail::BufferLike B>
+  Work all_reduce_async(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
+    auto s = detail::as_space_span(buf);
+    auto slot = std::make_shared<std::optional<inner_work>>();
+    bool const mine = this->rank() == swap_rank_ && tag.label == std::string_view("bucket");
+    if (mine && tag.id == 0) {
+      held_ = s;
+      held_slot_ = slot;
+      return Work{slot};
+    }
+    slot->emplace(this->inner().all_reduce_async(s, op, tag));
+    if (mine && tag.id == 1 && held_slot_) {
+      held_slot_->emplace(this->inner().all_reduce_async(*held_, op, CollectiveTag{"bucket", 0}));
+      held_slot_.reset();
+    }
+    return Work{slot};
+  }
+
+ private:
+  int swap_rank_;
+  std::optional<SpaceSpan<float, HostSpace>> held_;
+  std::shared_ptr<std::optional<inner_work>> held_slot_;
+};
+
+// Defect 5: the bucket fingerprint is exact for any world size and names the ranks. Three equal buckets
+// (one Linear(4,4) each); the last rank swaps its first two. Every rank must raise a DdpError naming a rank.
+template <AsyncCommunicator C>
+void bucket_fingerprint(C& inner) {
+  SwapFirstBuckets<C> comm(inner, inner.world_size() - 1);
+  Generator g(3);
+  nn::Sequential model(nn::named("a", nn::Linear(4, 4, g)), nn::named("b", nn::Linear(4, 4, g)),
+                       nn::named("c", nn::Linear(4, 4, g)));
+  DistributedDataParallel ddp(model, comm, {}, SizeCapped{{.cap_bytes = 80, .first_cap_bytes = 80}});
+  expect(ddp.plan().buckets.size() == 3, "expected three buckets");
+  ddp.parameters().zero_grad();
+  try {
+    backward(sum(ddp(Var(full<float>({2, 4}, 1.0f)))));
+  } catch (DdpError const& e) {
+    std::string const m = e.what();
+    int const last = inner.world_size() - 1;
+    std::string const want = inner.rank() == last ? "rank 0 (bucket " : detail::cat("rank ", last, " (bucket 1)");
+    expect(m.find(want) != std::string::npos && m.find("different orders") != std::string::npos,
+           "fingerprint message does not name the rank: " + m);
+    return;
+  }
+  throw std::runtime_error("rank " + std::to_string(inner.rank()) + ": swapped buckets were not detected");
 }
 
 }  // namespace ddp::test

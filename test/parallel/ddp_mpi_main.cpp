@@ -18,11 +18,21 @@ int main(int argc, char** argv) {
     double const ns = ddp::test::no_sync_accumulation(comm);
     ddp::test::expect(ns <= 1e-6, "no_sync accumulation differs by " + std::to_string(ns));
     ddp::test::buffer_broadcast(comm);
+    for (bool find_unused : {false, true}) {
+      double const ub = ddp::test::unrelated_backward(comm, {.find_unused_parameters = find_unused});
+      ddp::test::expect(ub <= 1e-6, "GAN-style step: gradients differ from the reference by " + std::to_string(ub));
+    }
+    ddp::test::globally_unused_is_skipped(comm);
+    ddp::test::optimizer_before_wrap(comm);
+    ddp::test::frozen_and_hooks(comm);
+    ddp::test::bucket_fingerprint(comm);
     auto recs = ddp::test::collective_order(comm, {.cap_bytes = 1024, .first_cap_bytes = 256});
     // Every rank's sequence must equal rank 0's: compare a fingerprint.
-    std::int64_t h = 0;
-    for (auto const& r : recs) h = h * 1000003 + static_cast<std::int64_t>(r.op) * 7919 + static_cast<std::int64_t>(r.count) * 31 + r.tag.id;
-    std::vector<std::int64_t> mine{h}, all(static_cast<std::size_t>(comm.world_size()));
+    std::uint64_t h = 0;  // unsigned: the hash wraps by design
+    for (auto const& r : recs)
+      h = h * 1000003u + static_cast<std::uint64_t>(r.op) * 7919u + static_cast<std::uint64_t>(r.count) * 31u +
+          static_cast<std::uint64_t>(r.tag.id);
+    std::vector<std::int64_t> mine{static_cast<std::int64_t>(h)}, all(static_cast<std::size_t>(comm.world_size()));
     comm.all_gather(mine, all);
     for (auto x : all) ddp::test::expect(x == all[0], "collective sequences differ across ranks");
     if (comm.rank() == 0)

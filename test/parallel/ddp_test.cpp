@@ -59,7 +59,8 @@ TEST_CASE("collectives: one broadcast per parameter, one all-reduce per bucket p
       if (r.op == CollectiveKind::kBroadcast && r.tag.label == std::string_view("ddp.param")) ++bcast;
       if (r.op == CollectiveKind::kAllReduce && r.tag.label == std::string_view("bucket")) {
         CHECK(r.tag.id == expect_bucket);  // plan order
-        CHECK(r.count == std::size_t(plan.buckets[r.tag.id].numel + 2));
+        auto const& b = plan.buckets[r.tag.id];  // gradients, then 2 flags per parameter and one slot per rank
+        CHECK(r.count == std::size_t(b.numel + 2 * std::int64_t(b.params.size()) + 2));
         expect_bucket = (expect_bucket + 1) % std::int64_t(plan.buckets.size());
         ++reduces;
       }
@@ -106,11 +107,12 @@ TEST_CASE("a backward that throws does not leave the next step unsynchronised") 
     Var out = ddp(Var(data.x));
     // A bad seed shape makes backward throw before any hook fires (same on both ranks).
     CHECK_THROWS_AS(backward(out, zeros<float>({3, 3})), ShapeError);
-    CHECK_FALSE(post_backward_queued(&ddp));  // the throwing backward dropped the callback
+    CHECK_FALSE(post_backward_queued(&ddp));  // nothing queued: no hook ran
     ddp.parameters().zero_grad();
     Var loss = mse_loss(ddp(Var(data.x)), data.y);
-    CHECK(post_backward_queued(&ddp));  // the next forward queues it again
+    CHECK_FALSE(post_backward_queued(&ddp));  // queued by the first parameter hook of the backward, not by forward
     backward(loss);
+    CHECK_FALSE(post_backward_queued(&ddp));
     // Synchronised: both ranks hold the same (averaged) gradient.
     std::vector<float> g(ddp.parameters().entries()[0].var.grad().data(),
                          ddp.parameters().entries()[0].var.grad().data() + 8), all(16);
@@ -119,7 +121,7 @@ TEST_CASE("a backward that throws does not leave the next step unsynchronised") 
   });
 }
 
-TEST_CASE("world size 1: an unused parameter is still an error naming it; find_unused gives zeros") {
+TEST_CASE("world size 1: an unused parameter is still an error naming it; find_unused leaves it without a gradient") {
   spawn(1, [](ThreadsBackend& comm) {
     Generator g(5);
     test::Branchy model(g);
@@ -131,7 +133,40 @@ TEST_CASE("world size 1: an unused parameter is still an error naming it; find_u
     DistributedDataParallel ddp(model, comm, {.find_unused_parameters = true});
     ddp.parameters().zero_grad();
     backward(sum(ddp(Var(full<float>({2, 4}, 1.0f)))));
-    CHECK(ddp.parameters().find("extra.weight").var.grad()[0] == 0.0f);
+    CHECK_FALSE(ddp.parameters().find("extra.weight").var.has_grad());
     CHECK(ddp.parameters().find("fc1.bias").var.grad()[0] == 2.0f);
   });
+}
+
+TEST_CASE("a backward through another model between forward and backward does not consume DDP's sync") {
+  for (bool find_unused : {false, true}) {
+    for (int n : {1, 2, 4}) {
+      CAPTURE(n);
+      CAPTURE(find_unused);
+      std::vector<double> d(n);
+      spawn(n, [&](ThreadsBackend& comm) {
+        d[comm.rank()] = test::unrelated_backward(comm, {.find_unused_parameters = find_unused});
+      });
+      for (double x : d) CHECK(x <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("find_unused_parameters: a parameter unused on every rank keeps no gradient and no optimizer moves it") {
+  for (int n : {1, 2, 4}) spawn(n, [](ThreadsBackend& comm) { test::globally_unused_is_skipped(comm); });
+}
+
+TEST_CASE("wrapping a model whose parameters an earlier optimizer holds is an error that says what to do") {
+  for (int n : {1, 2}) spawn(n, [](ThreadsBackend& comm) { test::optimizer_before_wrap(comm); });
+}
+
+TEST_CASE("frozen parameters are broadcast and skipped; user gradient hooks run before the reduction") {
+  for (int n : {1, 2, 3}) spawn(n, [](ThreadsBackend& comm) { test::frozen_and_hooks(comm); });
+}
+
+TEST_CASE("buckets reduced against other buckets are caught exactly at any world size, naming the ranks") {
+  for (int n : {2, 3, 4, 8}) {
+    CAPTURE(n);
+    spawn(n, [](ThreadsBackend& comm) { test::bucket_fingerprint(comm); });
+  }
 }

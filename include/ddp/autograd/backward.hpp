@@ -35,9 +35,10 @@ inline void run_post_backward() {
 }
 }  // namespace detail
 
-// Queues f to run once, on this thread, at the end of the next backward() (after every gradient is final
-// and every grad-ready hook has fired). DDP queues its "wait for all buckets" here, so the plain
-// backward(loss) a user writes also finishes the gradient synchronisation. If that backward throws, the
+// Queues f to run once, on this thread, at the end of the backward() in progress, or of the next one
+// (after every gradient is final and every grad-ready hook has fired). DDP queues its "wait for all buckets"
+// from its parameters' ready hooks, so only a backward that reaches the model's parameters finishes its
+// gradient synchronisation (an unrelated backward on the same thread does not). If that backward throws, the
 // queued callbacks are dropped.
 // `owner` identifies the callback for cancel_post_backward (e.g. an object that dies before the backward).
 inline void queue_post_backward(void const* owner, std::function<void()> f) {
@@ -60,6 +61,13 @@ struct BackwardOptions {
 };
 
 namespace detail {
+// A leaf's gradient is final: the user's hook first, then the library stage's (e.g. DDP launching a bucket).
+template <class T, MemorySpace S>
+inline void run_grad_hooks(Node<T, S>& n) {
+  if (n.grad_hook) n.grad_hook(n);
+  if (n.ready_hook) n.ready_hook(n);
+}
+
 // One backward: topological sort, reverse sweep, hooks. See backward() below.
 template <class T, MemorySpace S>
 void backward_sweep(Variable<T, S> const& root, Tensor<T, S> const& grad_output, BackwardOptions opts) {
@@ -120,7 +128,7 @@ void backward_sweep(Variable<T, S> const& root, Tensor<T, S> const& grad_output,
       K::add_scalar(std::int64_t{1}, T(1), beta, r.grad.data());  // 1, or grad + 1 when accumulating
   }
   if (r.is_leaf) {
-    if (r.grad_hook) r.grad_hook(r);
+    detail::run_grad_hooks(r);
     return;
   }
 
@@ -130,7 +138,7 @@ void backward_sweep(Variable<T, S> const& root, Tensor<T, S> const& grad_output,
     if (n->grad_defined) n->backward();
     for (int i = 0; i < n->n_parents; ++i) {
       N* p = n->parents[i].get();
-      if (p->is_leaf && --p->pending == 0 && p->grad_hook) p->grad_hook(*p);
+      if (p->is_leaf && --p->pending == 0) detail::run_grad_hooks(*p);
     }
     // Interior gradients are not kept (as in PyTorch); the root keeps its seed.
     if (n != &r) {

@@ -59,7 +59,10 @@ struct Node {
   std::uint64_t visit_epoch = 0;
   char const* op = "leaf";
   std::array<std::shared_ptr<Node>, kMaxParents> parents{};
-  GradHook grad_hook;  // leaves only: called once per backward when this gradient is final
+  GradHook grad_hook;   // leaves only, the user's: called once per backward when this gradient is final
+  GradHook ready_hook;  // leaves only, a library stage's (DDP's reducer): called right after grad_hook, so it
+                        // sees the gradient as the user's hook left it
+  std::weak_ptr<void const> packed_by;  // the ParameterArena whose storage this leaf lives in (stale-arena checks)
 
   Node() = default;
   Node(Node const&) = delete;

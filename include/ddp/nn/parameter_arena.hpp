@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <span>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -36,24 +38,40 @@ class ParameterArena {
     requires std::same_as<typename M::value_type, T> && std::same_as<typename M::space, S>
   explicit ParameterArena(M const& model) : ParameterArena(model.named_parameters()) {}
 
-  // The distinct trainable parameters, validated: shared weights appear once, under their first name.
-  static std::vector<NamedParameter<T, S>> unique(std::vector<NamedParameter<T, S>> const& params) {
+  // The distinct parameters, validated: shared weights appear once, under their first name. Frozen ones
+  // (requires_grad false) are left out of trainable(): nothing computes their gradients, so an arena, an
+  // optimizer and DDP's reduction skip them, as PyTorch does.
+  static std::vector<NamedParameter<T, S>> unique_all(std::vector<NamedParameter<T, S>> const& params) {
     std::vector<NamedParameter<T, S>> out;
     std::unordered_set<Node<T, S> const*> seen;
     for (auto const& p : params) {
       if (!p.var.defined()) throw ArgumentError(ddp::detail::cat("parameter '", p.name, "' is undefined"));
-      if (!p.var.is_leaf() || !p.var.requires_grad())
-        throw ArgumentError(ddp::detail::cat("parameter '", p.name, "' must be a leaf that requires grad"));
+      if (!p.var.is_leaf())
+        throw ArgumentError(ddp::detail::cat("parameter '", p.name, "' must be a leaf; it comes from op '", p.var.op(), "'"));
       if (seen.insert(&p.var.node()).second) out.push_back(p);
     }
     return out;
+  }
+  static std::vector<NamedParameter<T, S>> trainable(std::vector<NamedParameter<T, S>> const& params) {
+    auto all = unique_all(params);
+    std::erase_if(all, [](NamedParameter<T, S> const& p) { return !p.var.requires_grad(); });
+    return all;
+  }
+
+  // The first of `params` (trainable ones) that lives in a ParameterArena that is still alive, or null. An
+  // optimizer holds a copy of the arena it updates; re-packing those parameters would leave it updating
+  // storage nobody reads.
+  static NamedParameter<T, S> const* find_packed(std::vector<NamedParameter<T, S>> const& params) noexcept {
+    for (auto const& p : params)
+      if (!p.var.node().packed_by.expired()) return &p;
+    return nullptr;
   }
 
   // `reserve_after[i]` extra elements are left free right after unique parameter i (registration order) in
   // both buffers; DDP keeps a bucket's status words there, inside the bucket's all-reduce slice.
   explicit ParameterArena(std::vector<NamedParameter<T, S>> const& params, std::vector<std::int64_t> const& reserve_after = {}) {
     using K = Kernels<S>;
-    for (auto const& p : unique(params)) entries_.push_back({p.name, p.var.shape(), 0, p.var.numel(), p.var});
+    for (auto const& p : trainable(params)) entries_.push_back({p.name, p.var.shape(), 0, p.var.numel(), p.var});
     if (!reserve_after.empty() && reserve_after.size() != entries_.size())
       throw ArgumentError(ddp::detail::cat("ParameterArena: reserve_after has ", reserve_after.size(), " entries for ",
                                            entries_.size(), " parameters"));
@@ -64,8 +82,10 @@ class ParameterArena {
     }
     values_ = Tensor<T, S>(Shape{off});
     grads_ = Tensor<T, S>(Shape{off});
+    lease_ = std::make_shared<char const>('\0');
     for (auto& e : entries_) {
       auto& n = e.var.node();
+      n.packed_by = lease_;
       K::copy(e.numel, n.value.data(), values_.data() + e.offset);
       bool const had_grad = n.grad_defined;
       if (had_grad) K::copy(e.numel, n.grad.data(), grads_.data() + e.offset);
@@ -94,6 +114,22 @@ class ParameterArena {
     throw ArgumentError(ddp::detail::cat("no parameter named '", name, "'"));
   }
 
+  // Whether every parameter still lives in this arena (no later arena re-packed it). O(#parameters).
+  bool current() const noexcept {
+    return std::all_of(entries_.begin(), entries_.end(), [this](Entry const& e) {
+      return e.var.node().value.data() == values_.data() + e.offset;
+    });
+  }
+  // Throws ArgumentError naming the first parameter that another arena has re-packed since this one was made.
+  void check_current(std::string_view who) const {
+    for (auto const& e : entries_)
+      if (e.var.node().value.data() != values_.data() + e.offset)
+        throw ArgumentError(ddp::detail::cat(who, ": parameter '", e.name, "' was re-packed into another ParameterArena "
+                                             "(e.g. by DistributedDataParallel) after this one was made, so updates here "
+                                             "would reach nothing. Build the optimizer from the newest arena, e.g. "
+                                             "ddp.parameters() after wrapping the model."));
+  }
+
   // Forget all gradients in O(#parameters), touching no memory: the next backward overwrites them.
   void zero_grad() noexcept {
     for (auto& e : entries_) e.var.node().grad_defined = false;
@@ -103,8 +139,10 @@ class ParameterArena {
   }
   // Writes zeros into the gradients no backward produced, so the whole grads() buffer is valid.
   void materialize_grads() {
+    lease_ = std::make_shared<char const>('\0');
     for (auto& e : entries_) {
       auto& n = e.var.node();
+      n.packed_by = lease_;
       if (!n.grad_defined) {
         Kernels<S>::fill(e.numel, T(0), grads_.data() + e.offset);
         n.grad_defined = true;
@@ -115,6 +153,7 @@ class ParameterArena {
  private:
   std::vector<Entry> entries_;
   Tensor<T, S> values_, grads_;
+  std::shared_ptr<char const> lease_;  // shared by copies; parameters point back at it (find_packed)
 };
 
 }  // namespace ddp::nn

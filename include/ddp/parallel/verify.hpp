@@ -15,25 +15,22 @@
 
 namespace ddp {
 
-// Raised by DistributedDataParallel on every rank for the same cause.
-class DdpError : public Error {
- public:
-  using Error::Error;
-};
-
 namespace detail {
 
 struct ParamSignature {
   std::string name;
   Shape shape;
+  bool frozen = false;  // requires_grad false: broadcast at construction, never reduced
 };
 
 inline constexpr std::size_t kNameWords = 12;                 // 96 bytes of name per parameter
 inline constexpr std::size_t kSigWords = 1 + 4 + kNameWords;  // rank, dims[4], name
 
+inline constexpr std::int64_t kFrozenBit = 1 << 8;  // in word 0, above the rank (<= 4)
+
 inline void encode(ParamSignature const& p, std::int64_t* out) {
   std::fill(out, out + kSigWords, std::int64_t{0});
-  out[0] = p.shape.rank();
+  out[0] = p.shape.rank() + (p.frozen ? kFrozenBit : 0);
   for (int d = 0; d < p.shape.rank(); ++d) out[1 + d] = p.shape[d];
   std::memcpy(out + 5, p.name.data(), std::min(p.name.size(), kNameWords * 8));
 }
@@ -42,7 +39,8 @@ inline ParamSignature decode(std::int64_t const* in) {
   char buf[kNameWords * 8 + 1] = {};
   std::memcpy(buf, in + 5, kNameWords * 8);
   p.name = buf;
-  std::vector<std::int64_t> dims(in + 1, in + 1 + std::clamp<std::int64_t>(in[0], 0, 4));
+  p.frozen = (in[0] & kFrozenBit) != 0;
+  std::vector<std::int64_t> dims(in + 1, in + 1 + std::clamp<std::int64_t>(in[0] & (kFrozenBit - 1), 0, 4));
   p.shape = Shape::from_range(dims.begin(), dims.end());
   return p;
 }
@@ -69,7 +67,7 @@ void verify_parameters_match(C& comm, std::vector<ParamSignature> const& mine) {
       auto describe = [&](int rank, bool has) {
         if (!has) return detail::cat("rank ", rank, " has only ", counts[static_cast<std::size_t>(rank)], " parameters");
         auto p = decode(at(rank, i));
-        return detail::cat("rank ", rank, " has '", p.name, "' with shape ", p.shape);
+        return detail::cat("rank ", rank, " has '", p.name, "'", p.frozen ? " (frozen)" : "", " with shape ", p.shape);
       };
       msg += describe(0, has0) + ", " + describe(r, hasr) +
              ". Every rank must build the same model (same layers, order and sizes) before wrapping it.";

@@ -1,0 +1,232 @@
+// BucketReducer: the gradient-reduction stage of data parallelism. Told "parameter i is ready" during
+// backward and "backward is over" at its end, it launches each bucket's all-reduce in plan order as soon as
+// the bucket is complete and reports, per parameter, which ranks had a gradient.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/bucket/plan.hpp"
+#include "ddp/bucket/reducer_observer.hpp"
+#include "ddp/comm/communicator.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp {
+
+// What a finished round says about each parameter (registration index), the same on every rank.
+struct ReduceOutcome {
+  std::vector<char> missing_somewhere;  // some rank had no gradient for it
+  std::vector<char> present_somewhere;  // some rank had one (else it is unused on every rank)
+};
+
+// Drives one model's buckets over a gradient buffer laid out by the plan (a bucket is a contiguous slice,
+// followed by its status words; see status_slots()). Every rank must drive the same plan.
+//
+// Status words, reduced with the gradients by the same all-reduce (kAvg), per bucket with P parameters
+// on N ranks: [P "missing here" flags][P "present here" flags][N rank slots]. A rank writes 1 in its flags
+// where they hold and, in rank slot r = its own rank, the bucket's id + 1; every other rank slot is 0. After
+// the average a flag word is zero exactly when it was zero on every rank (a sum of non-negative numbers,
+// scaled by 1/N), and each rank slot holds one rank's id / N, which ×N recovers exactly: so the
+// fingerprint check is exact for any world size and names the ranks that reduced something else.
+//
+// Thread safety: one thread per rank drives it (the backward's); the communicator's progress thread only
+// touches the bucket slices in flight. Determinism: it adds nothing to the gradients' arithmetic; results
+// are those of the backend's all-reduce (bitwise identical on all ranks for threads and MPI).
+template <class T, MemorySpace S, AsyncCommunicator C>
+class BucketReducer {
+ public:
+  // Status words stored after a bucket of `params` parameters, on `world` ranks.
+  static constexpr std::int64_t status_slots(std::size_t params, int world) noexcept {
+    return 2 * static_cast<std::int64_t>(params) + world;
+  }
+
+  // `bucket_offsets[b]`: where bucket b's slice starts in `grads` (its gradients, then its status words).
+  BucketReducer(C& comm, BucketPlan plan, std::vector<std::int64_t> bucket_offsets, Tensor<T, S> grads,
+                ReducerObserver* observer = nullptr)
+      : comm_(&comm),
+        plan_(std::move(plan)),
+        offsets_(std::move(bucket_offsets)),
+        grads_(std::move(grads)),
+        observer_(observer),
+        world_(comm.world_size()),
+        rank_(comm.rank()) {
+    if (offsets_.size() != plan_.buckets.size())
+      throw ArgumentError(detail::cat("BucketReducer: ", offsets_.size(), " bucket offsets for ", plan_.buckets.size(),
+                                      " buckets"));
+    std::size_t const np = plan_.bucket_of.size(), nb = plan_.buckets.size();
+    std::size_t widest = 0;
+    for (auto const& b : plan_.buckets) widest = std::max(widest, b.params.size());
+    ready_.assign(np, 0);
+    has_grad_.assign(np, 0);
+    pending_.assign(nb, 0);
+    works_.resize(nb);
+    completed_.assign(nb, 0);
+    staging_.assign(static_cast<std::size_t>(status_slots(widest, world_)), T(0));
+    outcome_.missing_somewhere.assign(np, 0);
+    outcome_.present_somewhere.assign(np, 0);
+  }
+
+  BucketReducer(BucketReducer const&) = delete;
+  BucketReducer& operator=(BucketReducer const&) = delete;
+  ~BucketReducer() { abandon(); }
+
+  BucketPlan const& plan() const noexcept { return plan_; }
+  // Elements of bucket b's slice that the all-reduce moves (gradients and status words).
+  std::int64_t slice_numel(std::size_t b) const noexcept {
+    return plan_.buckets[b].numel + status_slots(plan_.buckets[b].params.size(), world_);
+  }
+
+  // Starts a round: every parameter pending. Anything a previous, unfinished round launched completes first
+  // (its errors were or will be reported by the collective that raised them), so no buffer is reused in flight.
+  void begin() {
+    abandon();
+    std::fill(ready_.begin(), ready_.end(), 0);
+    std::fill(has_grad_.begin(), has_grad_.end(), 0);
+    for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
+      pending_[b] = static_cast<std::int64_t>(plan_.buckets[b].params.size());
+    next_launch_ = 0;
+  }
+
+  bool is_ready(std::size_t i) const noexcept { return ready_[i] != 0; }
+
+  // Parameter i's gradient slice is final: its gradient (`has_grad`) or zeros the caller wrote. Launches
+  // every bucket that is now complete, in plan order. Once per parameter per round.
+  void mark_ready(std::size_t i, bool has_grad) {
+    if (ready_[i]) throw ArgumentError(detail::cat("BucketReducer: parameter ", i, " marked ready twice in one round"));
+    if (observer_) poll();
+    ready_[i] = 1;
+    has_grad_[i] = has_grad ? 1 : 0;
+    if (--pending_[plan_.bucket_of[i]] != 0) return;
+    while (next_launch_ < plan_.buckets.size() && pending_[next_launch_] == 0) launch(next_launch_++);
+  }
+
+  // Backward is over and every parameter was marked ready: waits for every bucket, checks the fingerprints
+  // and reads the flags. Throws DdpError, on every rank alike, when ranks reduced different buckets together.
+  ReduceOutcome const& finalize() {
+    for (std::size_t i = 0; i < ready_.size(); ++i)
+      if (!ready_[i]) throw ArgumentError(detail::cat("BucketReducer::finalize: parameter ", i, " was never marked ready"));
+    if (observer_) observer_->on_wait_begin();
+    wait_all();
+    if (observer_) observer_->on_wait_end();
+    for (std::size_t b = 0; b < plan_.buckets.size(); ++b) decode(b);
+    return outcome_;
+  }
+
+  // Lets anything in flight complete, swallowing errors (a round that is being dropped). No-throw.
+  void abandon() noexcept {
+    for (auto& w : works_) {
+      if (!w) continue;
+      try {
+        w->wait();
+      } catch (...) {
+      }
+      w.reset();
+    }
+  }
+
+ private:
+  using work_t = decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<T, S>>(), ReduceOp::kAvg,
+                                                               CollectiveTag{}));
+
+  T* slice(std::size_t b) const noexcept { return grads_.data() + offsets_[b]; }
+
+  void launch(std::size_t b) {
+    auto const& bucket = plan_.buckets[b];
+    std::size_t const p = bucket.params.size();
+    std::int64_t const nst = status_slots(p, world_);
+    for (std::size_t k = 0; k < p; ++k) {
+      char const g = has_grad_[bucket.params[k]];
+      staging_[k] = g ? T(0) : T(1);
+      staging_[p + k] = g ? T(1) : T(0);
+    }
+    for (int r = 0; r < world_; ++r) staging_[2 * p + static_cast<std::size_t>(r)] = r == rank_ ? T(b + 1) : T(0);
+    Kernels<S>::from_host(nst, staging_.data(), slice(b) + bucket.numel);
+    if (world_ == 1) return;  // nothing to exchange: the status words are already the "reduced" ones
+    completed_[b] = 0;
+    if (observer_) observer_->on_launch(b);
+    SpaceSpan<T, S> const span(slice(b), static_cast<std::size_t>(bucket.numel + nst));
+    CollectiveTag const tag{"bucket", static_cast<std::int64_t>(b)};
+    if (b + 1 == plan_.buckets.size()) {
+      // The last bucket completes when backward is (all but) over: nothing is left to overlap with, so it
+      // is reduced on this thread, saving the hand-off to the progress thread and back. Issue order is
+      // kept: the earlier buckets finish first.
+      wait_all();
+      comm_->all_reduce(span, ReduceOp::kAvg, tag);
+      note_complete(b);
+      return;
+    }
+    works_[b].emplace(comm_->all_reduce_async(span, ReduceOp::kAvg, tag));
+  }
+
+  // Waits for every launched bucket in order; rethrows the first failure after all have finished.
+  void wait_all() {
+    std::exception_ptr err;
+    for (std::size_t b = 0; b < works_.size(); ++b) {
+      auto& w = works_[b];
+      if (!w) continue;
+      try {
+        w->wait();
+      } catch (...) {
+        if (!err) err = std::current_exception();
+      }
+      w.reset();
+      note_complete(b);
+    }
+    if (err) std::rethrow_exception(err);
+  }
+
+  // Observer only: a bucket counts as complete when its completion is first seen.
+  void poll() {
+    for (std::size_t b = 0; b < next_launch_; ++b)
+      if (works_[b] && !completed_[b] && works_[b]->test()) note_complete(b);
+  }
+  void note_complete(std::size_t b) {
+    if (!observer_ || completed_[b]) return;
+    completed_[b] = 1;
+    observer_->on_complete(b);
+  }
+
+  void decode(std::size_t b) {
+    auto const& bucket = plan_.buckets[b];
+    std::size_t const p = bucket.params.size();
+    std::int64_t const nst = status_slots(p, world_);
+    Kernels<S>::to_host(nst, slice(b) + bucket.numel, staging_.data());
+    std::string others;
+    for (int r = 0; r < world_; ++r) {
+      double const id = double(staging_[2 * p + static_cast<std::size_t>(r)]) * world_;
+      if (std::abs(id - double(b + 1)) < 0.25) continue;  // recovered ids are within 1e-6 of an integer
+      double const k = std::nearbyint(id) - 1;
+      bool const bucket_like = std::abs(id - (k + 1)) < 0.25 && k >= 0 && k < double(plan_.buckets.size());
+      others += detail::cat(others.empty() ? "" : ", ", "rank ", r, " (",
+                            bucket_like ? detail::cat("bucket ", static_cast<std::int64_t>(k)) : std::string("not a bucket"), ")");
+    }
+    if (!others.empty())
+      throw DdpError(detail::cat("DistributedDataParallel: rank ", rank_, "'s bucket ", b,
+                                 " was reduced together with another collective: ", others,
+                                 ". Ranks issued collectives in different orders (a collective called on some ranks "
+                                 "only, or models wrapped in a different order on the same communicator)."));
+    for (std::size_t k = 0; k < p; ++k) {
+      outcome_.missing_somewhere[bucket.params[k]] = staging_[k] != T(0);
+      outcome_.present_somewhere[bucket.params[k]] = staging_[p + k] != T(0);
+    }
+  }
+
+  C* comm_;
+  BucketPlan plan_;
+  std::vector<std::int64_t> offsets_;
+  Tensor<T, S> grads_;
+  ReducerObserver* observer_;
+  int world_, rank_;
+  std::vector<char> ready_, has_grad_, completed_;
+  std::vector<std::int64_t> pending_;
+  std::vector<std::optional<work_t>> works_;
+  std::vector<T> staging_;  // one bucket's status words on the host
+  std::size_t next_launch_ = 0;
+  ReduceOutcome outcome_;
+};
+
+}  // namespace ddp
