@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/detail/front_end.hpp"
 #include "ddp/comm/mpi_session.hpp"
 #include "ddp/comm/trace.hpp"
 #include "ddp/error.hpp"
@@ -72,7 +73,7 @@ class NcclWork {
 // (and synchronous copies on the legacy default stream) sees the result. barrier() and NcclWork::wait()
 // block the host. Results of kSum/kAvg follow NCCL's algorithms: identical on every rank, deterministic for
 // a fixed topology and message size (NCCL's own guarantee). One thread at a time issues collectives.
-class NcclBackend {
+class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
  public:
   using accepted_spaces = SpaceList<DeviceSpace>;
   static constexpr std::string_view backend_name = "nccl";  // for logs: which backend was composed
@@ -80,7 +81,7 @@ class NcclBackend {
 
   // Collective over MPI_COMM_WORLD: rank 0 creates the ncclUniqueId and broadcasts it with MPI.
   explicit NcclBackend(MpiSession const& session, NcclOptions const& opts = {})
-      : rank_(session.rank()), n_(session.world_size()), compute_(opts.compute_stream), tracer_(opts.trace) {
+      : CollectiveFrontEnd(opts.trace), rank_(session.rank()), n_(session.world_size()), compute_(opts.compute_stream) {
     try {
       init(session, opts);
     } catch (...) {
@@ -96,6 +97,17 @@ class NcclBackend {
   int world_size() const noexcept { return n_; }
   int device() const noexcept { return device_; }
   cudaStream_t stream() const noexcept { return stream_; }
+
+  // The collectives come from CollectiveFrontEnd; all_reduce_async returns an NcclWork (an event on the
+  // NCCL stream). barrier() blocks the host until every rank arrived and all earlier collectives of this
+  // backend finished. Below: the transport.
+
+  // Throws if NCCL reported an asynchronous error (a peer failed, a network error).
+  void check_async(char const* op, CollectiveTag tag) const {
+    ncclResult_t async = ncclSuccess;
+    nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    if (async != ncclSuccess) nccl(async, op, tag);
+  }
 
  private:
   void init(MpiSession const& session, NcclOptions const& opts) {
@@ -132,154 +144,93 @@ class NcclBackend {
     events_.clear();
   }
 
- public:
-  template <detail::BufferLike B>
-  void all_reduce(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
-    auto s = detail::as_space_span(buf);
-    check_buffer<decltype(s)>();
-    detail::check_writable<decltype(s)>();
-    using T = std::remove_cv_t<typename decltype(s)::element_type>;
-    trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, false);
-    enqueue([&] { return ncclAllReduce(s.data(), s.data(), s.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_); },
+  friend class detail::CollectiveFrontEnd<NcclBackend>;
+
+  template <class S>
+  static constexpr void check_space() {
+    static_assert(std::same_as<typename S::space, DeviceSpace>,
+                  "NcclBackend needs device memory (a DeviceSpan), but this buffer is host memory: put it in a "
+                  "DeviceBuffer (ddp/tensor/device_buffer.hpp), or use ThreadsBackend / MpiBackend for host "
+                  "buffers");
+  }
+
+  template <class T>
+  void run_all_reduce(DeviceSpan<T> buf, ReduceOp op, CollectiveTag tag) {
+    enqueue([&] { return ncclAllReduce(buf.data(), buf.data(), buf.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_); },
             "all_reduce", tag);
   }
 
-  template <detail::BufferLike B>
-  work_type all_reduce_async(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
-    auto s = detail::as_space_span(buf);
-    check_buffer<decltype(s)>();
-    detail::check_writable<decltype(s)>();
-    using T = std::remove_cv_t<typename decltype(s)::element_type>;
-    trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, true);
-    enqueue([&] { return ncclAllReduce(s.data(), s.data(), s.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_); },
-            "all_reduce", tag);
+  template <class T>
+  NcclWork run_all_reduce_async(DeviceSpan<T> buf, ReduceOp op, CollectiveTag tag) {
+    run_all_reduce(buf, op, tag);
     cudaEvent_t const e = events_[next_event_++ % events_.size()];
     cuda(cudaEventRecord(e, stream_), "cudaEventRecord");
     return NcclWork(this, e);
   }
 
-  template <detail::BufferLike B>
-  void broadcast(B&& buf, int root, CollectiveTag tag = {}) {
-    auto s = detail::as_space_span(buf);
-    check_buffer<decltype(s)>();
-    detail::check_writable<decltype(s)>();
-    using T = std::remove_cv_t<typename decltype(s)::element_type>;
-    trace(CollectiveKind::kBroadcast, s.size(), dtype_of<T>, ReduceOp::kSum, root, tag, false);
-    check_root(root, "broadcast");
-    enqueue([&] { return ncclBroadcast(s.data(), s.data(), s.size(), detail::nccl_type<T>(), root, comm_, stream_); },
+  template <class T>
+  void run_broadcast(DeviceSpan<T> buf, int root, CollectiveTag tag) {
+    enqueue([&] { return ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl_type<T>(), root, comm_, stream_); },
             "broadcast", tag);
   }
 
-  template <detail::BufferLike I, detail::BufferLike O>
-  void all_gather(I&& in, O&& out, CollectiveTag tag = {}) {
-    auto [src, dst] = pair_of(in, out);
-    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
-    trace(CollectiveKind::kAllGather, src.size(), dtype_of<T>, ReduceOp::kSum, -1, tag, false);
-    check_size(dst.size(), src.size() * n_, "all_gather", "out", "world_size * in.size()");
+  template <class T>
+  void run_all_gather(DeviceSpan<T const> src, DeviceSpan<T> dst, CollectiveTag tag) {
     enqueue([&] { return ncclAllGather(src.data(), dst.data(), src.size(), detail::nccl_type<T>(), comm_, stream_); },
             "all_gather", tag);
   }
 
-  template <detail::BufferLike I, detail::BufferLike O>
-  void reduce_scatter(I&& in, O&& out, ReduceOp op, CollectiveTag tag = {}) {
-    auto [src, dst] = pair_of(in, out);
-    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
-    trace(CollectiveKind::kReduceScatter, src.size(), dtype_of<T>, op, -1, tag, false);
-    check_size(src.size(), dst.size() * n_, "reduce_scatter", "in", "world_size * out.size()");
+  template <class T>
+  void run_reduce_scatter(DeviceSpan<T const> src, DeviceSpan<T> dst, ReduceOp op, CollectiveTag tag) {
     enqueue([&] {
       return ncclReduceScatter(src.data(), dst.data(), dst.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_);
     }, "reduce_scatter", tag);
   }
 
-  // NCCL has no gather/scatter: grouped point-to-point sends and receives.
-  template <detail::BufferLike I, detail::BufferLike O>
-  void gather(I&& in, O&& out, int root, CollectiveTag tag = {}) {
-    auto [src, dst] = pair_of(in, out);
-    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+  // NCCL has no gather/scatter: grouped point-to-point. The root exchanges block k (m elements at offset
+  // k * m of its whole buffer) with rank k and copies its own block on the stream.
+  template <class T>
+  void run_gather(DeviceSpan<T const> src, DeviceSpan<T> dst, int root, CollectiveTag tag) {
     std::size_t const m = src.size();
-    trace(CollectiveKind::kGather, m, dtype_of<T>, ReduceOp::kSum, root, tag, false);
-    check_root(root, "gather");
-    if (rank_ == root) check_size(dst.size(), m * n_, "gather", "out", "world_size * in.size()");
-    enqueue([&] {
-      ncclResult_t rc = ncclGroupStart();
-      if (rank_ == root) {
-        for (int k = 0; k < n_ && rc == ncclSuccess; ++k) {
-          if (k == rank_) {
-            if (m != 0 && dst.data() + k * m != src.data()) {
-              rc = cudaMemcpyAsync(dst.data() + k * m, src.data(), m * sizeof(T), cudaMemcpyDeviceToDevice, stream_) == cudaSuccess
-                       ? ncclSuccess : ncclUnhandledCudaError;
-            }
-          } else {
-            rc = ncclRecv(dst.data() + k * m, m, detail::nccl_type<T>(), k, comm_, stream_);
-          }
-        }
-      } else {
-        rc = ncclSend(src.data(), m, detail::nccl_type<T>(), root, comm_, stream_);
-      }
-      ncclResult_t const end = ncclGroupEnd();
-      return rc != ncclSuccess ? rc : end;
-    }, "gather", tag);
+    grouped("gather", tag, [&](int k) {
+      if (rank_ != root) return k == root ? ncclSend(src.data(), m, detail::nccl_type<T>(), root, comm_, stream_) : ncclSuccess;
+      return k == root ? device_copy(dst.data() + k * m, src.data(), m)
+                       : ncclRecv(dst.data() + k * m, m, detail::nccl_type<T>(), k, comm_, stream_);
+    });
   }
 
-  template <detail::BufferLike I, detail::BufferLike O>
-  void scatter(I&& in, O&& out, int root, CollectiveTag tag = {}) {
-    auto [src, dst] = pair_of(in, out);
-    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+  template <class T>
+  void run_scatter(DeviceSpan<T const> src, DeviceSpan<T> dst, int root, CollectiveTag tag) {
     std::size_t const m = dst.size();
-    trace(CollectiveKind::kScatter, m, dtype_of<T>, ReduceOp::kSum, root, tag, false);
-    check_root(root, "scatter");
-    if (rank_ == root) check_size(src.size(), m * n_, "scatter", "in", "world_size * out.size()");
-    enqueue([&] {
-      ncclResult_t rc = ncclGroupStart();
-      if (rank_ == root) {
-        for (int k = 0; k < n_ && rc == ncclSuccess; ++k) {
-          if (k == rank_) {
-            if (m != 0 && src.data() + k * m != dst.data()) {
-              rc = cudaMemcpyAsync(dst.data(), src.data() + k * m, m * sizeof(T), cudaMemcpyDeviceToDevice, stream_) == cudaSuccess
-                       ? ncclSuccess : ncclUnhandledCudaError;
-            }
-          } else {
-            rc = ncclSend(src.data() + k * m, m, detail::nccl_type<T>(), k, comm_, stream_);
-          }
-        }
-      } else {
-        rc = ncclRecv(dst.data(), m, detail::nccl_type<T>(), root, comm_, stream_);
-      }
-      ncclResult_t const end = ncclGroupEnd();
-      return rc != ncclSuccess ? rc : end;
-    }, "scatter", tag);
+    grouped("scatter", tag, [&](int k) {
+      if (rank_ != root) return k == root ? ncclRecv(dst.data(), m, detail::nccl_type<T>(), root, comm_, stream_) : ncclSuccess;
+      return k == root ? device_copy(dst.data(), src.data() + k * m, m)
+                       : ncclSend(src.data() + k * m, m, detail::nccl_type<T>(), k, comm_, stream_);
+    });
   }
 
-  // Blocks the host until every rank arrived and all earlier collectives of this backend finished.
-  void barrier(CollectiveTag tag = {}) {
-    trace(CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1, tag, false);
+  // One NCCL group of point-to-point calls: step(k) for every rank k, stopping at the first error.
+  template <class Step>
+  void grouped(char const* op, CollectiveTag tag, Step&& step) {
+    enqueue([&] {
+      ncclResult_t rc = ncclGroupStart();
+      for (int k = 0; k < n_ && rc == ncclSuccess; ++k) rc = step(k);
+      ncclResult_t const end = ncclGroupEnd();
+      return rc != ncclSuccess ? rc : end;
+    }, op, tag);
+  }
+
+  template <class T>
+  ncclResult_t device_copy(T* to, T const* from, std::size_t m) {
+    if (m == 0 || to == from) return ncclSuccess;
+    return cudaMemcpyAsync(to, from, m * sizeof(T), cudaMemcpyDeviceToDevice, stream_) == cudaSuccess ? ncclSuccess
+                                                                                                      : ncclUnhandledCudaError;
+  }
+
+  void run_barrier(CollectiveTag tag) {
     enqueue([&] { return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclInt32, ncclSum, comm_, stream_); }, "barrier", tag);
     cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     check_async("barrier", tag);
-  }
-
-  // Throws if NCCL reported an asynchronous error (a peer failed, a network error).
-  void check_async(char const* op, CollectiveTag tag) const {
-    ncclResult_t async = ncclSuccess;
-    nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
-    if (async != ncclSuccess) nccl(async, op, tag);
-  }
-
- private:
-  template <class S>
-  static constexpr void check_buffer() {
-    static_assert(std::same_as<typename S::space, DeviceSpace>,
-                  "NcclBackend needs device memory (a DeviceSpan), but this buffer is host memory: put it in a "
-                  "DeviceBuffer (ddp/tensor/device_buffer.hpp), or use ThreadsBackend / MpiBackend for host "
-                  "buffers");
-    detail::check_element<S>();
-  }
-
-  template <class I, class O>
-  static auto pair_of(I&& in, O&& out) {
-    check_buffer<detail::span_of_t<I>>();
-    check_buffer<detail::span_of_t<O>>();
-    return detail::span_pair(in, out);
   }
 
   // Orders the collective after the compute stream's queued work, and later compute work after it.
@@ -302,26 +253,9 @@ class NcclBackend {
   void nccl(ncclResult_t rc, char const* op, CollectiveTag tag = {}) const {
     if (rc == ncclSuccess) return;
     char const* last = comm_ != nullptr ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
-    std::string const tag_text =
-        tag.empty() ? std::string() : detail::cat(" [", tag.label, tag.id >= 0 ? detail::cat(":", tag.id) : std::string(), "]");
-    throw CommError(detail::cat("ddp nccl: ", op, tag_text, " on rank ", rank_, " of ", n_, " failed: ",
+    throw CommError(detail::cat("ddp nccl: ", op, detail::tag_suffix(tag), " on rank ", rank_, " of ", n_, " failed: ",
                                 ncclGetErrorString(rc), (last && *last) ? detail::cat(" (", last, ")") : std::string()),
                     rank_);
-  }
-  void check_root(int root, char const* op) const {
-    if (root < 0 || root >= n_) {
-      throw ArgumentError(detail::cat("ddp nccl: ", op, " on rank ", rank_, ": root ", root, " is outside [0, ", n_, ")"));
-    }
-  }
-  void check_size(std::size_t got, std::size_t want, char const* op, char const* what, char const* rule) const {
-    if (got != want) {
-      throw ArgumentError(detail::cat("ddp nccl: ", op, " on rank ", rank_, ": ", what, ".size() is ", got,
-                                      " but must be ", rule, " = ", want));
-    }
-  }
-  void trace(CollectiveKind kind, std::size_t count, Dtype dt, ReduceOp op, int root, CollectiveTag tag,
-             bool async) const noexcept {
-    if (tracer_.enabled()) tracer_(CollectiveRecord{rank_, kind, count, dt, op, root, tag, async});
   }
 
   friend class NcclWork;
@@ -330,7 +264,6 @@ class NcclBackend {
   int n_;
   int device_ = 0;
   cudaStream_t compute_;
-  detail::Tracer tracer_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/detail/front_end.hpp"
 #include "ddp/comm/detail/progress.hpp"
 #include "ddp/comm/detail/reduce.hpp"
 #include "ddp/comm/detail/threads_group.hpp"
@@ -31,20 +32,20 @@ namespace ddp {
 // Results are bitwise identical on every rank and deterministic run to run (ranks are combined in rank
 // order). Thread safety: one thread at a time issues a rank's collectives (its async work runs on the
 // rank's progress thread). Buffers of different ranks must not overlap.
-class ThreadsBackend {
+class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
  public:
   using accepted_spaces = SpaceList<HostSpace>;
   static constexpr std::string_view backend_name = "threads";  // for logs: which backend was composed
   using work_type = Work;
 
   ThreadsBackend(std::shared_ptr<detail::ThreadsGroup> group, int rank)
-      : group_(std::move(group)),
+      : CollectiveFrontEnd(group->options().trace),
+        group_(std::move(group)),
         rank_(rank),
         n_(group_->world_size()),
-        tracer_(group_->options().trace),
         ptrs_(std::vector<float*>(n_), std::vector<double*>(n_), std::vector<std::int32_t*>(n_),
               std::vector<std::int64_t*>(n_)),
-        queue_(group_->options().queue_capacity, group_->policy(), Executor{this}) {
+        queue_(group_->options().queue_capacity, group_->policy(), detail::AllReduceExecutor<ThreadsBackend>{this}) {
     if (rank < 0 || rank >= n_) {
       throw ArgumentError(detail::cat("ThreadsBackend: rank ", rank, " is outside the group of ", n_));
     }
@@ -64,40 +65,60 @@ class ThreadsBackend {
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return n_; }
 
-  template <detail::BufferLike B>
-  void all_reduce(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
-    auto s = detail::as_space_span(buf);
-    check_buffer<decltype(s)>();
-    detail::check_writable<decltype(s)>();
-    using T = std::remove_cv_t<typename decltype(s)::element_type>;
-    trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, false);
-    enter(CollectiveKind::kAllReduce, tag);
-    run_all_reduce<T>(s.data(), s.size(), op, tag);
+  // The collectives (all_reduce, all_reduce_async, broadcast, all_gather, reduce_scatter, gather, scatter,
+  // barrier) come from CollectiveFrontEnd; all_reduce_async queues on this rank's progress thread (no
+  // allocation). Below: the transport.
+
+  // Waits for every async collective issued so far; rethrows the first error.
+  void synchronize() { queue_.drain(); }
+
+  detail::ThreadsGroup& group() noexcept { return *group_; }
+
+ private:
+  friend class detail::CollectiveFrontEnd<ThreadsBackend>;
+  friend struct detail::AllReduceExecutor<ThreadsBackend>;
+
+  template <class S>
+  static constexpr void check_space() {
+    static_assert(std::same_as<typename S::space, HostSpace>,
+                  "ThreadsBackend takes host memory, but this buffer is a DeviceSpan (device memory): copy it into "
+                  "a host buffer (HostSpan / std::vector), or use NcclBackend from ddp/comm/nccl.hpp for device "
+                  "buffers");
   }
 
-  // Queues an in-place all-reduce on this rank's progress thread and returns at once (no allocation).
-  template <detail::BufferLike B>
-  work_type all_reduce_async(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
-    auto s = detail::as_space_span(buf);
-    check_buffer<decltype(s)>();
-    detail::check_writable<decltype(s)>();
-    using T = std::remove_cv_t<typename decltype(s)::element_type>;
-    trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, true);
-    return queue_.submit(Request{dtype_of<T>, op, s.data(), s.size(), tag});
+  detail::AllReduceQueue<ThreadsBackend>& progress_queue() noexcept { return queue_; }
+
+  template <class T>
+  void run_all_reduce(HostSpan<T> buf, ReduceOp op, CollectiveTag tag) {
+    if (n_ == 1) {
+      if (group_->failed_rank() >= 0) throw group_->failure_error(rank_, CollectiveKind::kAllReduce, tag);
+      return;  // sum, avg, max and min of one rank are the identity
+    }
+    T* data = buf.data();
+    std::size_t const count = buf.size();
+    std::size_t const bytes = count * sizeof(T);
+    bool const small = bytes <= group_->staging_bytes();
+    std::uint64_t const seq =
+        publish(detail::Publication{CollectiveKind::kAllReduce, dtype_of<T>, op, -1, count, data, nullptr});
+    if (small && bytes != 0) std::memcpy(group_->staging(rank_, seq), data, bytes);
+    arrive(seq, CollectiveKind::kAllReduce, tag);
+    auto& ptrs = pointers<T>();
+    if (small) {
+      for (int k = 0; k < n_; ++k) ptrs[k] = reinterpret_cast<T*>(group_->staging(k, seq));
+      detail::reduce_blocks<T>(ptrs.data(), n_, &data, 1, count, op);
+      return;
+    }
+    auto const [lo, hi] = slice(count, sizeof(T));
+    for (int k = 0; k < n_; ++k) ptrs[k] = static_cast<T*>(peer(k, seq).out) + lo;
+    detail::reduce_blocks<T>(ptrs.data(), n_, ptrs.data(), n_, hi - lo, op);
+    arrive(++seq_, CollectiveKind::kAllReduce, tag);
   }
 
-  template <detail::BufferLike B>
-  void broadcast(B&& buf, int root, CollectiveTag tag = {}) {
-    auto s = detail::as_space_span(buf);
-    check_buffer<decltype(s)>();
-    detail::check_writable<decltype(s)>();
-    using T = std::remove_cv_t<typename decltype(s)::element_type>;
-    trace(CollectiveKind::kBroadcast, s.size(), dtype_of<T>, ReduceOp::kSum, root, tag, false);
-    check_root(root, CollectiveKind::kBroadcast);
-    enter(CollectiveKind::kBroadcast, tag);
+  template <class T>
+  void run_broadcast(HostSpan<T> buf, int root, CollectiveTag tag) {
     if (n_ == 1) return;
-    T* const data = s.data();
-    std::size_t const count = s.size();
+    T* const data = buf.data();
+    std::size_t const count = buf.size();
     std::size_t const bytes = count * sizeof(T);
     bool const small = bytes <= group_->staging_bytes();
     std::uint64_t const seq = publish(detail::Publication{CollectiveKind::kBroadcast, dtype_of<T>, ReduceOp::kSum,
@@ -116,14 +137,9 @@ class ThreadsBackend {
     arrive(++seq_, CollectiveKind::kBroadcast, tag);
   }
 
-  template <detail::BufferLike I, detail::BufferLike O>
-  void all_gather(I&& in, O&& out, CollectiveTag tag = {}) {
-    auto [src, dst] = pair_of(in, out);
-    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+  template <class T>
+  void run_all_gather(HostSpan<T const> src, HostSpan<T> dst, CollectiveTag tag) {
     std::size_t const m = src.size();
-    trace(CollectiveKind::kAllGather, m, dtype_of<T>, ReduceOp::kSum, -1, tag, false);
-    check_size(dst.size(), m * n_, CollectiveKind::kAllGather, "out", "world_size * in.size()");
-    enter(CollectiveKind::kAllGather, tag);
     std::uint64_t const seq = publish(
         detail::Publication{CollectiveKind::kAllGather, dtype_of<T>, ReduceOp::kSum, -1, m, dst.data(), src.data()});
     arrive(seq, CollectiveKind::kAllGather, tag);
@@ -131,14 +147,9 @@ class ThreadsBackend {
     arrive(++seq_, CollectiveKind::kAllGather, tag);
   }
 
-  template <detail::BufferLike I, detail::BufferLike O>
-  void reduce_scatter(I&& in, O&& out, ReduceOp op, CollectiveTag tag = {}) {
-    auto [src, dst] = pair_of(in, out);
-    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+  template <class T>
+  void run_reduce_scatter(HostSpan<T const> src, HostSpan<T> dst, ReduceOp op, CollectiveTag tag) {
     std::size_t const m = dst.size();
-    trace(CollectiveKind::kReduceScatter, src.size(), dtype_of<T>, op, -1, tag, false);
-    check_size(src.size(), m * n_, CollectiveKind::kReduceScatter, "in", "world_size * out.size()");
-    enter(CollectiveKind::kReduceScatter, tag);
     std::uint64_t const seq =
         publish(detail::Publication{CollectiveKind::kReduceScatter, dtype_of<T>, op, -1, m, dst.data(), src.data()});
     arrive(seq, CollectiveKind::kReduceScatter, tag);
@@ -149,16 +160,9 @@ class ThreadsBackend {
     arrive(++seq_, CollectiveKind::kReduceScatter, tag);
   }
 
-  // Root's out receives rank r's in at offset r * in.size(); other ranks' out is not touched.
-  template <detail::BufferLike I, detail::BufferLike O>
-  void gather(I&& in, O&& out, int root, CollectiveTag tag = {}) {
-    auto [src, dst] = pair_of(in, out);
-    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+  template <class T>
+  void run_gather(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
     std::size_t const m = src.size();
-    trace(CollectiveKind::kGather, m, dtype_of<T>, ReduceOp::kSum, root, tag, false);
-    check_root(root, CollectiveKind::kGather);
-    if (rank_ == root) check_size(dst.size(), m * n_, CollectiveKind::kGather, "out", "world_size * in.size()");
-    enter(CollectiveKind::kGather, tag);
     std::uint64_t const seq =
         publish(detail::Publication{CollectiveKind::kGather, dtype_of<T>, ReduceOp::kSum, root, m, dst.data(), src.data()});
     arrive(seq, CollectiveKind::kGather, tag);
@@ -166,16 +170,9 @@ class ThreadsBackend {
     arrive(++seq_, CollectiveKind::kGather, tag);
   }
 
-  // Rank r's out receives root's in at offset r * out.size(); other ranks' in is not read.
-  template <detail::BufferLike I, detail::BufferLike O>
-  void scatter(I&& in, O&& out, int root, CollectiveTag tag = {}) {
-    auto [src, dst] = pair_of(in, out);
-    using T = std::remove_cv_t<typename decltype(dst)::element_type>;
+  template <class T>
+  void run_scatter(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
     std::size_t const m = dst.size();
-    trace(CollectiveKind::kScatter, m, dtype_of<T>, ReduceOp::kSum, root, tag, false);
-    check_root(root, CollectiveKind::kScatter);
-    if (rank_ == root) check_size(src.size(), m * n_, CollectiveKind::kScatter, "in", "world_size * out.size()");
-    enter(CollectiveKind::kScatter, tag);
     std::uint64_t const seq = publish(
         detail::Publication{CollectiveKind::kScatter, dtype_of<T>, ReduceOp::kSum, root, m, dst.data(), src.data()});
     arrive(seq, CollectiveKind::kScatter, tag);
@@ -183,77 +180,10 @@ class ThreadsBackend {
     arrive(++seq_, CollectiveKind::kScatter, tag);
   }
 
-  void barrier(CollectiveTag tag = {}) {
-    trace(CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1, tag, false);
-    enter(CollectiveKind::kBarrier, tag);
+  void run_barrier(CollectiveTag tag) {
     std::uint64_t const seq =
         publish(detail::Publication{CollectiveKind::kBarrier, Dtype::kInt32, ReduceOp::kSum, -1, 0, nullptr, nullptr});
     arrive(seq, CollectiveKind::kBarrier, tag);
-  }
-
-  // Waits for every async collective issued so far; rethrows the first error.
-  void synchronize() { queue_.drain(); }
-
-  detail::ThreadsGroup& group() noexcept { return *group_; }
-
- private:
-  struct Request {
-    Dtype dtype;
-    ReduceOp op;
-    void* data;
-    std::size_t count;
-    CollectiveTag tag;
-  };
-  struct Executor {
-    ThreadsBackend* self;
-    void operator()(Request const& r) const {
-      switch (r.dtype) {
-        case Dtype::kFloat32: return self->run_all_reduce(static_cast<float*>(r.data), r.count, r.op, r.tag);
-        case Dtype::kFloat64: return self->run_all_reduce(static_cast<double*>(r.data), r.count, r.op, r.tag);
-        case Dtype::kInt32: return self->run_all_reduce(static_cast<std::int32_t*>(r.data), r.count, r.op, r.tag);
-        case Dtype::kInt64: return self->run_all_reduce(static_cast<std::int64_t*>(r.data), r.count, r.op, r.tag);
-      }
-    }
-  };
-
-  template <class S>
-  static constexpr void check_buffer() {
-    static_assert(std::same_as<typename S::space, HostSpace>,
-                  "ThreadsBackend takes host memory, but this buffer is a DeviceSpan (device memory): copy it into "
-                  "a host buffer (HostSpan / std::vector), or use NcclBackend from ddp/comm/nccl.hpp for device "
-                  "buffers");
-    detail::check_element<S>();
-  }
-
-  template <class I, class O>
-  static auto pair_of(I&& in, O&& out) {
-    check_buffer<detail::span_of_t<I>>();
-    check_buffer<detail::span_of_t<O>>();
-    return detail::span_pair(in, out);
-  }
-
-  template <class T>
-  void run_all_reduce(T* data, std::size_t count, ReduceOp op, CollectiveTag tag) {
-    if (n_ == 1) {
-      if (group_->failed_rank() >= 0) throw group_->failure_error(rank_, CollectiveKind::kAllReduce, tag);
-      return;  // sum, avg, max and min of one rank are the identity
-    }
-    std::size_t const bytes = count * sizeof(T);
-    bool const small = bytes <= group_->staging_bytes();
-    std::uint64_t const seq =
-        publish(detail::Publication{CollectiveKind::kAllReduce, dtype_of<T>, op, -1, count, data, nullptr});
-    if (small && bytes != 0) std::memcpy(group_->staging(rank_, seq), data, bytes);
-    arrive(seq, CollectiveKind::kAllReduce, tag);
-    auto& ptrs = pointers<T>();
-    if (small) {
-      for (int k = 0; k < n_; ++k) ptrs[k] = reinterpret_cast<T*>(group_->staging(k, seq));
-      detail::reduce_blocks<T>(ptrs.data(), n_, &data, 1, count, op);
-      return;
-    }
-    auto const [lo, hi] = slice(count, sizeof(T));
-    for (int k = 0; k < n_; ++k) ptrs[k] = static_cast<T*>(peer(k, seq).out) + lo;
-    detail::reduce_blocks<T>(ptrs.data(), n_, ptrs.data(), n_, hi - lo, op);
-    arrive(++seq_, CollectiveKind::kAllReduce, tag);
   }
 
   // Announces this rank's next collective in the slot for its next barrier; returns that barrier's number.
@@ -285,8 +215,8 @@ class ThreadsBackend {
         continue;
       }
       std::string const msg = detail::cat("ddp threads: collective mismatch: rank ", rank_, " issued ", describe(me),
-                                          detail::ThreadsGroup::tag_suffix(tag), " but rank ", k, " issued ",
-                                          describe(p), "; every rank must issue the same collectives in the same order");
+                                          detail::tag_suffix(tag), " but rank ", k, " issued ", describe(p),
+                                          "; every rank must issue the same collectives in the same order");
       group_->abort(rank_, msg);
       throw CommError(msg, k);
     }
@@ -305,24 +235,6 @@ class ThreadsBackend {
   void enter(CollectiveKind kind, CollectiveTag tag) {
     if (!queue_.idle()) queue_.drain();
     if (group_->failed_rank() >= 0) throw group_->failure_error(rank_, kind, tag);
-  }
-
-  void trace(CollectiveKind kind, std::size_t count, Dtype dt, ReduceOp op, int root, CollectiveTag tag,
-             bool async) const noexcept {
-    if (tracer_.enabled()) tracer_(CollectiveRecord{rank_, kind, count, dt, op, root, tag, async});
-  }
-
-  void check_root(int root, CollectiveKind kind) const {
-    if (root < 0 || root >= n_) {
-      throw ArgumentError(detail::cat("ddp threads: ", name(kind), " on rank ", rank_, ": root ", root,
-                                      " is outside [0, ", n_, ")"));
-    }
-  }
-  void check_size(std::size_t got, std::size_t want, CollectiveKind kind, char const* what, char const* rule) const {
-    if (got != want) {
-      throw ArgumentError(detail::cat("ddp threads: ", name(kind), " on rank ", rank_, ": ", what, ".size() is ", got,
-                                      " but must be ", rule, " = ", want));
-    }
   }
 
   // This rank's share [lo, hi) of count elements: equal parts rounded up to whole 64-byte lines, so no
@@ -348,11 +260,10 @@ class ThreadsBackend {
   std::shared_ptr<detail::ThreadsGroup> group_;
   int rank_;
   int n_;
-  detail::Tracer tracer_;
   std::uint64_t seq_ = 0;        // barriers this rank has entered
   std::uint64_t published_ = 0;  // the barrier whose publication slot was written last
   std::tuple<std::vector<float*>, std::vector<double*>, std::vector<std::int32_t*>, std::vector<std::int64_t*>> ptrs_;
-  detail::ProgressQueue<Request, Executor> queue_;
+  detail::AllReduceQueue<ThreadsBackend> queue_;
 };
 
 static_assert(Communicator<ThreadsBackend>);

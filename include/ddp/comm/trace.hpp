@@ -71,6 +71,19 @@ struct TraceOptions {
 
 namespace detail {
 
+// A tag as error messages show it: " [bucket:3]", " [bucket]", " [3]", or "" for no tag.
+inline std::string tag_suffix(CollectiveTag tag) {
+  if (tag.empty()) return {};
+  std::string s = " [";
+  s += tag.label;
+  if (tag.id >= 0) {
+    if (!tag.label.empty()) s += ':';
+    s += std::to_string(tag.id);
+  }
+  s += ']';
+  return s;
+}
+
 // Held by each backend: one branch per collective when off; one line, written with a single fwrite, when on.
 class Tracer {
  public:

@@ -148,12 +148,6 @@ class ThreadsGroup {
     return n;
   }
 
-  static std::string tag_suffix(CollectiveTag tag) {
-    if (tag.empty()) return {};
-    return tag.id >= 0 ? detail::cat(" [", tag.label, tag.label.empty() ? "" : ":", tag.id, "]")
-                       : detail::cat(" [", tag.label, "]");
-  }
-
  private:
   bool all_arrived(std::uint64_t seq) const noexcept {
     for (int k = 0; k < n_; ++k) {
