@@ -127,14 +127,20 @@ TEST_CASE("ParameterArena packs in reverse registration order and parameters bec
   for (std::int64_t i = 0; i < arena.numel(); ++i) CHECK(arena.grads()[i] == 0.0f);
 }
 
-TEST_CASE("ParameterArena rejects non-parameters and packs shared weights once") {
-  Var c(zeros<float>({2}));
-  CHECK_THROWS_WITH_AS(nn::ParameterArena<float>(std::vector<nn::NamedParameter<float, HostSpace>>{{"c", c}}),
-                       doctest::Contains("'c'"), ArgumentError);
+TEST_CASE("ParameterArena rejects non-leaves, skips frozen parameters and packs shared weights once") {
   Var w(zeros<float>({3}), RequiresGrad::kYes);
-  nn::ParameterArena<float> a(std::vector<nn::NamedParameter<float, HostSpace>>{{"w", w}, {"tied", w}});
+  Var d = scale(w, 2.0f);  // an op's output is no parameter
+  CHECK_THROWS_WITH_AS(nn::ParameterArena<float>(std::vector<nn::NamedParameter<float, HostSpace>>{{"d", d}}),
+                       doctest::Contains("'d'"), ArgumentError);
+  Var c(zeros<float>({2}));  // frozen (requires_grad false): accepted, not packed
+  nn::ParameterArena<float> a(std::vector<nn::NamedParameter<float, HostSpace>>{{"w", w}, {"c", c}, {"tied", w}});
   CHECK(a.count() == 1);
   CHECK(a.numel() == 3);
+  CHECK(a.current());
+  nn::ParameterArena<float> b(std::vector<nn::NamedParameter<float, HostSpace>>{{"w", w}});  // re-packs w
+  CHECK_FALSE(a.current());
+  CHECK_THROWS_WITH_AS(a.check_current("SGD"), doctest::Contains("'w'"), ArgumentError);
+  CHECK(b.current());
 }
 
 TEST_CASE("Sequential fuses a Conv2d directly followed by a ReLU: same values and gradients, one op") {
