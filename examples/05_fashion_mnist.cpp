@@ -168,7 +168,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
     MetricsLog log;  // rank 0's epochs so far; kept in the checkpoint so a resumed run's CSV and plot are whole
     if (!cfg.resume.empty()) {
       std::string history;
-      pos = load_checkpoint(cfg.resume, comm, ddp.parameters(), opt, &history);
+      pos = load_checkpoint(cfg.resume, comm, ddp.module(), opt, &history);
       if (!history.empty()) {
         auto const saved = MetricsLog::from_csv(history, cfg.resume.string() + " (metrics)");
         for (auto const& m : saved.epochs())
@@ -220,7 +220,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         if (bar) bar->update(step, l);
         if (!cfg.checkpoint.empty() && cfg.checkpoint_every > 0 && pos.global_step % cfg.checkpoint_every == 0 &&
             step < loader.num_batches())  // mid-epoch: the sampler position is `step`
-          save_checkpoint(cfg.checkpoint, comm, ddp.parameters(), opt,
+          save_checkpoint(cfg.checkpoint, comm, ddp.module(), opt,
                           TrainPosition{.epoch = epoch,
                                         .step = step,
                                         .global_step = pos.global_step,
@@ -256,7 +256,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
       pos.step = 0;
       pos.scheduler_epoch = schedule_counter();
       if (!cfg.checkpoint.empty()) {
-        save_checkpoint(cfg.checkpoint, comm, ddp.parameters(), opt, pos, log.csv());
+        save_checkpoint(cfg.checkpoint, comm, ddp.module(), opt, pos, log.csv());
         if (leader) std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoint.string().c_str(), static_cast<long long>(epoch + 1));
       }
     }

@@ -1,10 +1,16 @@
-// optim: SGD/Adam/AdamW against PyTorch 1.13's update rules written out in double, state round trips,
-// skipped parameters, schedules.
+// optim: SGD/Adam/AdamW against PyTorch 1.13's update rules written out in double, state round trips (also
+// between arenas of other layouts), skipped parameters, schedules.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
 
-#include "ddp/ddp.hpp"
+#include "ddp/autograd/autograd.hpp"
+#include "ddp/nn/parameter_arena.hpp"
+#include "ddp/optim/optim.hpp"
 
 using namespace ddp;
 
@@ -93,16 +99,161 @@ TEST_CASE("optimizer state round trip: resuming continues bitwise identically") 
   for (int i = 0; i < 4; ++i) CHECK(a[i] == b[i]);
 }
 
-TEST_CASE("load_state rejects a mismatched state with a clear message") {
-  Setup s;
-  optim::SGD sgd(s.arena, {.lr = 0.1, .momentum = 0.9});
-  optim::Adam adam(s.arena, {});
-  CHECK_THROWS_WITH_AS(sgd.load_state(adam.state()), doctest::Contains("'adam'"), ArgumentError);
+// ---- state across arena layouts ----------------------------------------------------------------------
+
+namespace {
+// Four named parameters with fixed initial values, packed in `order` (registration order) with
+// `reserve` free elements after each (as DDP's status slots): the same parameters in another layout.
+struct Spec {
+  char const* name;
+  Shape shape;
+};
+Spec const kSpecs[] = {{"a", Shape{3}}, {"b", Shape{2, 2}}, {"c", Shape{5}}, {"d", Shape{1}}};
+
+struct Net {
+  std::map<std::string, Var> vars;
+  nn::ParameterArena<float> arena;
+};
+Net make_net(std::vector<std::string> const& order, std::vector<std::int64_t> const& reserve = {}) {
+  std::map<std::string, Var> vars;
+  for (int k = 0; k < 4; ++k) {
+    Tensor<float> t(kSpecs[k].shape);
+    for (std::int64_t j = 0; j < t.numel(); ++j) t[j] = 0.1f * float((j + 1) * (k + 1)) - 0.3f;
+    vars.emplace(kSpecs[k].name, Var(t, RequiresGrad::kYes));
+  }
+  std::vector<nn::NamedParameter<float, HostSpace>> list;
+  for (auto const& n : order) list.push_back({n, vars.at(n)});
+  return {vars, nn::ParameterArena<float>(list, reserve)};
+}
+// A gradient that depends on the parameter's name, element and value only (not on the layout). `skip` gets
+// none this step (PyTorch's grad = None).
+void set_grads(Net& net, int step, std::string const& skip = "") {
+  int k = 0;
+  for (auto& [name, v] : net.vars) {
+    ++k;
+    if (name == skip) continue;
+    Tensor<float> g = v.node().grad;
+    for (std::int64_t j = 0; j < g.numel(); ++j)
+      g[j] = 0.5f * v.value()[j] + 0.1f * float(k * (j + 1) * (step + 1)) * (j % 2 ? -1.0f : 1.0f);
+    v.node().grad_defined = true;
+  }
+}
+template <class O>
+void steps(Net& net, O& opt, int from, int to, std::string const& skip_at_second = "") {
+  for (int step = from; step < to; ++step) {
+    opt.zero_grad();
+    set_grads(net, step, step == from + 1 ? skip_at_second : "");
+    opt.step();
+  }
+}
+bool same_values(Net const& x, Net const& y) {
+  for (auto const& [name, v] : x.vars) {
+    auto const& w = y.vars.at(name);
+    if (std::memcmp(v.value().data(), w.value().data(), sizeof(float) * std::size_t(v.numel())) != 0) return false;
+  }
+  return true;
+}
+std::vector<std::string> const kAbcd{"a", "b", "c", "d"};
+
+// Trains `from` (3 steps, 'b' without a gradient in one), moves its state into an optimizer over `to` (the
+// same parameters in another layout, with `from`'s values), then 3 more steps on both: the same bits.
+template <class O>
+void check_moves(typename O::options_type opts, std::vector<std::string> const& order, std::vector<std::int64_t> const& reserve) {
+  Net src = make_net(kAbcd);
+  O a(src.arena, opts);
+  steps(src, a, 0, 3, "b");
+  Net dst = make_net(order, reserve);
+  for (auto& [name, v] : dst.vars)
+    std::memcpy(v.value().data(), src.vars.at(name).value().data(), sizeof(float) * std::size_t(v.numel()));
+  O b(dst.arena, opts);
+  b.load_state(a.state());
+  steps(src, a, 3, 6, "d");
+  steps(dst, b, 3, 6, "d");
+  CHECK(same_values(src, dst));
+}
+}  // namespace
+
+TEST_CASE("optimizer state moves between arenas of different layout (gaps, registration order): same next steps") {
+  struct Layout {
+    std::vector<std::string> order;
+    std::vector<std::int64_t> reserve;
+  };
+  for (auto const& l : {Layout{kAbcd, {2, 0, 3, 1}}, Layout{{"c", "a", "d", "b"}, {}}, Layout{{"d", "c", "b", "a"}, {0, 2, 0, 2}}}) {
+    CAPTURE(l.order[0]);
+    CAPTURE(l.reserve.size());
+    check_moves<optim::SGD>({.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01}, l.order, l.reserve);
+    check_moves<optim::SGD>({.lr = 0.1, .momentum = 0.9, .dampening = 0.0, .nesterov = true}, l.order, l.reserve);
+    check_moves<optim::Adam>({.lr = 0.01, .weight_decay = 0.01}, l.order, l.reserve);
+    check_moves<optim::AdamW>({.lr = 0.01}, l.order, l.reserve);
+  }
+}
+
+TEST_CASE("two bucket layouts of equal total size but other boundaries: Adam's moments land on their parameters") {
+  // Two status slots after 'a' or after 'c': numel() is the same, every offset but the first differs.
+  Net x = make_net(kAbcd, {2, 0, 0, 0}), y = make_net(kAbcd, {0, 0, 2, 0});
+  REQUIRE(x.arena.numel() == y.arena.numel());
+  optim::AdamW ox(x.arena, {.lr = 0.05}), oy(y.arena, {.lr = 0.05});
+  steps(x, ox, 0, 4);
+  for (auto& [name, v] : y.vars)
+    std::memcpy(v.value().data(), x.vars.at(name).value().data(), sizeof(float) * std::size_t(v.numel()));
+  oy.load_state(ox.state());
+  steps(x, ox, 4, 5);
+  steps(y, oy, 4, 5);
+  CHECK(same_values(x, y));
+}
+
+TEST_CASE("optimizer state is per parameter, keyed by name and shape") {
+  Net n = make_net(kAbcd, {1, 1, 1, 1});
+  optim::Adam adam(n.arena, {.lr = 0.01});
+  steps(n, adam, 0, 2, "c");  // 'c' has no gradient in step 1: one step fewer
+  auto const st = adam.state();
+  CHECK(st.kind == "adam");
+  CHECK(st.buffer_names == std::vector<std::string>{"exp_avg", "exp_avg_sq"});
+  REQUIRE(st.parameters.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    auto const& p = st.parameters[i];
+    CHECK(p.name == kAbcd[i]);
+    CHECK(p.shape == optim::detail::dims_of(kSpecs[i].shape));
+    CHECK(p.steps == (p.name == "c" ? 1 : 2));
+    REQUIRE(p.buffers.size() == 2);
+    CHECK(p.buffers[0].size() == std::size_t(kSpecs[i].shape.numel()));
+  }
+  optim::SGD plain(n.arena, {.lr = 0.1});
+  CHECK(plain.state().buffer_names.empty());
+  CHECK(plain.state().parameters.size() == 4);
+}
+
+TEST_CASE("load_state rejects a mismatched state naming the parameter, and changes nothing") {
+  Net n = make_net(kAbcd);
+  optim::SGD sgd(n.arena, {.lr = 0.1, .momentum = 0.9});
+  optim::Adam adam(n.arena, {});
+  steps(n, sgd, 0, 2);
+  auto const before = sgd.state();
+  CHECK_THROWS_WITH_AS(sgd.load_state(adam.state()), doctest::Contains("'adam', not 'sgd'"), ArgumentError);
+  CHECK_THROWS_WITH_AS(sgd.load_state(optim::SGD(n.arena, {.lr = 0.1}).state()),
+                       doctest::Contains("sgd state has buffers {}, this optimizer keeps {momentum_buffer}"), ArgumentError);
   auto st = sgd.state();
-  st.buffers[0].data.pop_back();
-  CHECK_THROWS_WITH_AS(sgd.load_state(st), doctest::Contains("momentum_buffer"), ArgumentError);
-  CHECK_THROWS_AS(optim::SGD(s.arena, {.lr = -1}), ArgumentError);
-  CHECK_THROWS_AS(optim::SGD(s.arena, {.lr = 0.1, .nesterov = true}), ArgumentError);
+  st.parameters[1].buffers[0].pop_back();
+  CHECK_THROWS_WITH_AS(sgd.load_state(st), doctest::Contains("buffer 'momentum_buffer' of parameter 'b' has 3 values"),
+                       ArgumentError);
+  st = sgd.state();
+  st.parameters[2].name = "e";  // 'c' missing, 'e' extra
+  CHECK_THROWS_WITH_AS(sgd.load_state(st), doctest::Contains("no entry for parameter 'c' (5,)"), ArgumentError);
+  st = sgd.state();
+  st.parameters.push_back(st.parameters[0]);
+  st.parameters.back().name = "extra.weight";
+  CHECK_THROWS_WITH_AS(sgd.load_state(st), doctest::Contains("holds parameter 'extra.weight' (3,), which this optimizer does not have"),
+                       ArgumentError);
+  st = sgd.state();
+  st.parameters[1].shape = {4};
+  CHECK_THROWS_WITH_AS(sgd.load_state(st), doctest::Contains("state of parameter 'b' is for shape (4,), the parameter has shape (2, 2)"),
+                       ArgumentError);
+  st = sgd.state();
+  st.parameters.push_back(st.parameters[0]);
+  CHECK_THROWS_WITH_AS(sgd.load_state(st), doctest::Contains("holds parameter 'a' twice"), ArgumentError);
+  CHECK(sgd.state() == before);  // every failed load left the optimizer as it was
+  CHECK_THROWS_AS(optim::SGD(n.arena, {.lr = -1}), ArgumentError);
+  CHECK_THROWS_AS(optim::SGD(n.arena, {.lr = 0.1, .nesterov = true}), ArgumentError);
 }
 
 TEST_CASE("parameters without a gradient are skipped, as PyTorch skips grad=None") {

@@ -1,5 +1,7 @@
-// Checkpoints: round trip of every field, atomic writes, corrupted/truncated/foreign/mismatched files are
-// clear errors on every rank, and resuming (threads, 2 ranks, real Fashion-MNIST slice) is bitwise exact.
+// Checkpoints: round trip of every field (parameters, frozen ones too, buffers, per-parameter optimizer state,
+// generators), atomic writes, corrupted/truncated/foreign/old/mismatched files are clear errors on every rank,
+// and resuming (threads, 2 ranks, real Fashion-MNIST slice) is bitwise exact. Resuming with another bucket
+// plan or world size: resume_test.cpp.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -74,7 +76,7 @@ fs::path write_valid(fs::path const& dir, std::string const& name = "ckpt.bin") 
   optim::AdamW opt(arena, {.lr = 0.01});
   take_steps(m, opt, 3);
   auto const path = dir / name;
-  write_checkpoint_file(path, capture_checkpoint(arena, opt, kPos));
+  write_checkpoint_file(path, capture_checkpoint(m, opt, kPos));
   return path;
 }
 
@@ -90,10 +92,10 @@ std::vector<std::string> load_on_ranks(int world, fs::path const& path, MakeMode
     try {
       if (sgd_on_rank1 && comm.rank() == 1) {
         optim::SGD opt(arena, {.lr = 0.1, .momentum = 0.9});
-        load_checkpoint(path, comm, arena, opt);
+        load_checkpoint(path, comm, m, opt);
       } else {
         optim::AdamW opt(arena, {});
-        load_checkpoint(path, comm, arena, opt);
+        load_checkpoint(path, comm, m, opt);
       }
     } catch (Error const& e) {
       err = e.what();
@@ -107,7 +109,7 @@ std::vector<std::string> load_on_ranks(int world, fs::path const& path, MakeMode
 
 }  // namespace
 
-TEST_CASE("checkpoint round trip keeps every field: parameters, optimizer state, position") {
+TEST_CASE("checkpoint round trip keeps every field: parameters, optimizer state per parameter, position") {
   auto const dir = temp_dir("roundtrip");
   auto m = small_model(1);
   nn::ParameterArena<float> arena(m);
@@ -115,7 +117,7 @@ TEST_CASE("checkpoint round trip keeps every field: parameters, optimizer state,
   take_steps(m, opt, 3);
   opt.set_lr(0.0042);
   auto const path = dir / "ckpt.bin";
-  auto const saved = capture_checkpoint(arena, opt, kPos, std::string("caller's bytes\0\xff", 16));
+  auto const saved = capture_checkpoint(m, opt, kPos, std::string("caller's bytes\0\xff", 16));
   write_checkpoint_file(path, saved);
   CHECK(encode_checkpoint(saved) == slurp(path));  // deterministic bytes
 
@@ -130,14 +132,19 @@ TEST_CASE("checkpoint round trip keeps every field: parameters, optimizer state,
   std::vector<float> flat;
   for (auto const& p : c.parameters) flat.insert(flat.end(), p.values.begin(), p.values.end());
   CHECK(same_bits(flat, values_of(arena)));
+  CHECK(c.buffers.empty());
+  CHECK(c.generators.names.empty());
   auto const st = opt.state();
   CHECK(c.optimizer.kind == "adamw");
   CHECK(c.optimizer.lr == 0.0042);
-  CHECK(c.optimizer.counters == std::vector<std::int64_t>{3, 3, 3, 3});
-  REQUIRE(c.optimizer.buffers.size() == 2);
-  for (std::size_t b = 0; b < 2; ++b) {
-    CHECK(c.optimizer.buffers[b].name == st.buffers[b].name);
-    CHECK(same_bits(c.optimizer.buffers[b].data, st.buffers[b].data));
+  CHECK(c.optimizer.buffer_names == std::vector<std::string>{"exp_avg", "exp_avg_sq"});
+  REQUIRE(c.optimizer.parameters.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(c.optimizer.parameters[i].name == c.parameters[i].name);
+    CHECK(c.optimizer.parameters[i].shape == c.parameters[i].shape);
+    CHECK(c.optimizer.parameters[i].steps == 3);
+    for (std::size_t b = 0; b < 2; ++b)
+      CHECK(same_bits(c.optimizer.parameters[i].buffers[b], st.parameters[i].buffers[b]));
   }
 
   // Into a fresh model (other initial weights) and optimizer, through the collective loader (1 rank).
@@ -147,15 +154,11 @@ TEST_CASE("checkpoint round trip keeps every field: parameters, optimizer state,
     optim::AdamW opt2(arena2, {.lr = 1.0});
     CHECK_FALSE(same_bits(values_of(arena2), values_of(arena)));
     std::string extra;
-    auto const pos = load_checkpoint(path, comm, arena2, opt2, &extra);
+    auto const pos = load_checkpoint(path, comm, m2, opt2, &extra);
     CHECK(pos == kPos);
     CHECK(extra == c.extra);
     CHECK(same_bits(values_of(arena2), values_of(arena)));
-    auto const st2 = opt2.state();
-    CHECK(st2.lr == 0.0042);
-    CHECK(st2.counters == st.counters);
-    CHECK(same_bits(st2.buffers[0].data, st.buffers[0].data));
-    CHECK(same_bits(st2.buffers[1].data, st.buffers[1].data));
+    CHECK(opt2.state() == st);
     // The next step is the same as the original's next step.
     take_steps(m, opt, 1);
     take_steps(m2, opt2, 1);
@@ -172,7 +175,7 @@ TEST_CASE("checkpoint write is atomic: temp file renamed over the old one, nothi
   auto m = small_model(2);
   nn::ParameterArena<float> arena(m);
   optim::SGD opt(arena, {.lr = 0.1});
-  write_checkpoint_file(path, capture_checkpoint(arena, opt, TrainPosition{.epoch = 1}));
+  write_checkpoint_file(path, capture_checkpoint(m, opt, TrainPosition{.epoch = 1}));
   CHECK(slurp(path) != first);
   CHECK(read_checkpoint_file<float>(path).optimizer.kind == "sgd");
   int entries = 0;
@@ -183,7 +186,7 @@ TEST_CASE("checkpoint write is atomic: temp file renamed over the old one, nothi
   CHECK(entries == 2);
   // A missing directory is an IoError naming the file; no partial file appears.
   auto const bad = dir / "missing" / "ckpt.bin";
-  CHECK_THROWS_WITH_AS(write_checkpoint_file(bad, capture_checkpoint(arena, opt, {})),
+  CHECK_THROWS_WITH_AS(write_checkpoint_file(bad, capture_checkpoint(m, opt, {})),
                        doctest::Contains(bad.string().c_str()), IoError);
   CHECK_FALSE(fs::exists(bad));
 }
@@ -248,15 +251,15 @@ TEST_CASE("wrong magic or version is an error naming the file") {
                        IoError);
   dump(path, std::string(100, 'a'));
   CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path), doctest::Contains("wrong magic number"), IoError);
-  // Version 2 with a consistent header checksum: refused as unsupported.
+  // Version 3 with a consistent header checksum: refused as unsupported.
   bad = good;
-  std::uint32_t const v2 = 2;
-  std::memcpy(bad.data() + 8, &v2, 4);
+  std::uint32_t const v3 = 3;
+  std::memcpy(bad.data() + 8, &v3, 4);
   std::uint32_t const crc = detail::crc32_of(bad.data(), kCheckpointHeaderBytes - 4);
   std::memcpy(bad.data() + kCheckpointHeaderBytes - 4, &crc, 4);
   dump(path, bad);
   CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path),
-                       doctest::Contains((path.string() + ": unsupported version 2 (this build reads version 1)").c_str()),
+                       doctest::Contains((path.string() + ": unsupported version 3 (this build reads version 2)").c_str()),
                        IoError);
   // Double-precision parameters are not float parameters.
   CHECK_THROWS_WITH_AS(read_checkpoint_file<double>(write_valid(dir, "f.bin")),
@@ -271,8 +274,7 @@ TEST_CASE("a checkpoint of another model or optimizer is an ArgumentError on eve
     auto const errs = load_on_ranks(2, path, [](int) { return small_model(1, 5); });
     for (auto const& e : errs) {
       CHECK(e.find("checkpoint " + path.string() + " does not fit this model/optimizer") != std::string::npos);
-      CHECK(e.find("parameter 0 is 'fc1.weight' (3, 4) in the file but 'fc1.weight' (5, 4) in the model") !=
-            std::string::npos);
+      CHECK(e.find("parameter 'fc1.weight' is (3, 4) in the file but (5, 4) in the model") != std::string::npos);
     }
   }
   SUBCASE("only rank 1's model differs: both ranks fail (no hang), rank 0 is told who reported it") {
@@ -284,7 +286,8 @@ TEST_CASE("a checkpoint of another model or optimizer is an ArgumentError on eve
   SUBCASE("wrong optimizer kind on rank 1") {
     auto const errs = load_on_ranks(2, path, [](int) { return small_model(1); }, /*sgd_on_rank1=*/true);
     for (auto const& e : errs)
-      CHECK(e.find("its optimizer state is for 'adamw' but the optimizer is 'sgd'") != std::string::npos);
+      CHECK(e.find("its optimizer state does not fit: the optimizer state is for 'adamw', not 'sgd'") !=
+            std::string::npos);
   }
   SUBCASE("a fitting model loads on both ranks") {
     auto const errs = load_on_ranks(2, path, [](int) { return small_model(5); });
@@ -304,8 +307,8 @@ TEST_CASE("a checkpoint of another model or optimizer is an ArgumentError on eve
       auto m = small_model(1, 5);
       nn::ParameterArena<float> arena(m);
       optim::AdamW opt(arena, {});
-      CHECK_THROWS_AS(load_checkpoint(path, comm, arena, opt), ArgumentError);
-      CHECK_THROWS_AS(load_checkpoint(dir / "absent.bin", comm, arena, opt), IoError);
+      CHECK_THROWS_AS(load_checkpoint(path, comm, m, opt), ArgumentError);
+      CHECK_THROWS_AS(load_checkpoint(dir / "absent.bin", comm, m, opt), IoError);
     });
   }
 }
@@ -320,7 +323,7 @@ TEST_CASE("a failed save is an IoError on every rank") {
     optim::AdamW opt(arena, {});
     std::string err;
     try {
-      save_checkpoint(dir / "no" / "such" / "dir.bin", comm, arena, opt, kPos);
+      save_checkpoint(dir / "no" / "such" / "dir.bin", comm, m, opt, kPos);
     } catch (IoError const& e) {
       err = e.what();
     }
@@ -329,6 +332,160 @@ TEST_CASE("a failed save is an IoError on every rank") {
   });
   for (auto const& e : errs) CHECK(e.find("cannot write checkpoint " + (dir / "no/such/dir.bin").string()) != std::string::npos);
   CHECK(errs[1].find("reported by rank 0") != std::string::npos);
+}
+
+TEST_CASE("a version-1 checkpoint (optimizer state in bucket layout) is refused, naming the file and the version") {
+  // Written by the version-1 code (git 6530216) for small_model(1) after 3 AdamW steps.
+  fs::path const v1 = "test/train/testdata/checkpoint_v1.bin";
+  REQUIRE(fs::exists(v1));
+  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(v1),
+                       doctest::Contains("checkpoint test/train/testdata/checkpoint_v1.bin: format version 1 is no longer "
+                                         "read (this build reads version 2)"),
+                       IoError);
+  auto const errs = load_on_ranks(2, v1, [](int) { return small_model(1); });
+  for (auto const& e : errs) CHECK(e.find("checkpoint_v1.bin: format version 1") != std::string::npos);
+}
+
+TEST_CASE("a generator's state continues its sequence bit for bit, normal()'s spare value included") {
+  Generator g(42, 7);
+  (void)g.normal();  // leaves a spare
+  auto const st = g.state();
+  CHECK(st.has_spare);
+  Generator h(1);
+  h.set_state(st);
+  CHECK(h.state() == st);
+  for (int i = 0; i < 5; ++i) CHECK(h.normal() == g.normal());
+  std::uint32_t a[40], b[40];
+  g.fill_u32(a, 40);
+  h.fill_u32(b, 40);
+  CHECK(std::memcmp(a, b, sizeof a) == 0);
+}
+
+namespace {
+
+// Conv, BatchNorm (running statistics are buffers), Dropout (a generator), Linear: state beyond parameters.
+auto stateful_model(std::uint64_t seed, std::uint64_t dropout_seed) {
+  Generator g(seed);
+  return nn::Sequential(nn::named("conv", nn::Conv2d(1, 2, 3, g)), nn::named("bn", nn::BatchNorm2d(2)), nn::ReLU(),
+                        nn::Flatten(), nn::named("drop", nn::Dropout(0.3, dropout_seed)),
+                        nn::named("fc", nn::Linear(2 * 4 * 4, 3, g)));
+}
+template <class M, class O>
+void take_image_steps(M& model, O& opt, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    Generator g(100 + static_cast<std::uint64_t>(s));
+    Tensor<float> x(Shape{4, 1, 6, 6}), y(Shape{4, 3});
+    for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = g.uniform(-1.0f, 1.0f);
+    for (std::int64_t i = 0; i < y.numel(); ++i) y[i] = g.uniform(-1.0f, 1.0f);
+    opt.zero_grad();
+    backward(mse_loss(model(Var(x)), y));
+    opt.step();
+  }
+}
+template <class M>
+std::vector<float> everything_of(M const& model) {  // parameters and buffers, in the model's order
+  std::vector<float> v;
+  for (auto const& p : model.named_parameters()) v.insert(v.end(), p.var.value().data(), p.var.value().data() + p.var.numel());
+  for (auto const& b : model.named_buffers()) v.insert(v.end(), b.tensor.data(), b.tensor.data() + b.tensor.numel());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("buffers (BatchNorm running statistics) and Dropout's generator are saved and restored: exact resume") {
+  auto const dir = temp_dir("buffers");
+  auto full = stateful_model(1, 5);
+  nn::ParameterArena<float> fa(full);
+  optim::Adam fo(fa, {.lr = 0.01});
+  take_image_steps(full, fo, 0, 3);
+  auto const path = dir / "ckpt.bin";
+  write_checkpoint_file(path, capture_checkpoint(full, fo, kPos));
+  auto const c = read_checkpoint_file<float>(path);
+  REQUIRE(c.buffers.size() == 2);
+  CHECK(c.buffers[0].name == "bn.running_mean");
+  CHECK(c.buffers[1].name == "bn.running_var");
+  CHECK(c.buffers[1].shape == std::vector<std::int64_t>{2});
+  CHECK(c.buffers[0].values != std::vector<float>{0.0f, 0.0f});  // three training steps moved them
+  CHECK(c.generators.names == std::vector<std::string>{"drop.generator"});
+  REQUIRE(c.generators.ranks.size() == 1);
+  CHECK(c.generators.ranks[0][0] == full.get<4>().generator().state());
+  take_image_steps(full, fo, 3, 6);
+
+  // Another initial model, fresh running statistics, another dropout seed: all of it comes from the file.
+  auto resumed = stateful_model(2, 77);
+  nn::ParameterArena<float> ra(resumed);
+  optim::Adam ro(ra, {.lr = 0.5});
+  spawn(1, [&](ThreadsBackend& comm) { CHECK(load_checkpoint(path, comm, resumed, ro) == kPos); });
+  take_image_steps(resumed, ro, 3, 6);
+  CHECK(same_bits(everything_of(resumed), everything_of(full)));
+  CHECK(resumed.get<4>().generator().state() == full.get<4>().generator().state());
+}
+
+TEST_CASE("frozen parameters are saved and restored; the optimizer keeps no state for them") {
+  auto const dir = temp_dir("frozen");
+  auto make = [](std::uint64_t seed) {
+    auto m = small_model(seed);
+    m.get<0>().weight.node().requires_grad = false;  // fc1.weight frozen
+    return m;
+  };
+  auto trainable = [](auto const& m) {
+    auto ps = m.named_parameters();
+    std::erase_if(ps, [](auto const& p) { return !p.var.requires_grad(); });
+    return nn::ParameterArena<float>(ps);
+  };
+  auto m = make(1);
+  auto arena = trainable(m);
+  optim::SGD opt(arena, {.lr = 0.1, .momentum = 0.9});
+  take_steps(m, opt, 2);
+  auto const path = dir / "ckpt.bin";
+  write_checkpoint_file(path, capture_checkpoint(m, opt, kPos));
+  auto const c = read_checkpoint_file<float>(path);
+  CHECK(c.parameters.size() == 4);          // the frozen one included
+  CHECK(c.optimizer.parameters.size() == 3);  // not in the optimizer
+  auto m2 = make(9);
+  auto arena2 = trainable(m2);
+  optim::SGD opt2(arena2, {.lr = 0.1, .momentum = 0.9});
+  spawn(1, [&](ThreadsBackend& comm) { load_checkpoint(path, comm, m2, opt2); });
+  take_steps(m, opt, 2);
+  take_steps(m2, opt2, 2);
+  CHECK(same_bits(everything_of(m2), everything_of(m)));
+}
+
+TEST_CASE("parameters, buffers and generators are matched by name: a missing or extra one is named") {
+  auto const dir = temp_dir("names");
+  auto m = stateful_model(1, 5);
+  nn::ParameterArena<float> arena(m);
+  optim::SGD opt(arena, {.lr = 0.1});
+  auto const path = dir / "ckpt.bin";
+  write_checkpoint_file(path, capture_checkpoint(m, opt, kPos));
+  auto const c = read_checkpoint_file<float>(path);
+  auto fits = [&](CheckpointData<float> const& d) { check_checkpoint_fits(d, m, opt, "f.bin"); };
+  CHECK_NOTHROW(fits(c));
+  auto d = c;
+  std::swap(d.parameters[0], d.parameters[3]);  // order does not matter
+  std::swap(d.optimizer.parameters[0], d.optimizer.parameters[2]);
+  CHECK_NOTHROW(fits(d));
+  d = c;
+  d.buffers.pop_back();
+  CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("checkpoint f.bin does not fit this model/optimizer: the model's buffer "
+                                                  "'bn.running_var' (2,) is not in the file"),
+                       ArgumentError);
+  d = c;
+  d.parameters[2].name = "bn.scale";
+  CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("the model's parameter 'bn.weight' (2,) is not in the file"), ArgumentError);
+  d = c;
+  d.parameters.push_back(d.parameters[0]);
+  d.parameters.back().name = "head.weight";
+  CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("it holds parameter 'head.weight' (2, 1, 3, 3), which the model does not have"),
+                       ArgumentError);
+  d = c;
+  d.optimizer.parameters.pop_back();
+  CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("its optimizer state does not fit: sgd state has no entry for parameter 'fc.bias'"),
+                       ArgumentError);
+  d = c;
+  d.generators.names[0] = "dropout.generator";
+  CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("the model's random generator 'drop.generator' is not in the file"),
+                       ArgumentError);
 }
 
 // ---- resume equals uninterrupted -----------------------------------------------------------------------
@@ -350,7 +507,7 @@ std::vector<float> train_mlp(TensorDataset<std::int32_t> const& data, std::int64
     optim::AdamW opt(ddp.parameters(), {.lr = 2e-3});
     optim::StepLR sched(opt, {.step_size = 1, .gamma = 0.5});
     TrainPosition pos{.world_size = 2, .global_batch = 64, .seed = 5};
-    if (!resume.empty()) pos = load_checkpoint(resume, comm, ddp.parameters(), opt);
+    if (!resume.empty()) pos = load_checkpoint(resume, comm, ddp.module(), opt);
     sched.set_epoch(pos.scheduler_epoch);
     DistributedSampler sampler(static_cast<std::int64_t>(data.size()), comm, {.seed = 5});
     for (std::int64_t epoch = pos.epoch; epoch < epochs; ++epoch) {
@@ -363,7 +520,7 @@ std::vector<float> train_mlp(TensorDataset<std::int32_t> const& data, std::int64
         opt.step();
         ++step;
         if (++pos.global_step == stop_at) {
-          save_checkpoint(save, comm, ddp.parameters(), opt,
+          save_checkpoint(save, comm, ddp.module(), opt,
                           {.epoch = epoch, .step = step, .global_step = pos.global_step,
                            .scheduler_epoch = sched.epoch(), .world_size = 2, .global_batch = 64, .seed = 5});
           out[static_cast<std::size_t>(comm.rank())] = values_of(ddp.parameters());

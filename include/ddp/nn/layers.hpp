@@ -151,11 +151,13 @@ class basic_max_pool2d : public Module<T, S> {
 };
 
 // Dropout with its own seeded generator: the same seed gives the same masks on every platform.
-// In DDP, seed each rank differently (e.g. seed + rank) unless identical masks are wanted.
+// In DDP, seed each rank differently (e.g. seed + rank) unless identical masks are wanted. The generator is
+// named "generator" (named_generators), so a checkpoint continues its sequence.
 template <class T = float, MemorySpace S = HostSpace>
 class basic_dropout : public Module<T, S> {
  public:
-  explicit basic_dropout(double p, std::uint64_t seed = 0) : p_(p), gen_(std::make_shared<Generator>(seed)) {
+  explicit basic_dropout(double p, std::uint64_t seed = 0)
+      : p_(p), gen_(this->register_generator("generator", std::make_shared<Generator>(seed))) {
     if (!(p >= 0.0 && p < 1.0)) throw ArgumentError(ddp::detail::cat("Dropout: p must be in [0, 1), got ", p));
   }
   Variable<T, S> forward(Variable<T, S> const& x) { return dropout(x, p_, this->mode(), *gen_); }

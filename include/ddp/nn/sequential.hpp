@@ -76,6 +76,12 @@ class Sequential {
     auto [ps, bs] = collect();
     return bs;
   }
+  std::vector<NamedGenerator> named_generators() const {
+    std::vector<NamedGenerator> gs;
+    std::size_t i = 0;
+    std::apply([&](auto const&... l) { ((append_prefixed(name_of(l, i), layer_of(l), gs), ++i), ...); }, layers_);
+    return gs;
+  }
   void set_mode(Mode m) {
     mode_ = m;
     std::apply([&](auto&... l) { (layer_of(l).set_mode(m), ...); }, layers_);
@@ -165,6 +171,7 @@ class AnyModel {
   Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }
   std::vector<NamedParameter<T, S>> named_parameters() const { return p_->named_parameters(); }
   std::vector<NamedBuffer<T, S>> named_buffers() const { return p_->named_buffers(); }
+  std::vector<NamedGenerator> named_generators() const { return p_->named_generators(); }
   void set_mode(Mode m) { p_->set_mode(m); }
   Mode mode() const { return p_->mode(); }
   // For AnySequential's fusion of a layer with forward_relu() (Conv2d) and a ReLU right after it.
@@ -181,6 +188,7 @@ class AnyModel {
     virtual Variable<T, S> forward(Variable<T, S> const&) = 0;
     virtual std::vector<NamedParameter<T, S>> named_parameters() const = 0;
     virtual std::vector<NamedBuffer<T, S>> named_buffers() const = 0;
+    virtual std::vector<NamedGenerator> named_generators() const = 0;
     virtual void set_mode(Mode) = 0;
     virtual Mode mode() const = 0;
     virtual bool is_relu() const noexcept = 0;
@@ -197,6 +205,7 @@ class AnyModel {
     Variable<T, S> forward(Variable<T, S> const& x) override { return m.forward(x); }
     std::vector<NamedParameter<T, S>> named_parameters() const override { return m.named_parameters(); }
     std::vector<NamedBuffer<T, S>> named_buffers() const override { return m.named_buffers(); }
+    std::vector<NamedGenerator> named_generators() const override { return generators_of(m); }
     void set_mode(Mode md) override { m.set_mode(md); }
     Mode mode() const override { return m.mode(); }
     bool is_relu() const noexcept override { return detail::is_relu_layer<M>::value; }
@@ -270,6 +279,11 @@ class AnySequential {
     for (auto& l : layers_) append_prefixed(l.name, l.layer, ps, bs);
     return bs;
   }
+  std::vector<NamedGenerator> named_generators() const {
+    std::vector<NamedGenerator> gs;
+    for (auto& l : layers_) append_prefixed(l.name, l.layer, gs);
+    return gs;
+  }
   void set_mode(Mode m) {
     mode_ = m;
     for (auto& l : layers_) l.layer.set_mode(m);
@@ -285,7 +299,7 @@ class AnySequential {
   Mode mode_ = Mode::kTrain;
 };
 
-static_assert(Model<AnySequential<>>);
-static_assert(Model<AnyModel<>>);
+static_assert(Model<AnySequential<>> && HasGenerators<AnySequential<>>);
+static_assert(Model<AnyModel<>> && HasGenerators<AnyModel<>>);
 
 }  // namespace ddp::nn

@@ -60,15 +60,14 @@ class basic_adam {
   void set_lr(double lr) { opt_.lr = lr; }
   options_type const& options() const noexcept { return opt_; }
 
+  // Per parameter, by name: loads into any arena of the same parameters (another bucket plan or world size).
   OptimizerState<T> state() const {
-    return {name(), opt_.lr, counters_, {{"exp_avg", detail::host_vector(exp_avg_)}, {"exp_avg_sq", detail::host_vector(exp_avg_sq_)}}};
+    return detail::gather_state(name(), opt_.lr, arena_, counters_, {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}});
   }
+  // Checks the whole state first (ArgumentError naming the parameter; nothing changes), then restores it.
   void load_state(OptimizerState<T> const& st) {
-    detail::check_state(st, name(), arena_.count(), arena_.numel(), {"exp_avg", "exp_avg_sq"});
-    counters_ = st.counters;
+    detail::scatter_state(st, name(), arena_, counters_, {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}});
     opt_.lr = st.lr;
-    Kernels<S>::from_host(arena_.numel(), st.buffers[0].data.data(), exp_avg_.data());
-    Kernels<S>::from_host(arena_.numel(), st.buffers[1].data.data(), exp_avg_sq_.data());
   }
 
  private:

@@ -1,10 +1,12 @@
-// The Optimizer concept, the state every optimizer can save and restore, and the walk over the arena
-// that groups parameters into runs for one fused pass each.
+// The Optimizer concept, the per-parameter state every optimizer can save and restore (keyed by name, so it
+// outlives any arena layout), and the walk over the arena that groups parameters into runs for one fused pass.
 #pragma once
 
 #include <concepts>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ddp/error.hpp"
@@ -13,18 +15,28 @@
 
 namespace ddp::optim {
 
-// Everything needed to resume an optimizer exactly: its kind, learning rate, per-parameter counters
-// (steps taken / momentum initialised) and named flat buffers in arena layout (momentum, exp_avg, ...).
+// One parameter's optimizer state, as PyTorch's state_dict()["state"][i]: its step count and its slice of
+// each named state buffer.
+template <class T>
+struct ParameterState {
+  std::string name;                  // the parameter's name in the model ("fc1.weight")
+  std::vector<std::int64_t> shape;   // its shape; the state only loads into a parameter of this shape
+  std::int64_t steps = 0;            // updates applied to it (0: its buffers are not initialised yet)
+  std::vector<std::vector<T>> buffers;  // buffers[b]: buffer_names[b]'s values, numel(shape) each
+  friend bool operator==(ParameterState const&, ParameterState const&) = default;
+};
+
+// Everything needed to resume an optimizer exactly, independent of how its arena is laid out: the kind,
+// the learning rate, and per parameter of its arena (registration order; frozen parameters are not in an
+// arena) its steps and state buffers. A state saved from one arena loads into any other arena of the same
+// named parameters: another bucket plan, another world size, DDP or a plain arena.
 template <class T>
 struct OptimizerState {
-  std::string kind;
+  std::string kind;                       // the optimizer's name(): "sgd", "adam", "adamw"
   double lr = 0;
-  std::vector<std::int64_t> counters;  // one per parameter, registration order
-  struct Buffer {
-    std::string name;
-    std::vector<T> data;  // arena layout, numel() elements
-  };
-  std::vector<Buffer> buffers;
+  std::vector<std::string> buffer_names;  // e.g. {"exp_avg", "exp_avg_sq"}; the same for every parameter
+  std::vector<ParameterState<T>> parameters;
+  friend bool operator==(OptimizerState const&, OptimizerState const&) = default;
 };
 
 template <class O>
@@ -38,6 +50,80 @@ concept Optimizer = requires(O& o, O const& co, OptimizerState<typename O::value
   o.load_state(st);
   { O::name() } -> std::convertible_to<std::string>;
 };
+
+namespace detail {
+inline std::string shape_string(std::vector<std::int64_t> const& dims) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+inline std::vector<std::int64_t> dims_of(Shape const& s) {
+  std::vector<std::int64_t> d;
+  for (int i = 0; i < s.rank(); ++i) d.push_back(s[i]);
+  return d;
+}
+inline std::int64_t numel_of(std::vector<std::int64_t> const& dims) {
+  std::int64_t n = 1;
+  for (auto d : dims) n *= d;
+  return n;
+}
+}  // namespace detail
+
+// Matches a saved state to an optimizer's own (`mine`: kind, buffer names, parameter names and shapes; its
+// values are not read): returns, for each of mine's parameters, the index of the saved parameter of that
+// name. Order does not matter. Throws ArgumentError naming the first difference: another kind or buffer
+// set, a parameter missing from `saved` or present only there, another shape, or buffers of the wrong size.
+template <class T>
+std::vector<std::size_t> match_state(OptimizerState<T> const& saved, OptimizerState<T> const& mine) {
+  using ddp::detail::cat;
+  auto const& kind = mine.kind;
+  if (saved.kind != kind) throw ArgumentError(cat("the optimizer state is for '", saved.kind, "', not '", kind, "'"));
+  if (saved.buffer_names != mine.buffer_names) {
+    auto list = [](std::vector<std::string> const& v) {
+      std::string s = "{";
+      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+      return s + "}";
+    };
+    throw ArgumentError(cat(kind, " state has buffers ", list(saved.buffer_names), ", this optimizer keeps ",
+                            list(mine.buffer_names), " (other options, e.g. momentum on or off?)"));
+  }
+  std::unordered_map<std::string, std::size_t> by_name;
+  for (std::size_t k = 0; k < saved.parameters.size(); ++k) {
+    auto const& p = saved.parameters[k];
+    if (!by_name.emplace(p.name, k).second)
+      throw ArgumentError(cat(kind, " state holds parameter '", p.name, "' twice"));
+    if (p.buffers.size() != saved.buffer_names.size())
+      throw ArgumentError(cat(kind, " state of parameter '", p.name, "' has ", p.buffers.size(), " buffers, expected ",
+                              saved.buffer_names.size()));
+    for (std::size_t b = 0; b < p.buffers.size(); ++b)
+      if (static_cast<std::int64_t>(p.buffers[b].size()) != detail::numel_of(p.shape))
+        throw ArgumentError(cat(kind, " state buffer '", saved.buffer_names[b], "' of parameter '", p.name, "' has ",
+                                p.buffers[b].size(), " values for shape ", detail::shape_string(p.shape)));
+  }
+  std::vector<std::size_t> match;
+  match.reserve(mine.parameters.size());
+  for (auto const& p : mine.parameters) {
+    auto const it = by_name.find(p.name);
+    if (it == by_name.end())
+      throw ArgumentError(cat(kind, " state has no entry for parameter '", p.name, "' ", detail::shape_string(p.shape),
+                              " (it holds ", saved.parameters.size(), " parameters, the optimizer has ",
+                              mine.parameters.size(), ": another model?)"));
+    auto const& s = saved.parameters[it->second];
+    if (s.shape != p.shape)
+      throw ArgumentError(cat(kind, " state of parameter '", p.name, "' is for shape ", detail::shape_string(s.shape),
+                              ", the parameter has shape ", detail::shape_string(p.shape)));
+    match.push_back(it->second);
+  }
+  if (saved.parameters.size() != mine.parameters.size()) {
+    std::unordered_map<std::string, int> mine_names;
+    for (auto const& p : mine.parameters) mine_names.emplace(p.name, 0);
+    for (auto const& s : saved.parameters)
+      if (!mine_names.contains(s.name))
+        throw ArgumentError(cat(kind, " state holds parameter '", s.name, "' ", detail::shape_string(s.shape),
+                                ", which this optimizer does not have (frozen, or another model?)"));
+  }
+  return match;
+}
 
 namespace detail {
 // Calls f(first, last, offset, numel) for each maximal run of parameters (entries first..last) that are contiguous in the
@@ -65,28 +151,45 @@ void for_each_run(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_
   }
 }
 
-// A flat state buffer copied to host memory (for OptimizerState).
+// What gather_state copies: the values too, or only the layout (names, shapes, buffer names) for match_state.
+enum class Gather { kValues, kLayout };
+
+// The per-parameter view of flat arena-layout state buffers: what state() returns.
 template <class T, MemorySpace S>
-std::vector<T> host_vector(Tensor<T, S> const& t) {
-  std::vector<T> v(static_cast<std::size_t>(t.numel()));
-  Kernels<S>::to_host(t.numel(), t.data(), v.data());
-  return v;
+OptimizerState<T> gather_state(std::string kind, double lr, nn::ParameterArena<T, S> const& arena,
+                               std::vector<std::int64_t> const& counters,
+                               std::vector<std::pair<std::string, Tensor<T, S> const*>> const& buffers,
+                               Gather what = Gather::kValues) {
+  OptimizerState<T> st{std::move(kind), lr, {}, {}};
+  for (auto const& b : buffers) st.buffer_names.push_back(b.first);
+  auto const& es = arena.entries();
+  for (std::size_t i = 0; i < es.size(); ++i) {
+    ParameterState<T> p{es[i].name, dims_of(es[i].shape), counters[i], {}};
+    if (what == Gather::kValues)
+      for (auto const& b : buffers) {
+        std::vector<T> v(static_cast<std::size_t>(es[i].numel));
+        Kernels<S>::to_host(es[i].numel, b.second->data() + es[i].offset, v.data());
+        p.buffers.push_back(std::move(v));
+      }
+    st.parameters.push_back(std::move(p));
+  }
+  return st;
 }
 
-template <class T>
-void check_state(OptimizerState<T> const& st, std::string const& kind, std::size_t nparams, std::int64_t numel,
-                 std::vector<std::string> const& buffer_names) {
-  if (st.kind != kind) throw ArgumentError(ddp::detail::cat("optimizer state is for '", st.kind, "', not '", kind, "'"));
-  if (st.counters.size() != nparams)
-    throw ArgumentError(ddp::detail::cat(kind, " state has ", st.counters.size(), " parameters, the model has ", nparams));
-  if (st.buffers.size() != buffer_names.size())
-    throw ArgumentError(ddp::detail::cat(kind, " state has ", st.buffers.size(), " buffers, expected ", buffer_names.size()));
-  for (std::size_t b = 0; b < buffer_names.size(); ++b) {
-    if (st.buffers[b].name != buffer_names[b])
-      throw ArgumentError(ddp::detail::cat(kind, " state buffer ", b, " is '", st.buffers[b].name, "', expected '", buffer_names[b], "'"));
-    if (static_cast<std::int64_t>(st.buffers[b].data.size()) != numel)
-      throw ArgumentError(ddp::detail::cat(kind, " state buffer '", buffer_names[b], "' has ", st.buffers[b].data.size(),
-                                      " elements, the model has ", numel));
+// The inverse of gather_state: checks `saved` against the arena (match_state) and, only if it fits, writes
+// each parameter's steps and buffer slices into place. Throws ArgumentError (nothing changed) otherwise.
+template <class T, MemorySpace S>
+void scatter_state(OptimizerState<T> const& saved, std::string const& kind, nn::ParameterArena<T, S> const& arena,
+                   std::vector<std::int64_t>& counters, std::vector<std::pair<std::string, Tensor<T, S>*>> const& buffers) {
+  std::vector<std::pair<std::string, Tensor<T, S> const*>> layout;
+  for (auto const& b : buffers) layout.emplace_back(b.first, b.second);
+  auto const match = match_state(saved, gather_state(kind, 0.0, arena, counters, layout, Gather::kLayout));
+  auto const& es = arena.entries();
+  for (std::size_t i = 0; i < es.size(); ++i) {
+    auto const& p = saved.parameters[match[i]];
+    counters[i] = p.steps;
+    for (std::size_t b = 0; b < buffers.size(); ++b)
+      Kernels<S>::from_host(es[i].numel, p.buffers[b].data(), buffers[b].second->data() + es[i].offset);
   }
 }
 }  // namespace detail

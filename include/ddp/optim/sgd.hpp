@@ -46,18 +46,14 @@ class basic_sgd {
   void set_lr(double lr) { opt_.lr = lr; }
   SgdOptions const& options() const noexcept { return opt_; }
 
-  OptimizerState<T> state() const {
-    OptimizerState<T> st{name(), opt_.lr, counters_, {}};
-    if (momentum_.defined()) st.buffers.push_back({"momentum_buffer", detail::host_vector(momentum_)});
-    return st;
-  }
+  // Per parameter, by name: loads into any arena of the same parameters (another bucket plan or world size).
+  OptimizerState<T> state() const { return detail::gather_state(name(), opt_.lr, arena_, counters_, buffers()); }
+  // Checks the whole state first (ArgumentError naming the parameter; nothing changes), then restores it.
   void load_state(OptimizerState<T> const& st) {
-    std::vector<std::string> names;
-    if (momentum_.defined()) names.push_back("momentum_buffer");
-    detail::check_state(st, name(), arena_.count(), arena_.numel(), names);
-    counters_ = st.counters;
+    std::vector<std::pair<std::string, Tensor<T, S>*>> bufs;
+    if (momentum_.defined()) bufs.emplace_back("momentum_buffer", &momentum_);
+    detail::scatter_state(st, name(), arena_, counters_, bufs);
     opt_.lr = st.lr;
-    if (momentum_.defined()) Kernels<S>::from_host(arena_.numel(), st.buffers[0].data.data(), momentum_.data());
   }
 
  private:
@@ -65,6 +61,11 @@ class basic_sgd {
   SgdOptions opt_;
   std::vector<std::int64_t> counters_;  // steps taken per parameter (0: momentum not yet initialised)
   Tensor<T, S> momentum_;
+
+  std::vector<std::pair<std::string, Tensor<T, S> const*>> buffers() const {
+    if (!momentum_.defined()) return {};
+    return {{"momentum_buffer", &momentum_}};
+  }
 };
 
 using SGD = basic_sgd<>;

@@ -8,6 +8,16 @@
 
 namespace ddp {
 
+// A Generator's complete state (what PyTorch's get_state()/set_state() carry): restoring it continues the
+// sequence bit for bit, normal()'s cached second value included.
+struct GeneratorState {
+  std::uint64_t state = 0;
+  std::uint64_t inc = 1;     // the stream (odd)
+  double spare = 0;          // normal()'s second value, valid when has_spare
+  bool has_spare = false;
+  friend bool operator==(GeneratorState const&, GeneratorState const&) = default;
+};
+
 // PCG-XSH-RR 32 (O'Neill 2014): 64-bit state, 32-bit output, independent streams. Not thread-safe: one
 // generator per thread/rank. Same seed and stream -> same sequence everywhere.
 class Generator {
@@ -21,6 +31,13 @@ class Generator {
     next_u32();
     state_ += seed;
     next_u32();
+  }
+  constexpr GeneratorState state() const noexcept { return {state_, inc_, spare_, has_spare_}; }
+  constexpr void set_state(GeneratorState const& s) noexcept {
+    state_ = s.state;
+    inc_ = s.inc | 1u;
+    spare_ = s.spare;
+    has_spare_ = s.has_spare;
   }
   constexpr std::uint32_t next_u32() noexcept {
     std::uint64_t old = state_;

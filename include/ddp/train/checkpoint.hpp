@@ -1,5 +1,6 @@
-// Checkpoints: rank 0 writes parameters, optimizer state and the training position atomically in a
-// versioned, checksummed binary file; every rank loads and validates it, and a failure surfaces on all ranks.
+// Checkpoints: rank 0 writes the model (parameters and buffers), the optimizer state, every rank's random
+// generators and the training position atomically in a versioned, checksummed binary file, all by name and
+// shape; every rank loads and validates it, and a failure surfaces on all ranks.
 #pragma once
 
 #include <fcntl.h>
@@ -19,11 +20,13 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/error.hpp"
-#include "ddp/nn/parameter_arena.hpp"
+#include "ddp/nn/module.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/tensor/kernels.hpp"
 #include "ddp/train/checkpoint_format.hpp"
@@ -180,91 +183,218 @@ concept CheckpointableOptimizer = requires(O& o, O const& co, optim::OptimizerSt
   o.load_state(st);
 };
 
-// The model, optimizer and position as a CheckpointData (host copies of the arena's values).
-template <class T, MemorySpace S, class O>
+// Which rank restores a checkpoint, out of how many (a generator state is per rank).
+struct RankOf {
+  int rank = 0;
+  int world_size = 1;
+};
+
+namespace detail {
+
+// The model's distinct parameters (a shared one once, under its first name), frozen ones included.
+template <nn::Model M>
+auto distinct_parameters(M const& model) {
+  auto ps = model.named_parameters();
+  std::unordered_set<void const*> seen;
+  std::erase_if(ps, [&](auto const& p) { return !seen.insert(&p.var.node()).second; });
+  return ps;
+}
+
+template <class T, MemorySpace S>
+TensorRecord<T> record_of(std::string const& name, Tensor<T, S> const& t) {
+  TensorRecord<T> r{name, optim::detail::dims_of(t.shape()), std::vector<T>(static_cast<std::size_t>(t.numel()))};
+  Kernels<S>::to_host(t.numel(), t.data(), r.values.data());
+  return r;
+}
+
+// Finds each of the model's tensors (name, shape) among the file's records by name. Throws ArgumentError via
+// `err` for one that is missing, mis-shaped, or in the file only. Returns the file index per model tensor.
+template <class T, class Err>
+std::vector<std::size_t> match_records(std::vector<TensorRecord<T>> const& file,
+                                       std::vector<std::pair<std::string, std::vector<std::int64_t>>> const& model,
+                                       char const* kind, Err const& err) {
+  std::unordered_map<std::string, std::size_t> by_name;
+  for (std::size_t k = 0; k < file.size(); ++k)
+    if (!by_name.emplace(file[k].name, k).second) throw err("it holds ", kind, " '", file[k].name, "' twice");
+  std::vector<std::size_t> match;
+  for (auto const& [name, shape] : model) {
+    auto const it = by_name.find(name);
+    if (it == by_name.end())
+      throw err("the model's ", kind, " '", name, "' ", shape_string(shape), " is not in the file (it holds ",
+                file.size(), " ", kind, "s, the model has ", model.size(), ": a different --model or architecture?)");
+    auto const& r = file[it->second];
+    if (r.shape != shape)
+      throw err(kind, " '", name, "' is ", shape_string(r.shape), " in the file but ", shape_string(shape),
+                " in the model");
+    match.push_back(it->second);
+  }
+  if (file.size() != model.size()) {
+    std::unordered_set<std::string> mine;
+    for (auto const& m : model) mine.insert(m.first);
+    for (auto const& r : file)
+      if (!mine.contains(r.name))
+        throw err("it holds ", kind, " '", r.name, "' ", shape_string(r.shape), ", which the model does not have (it holds ",
+                  file.size(), " ", kind, "s, the model has ", model.size(), ": a different --model or architecture?)");
+  }
+  return match;
+}
+
+template <nn::Model M>
+auto parameter_layout(M const& model) {
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> v;
+  for (auto const& p : distinct_parameters(model)) v.emplace_back(p.name, optim::detail::dims_of(p.var.shape()));
+  return v;
+}
+template <nn::Model M>
+auto buffer_layout(M const& model) {
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> v;
+  for (auto const& b : model.named_buffers()) v.emplace_back(b.name, optim::detail::dims_of(b.tensor.shape()));
+  return v;
+}
+
+// A generator state as 4 int64 words (for collectives) and back.
+inline void generator_to_words(GeneratorState const& g, std::int64_t* w) {
+  w[0] = std::bit_cast<std::int64_t>(g.state);
+  w[1] = std::bit_cast<std::int64_t>(g.inc);
+  w[2] = std::bit_cast<std::int64_t>(g.spare);
+  w[3] = g.has_spare ? 1 : 0;
+}
+inline GeneratorState generator_from_words(std::int64_t const* w) {
+  return {std::bit_cast<std::uint64_t>(w[0]), std::bit_cast<std::uint64_t>(w[1]), std::bit_cast<double>(w[2]), w[3] != 0};
+}
+inline constexpr std::size_t kGeneratorWords = 4;
+
+// Every rank's generator states, on rank 0 (collective; the other ranks get an empty list). A model type
+// without generators needs no communication. Ranks with different numbers of generators are an
+// ArgumentError on every rank.
+template <Communicator C, nn::Model M>
+std::vector<std::vector<GeneratorState>> gather_generators(C& comm, M const& model) {
+  auto const gens = nn::generators_of(model);
+  std::vector<GeneratorState> mine;
+  for (auto const& g : gens) mine.push_back(g.generator->state());
+  int const n = comm.world_size();
+  if (n == 1) return {mine};
+  if constexpr (!nn::HasGenerators<M>) return std::vector<std::vector<GeneratorState>>(static_cast<std::size_t>(n));
+  std::vector<std::int64_t> count{static_cast<std::int64_t>(mine.size()), -static_cast<std::int64_t>(mine.size())};
+  comm.all_reduce(count, ReduceOp::kMax, CollectiveTag{"checkpoint.generators"});
+  if (count[0] != -count[1])
+    throw ArgumentError(ddp::detail::cat("save_checkpoint: ranks' models have between ", -count[1], " and ", count[0],
+                                         " random generators (rank ", comm.rank(), " has ", mine.size(),
+                                         "); every rank must build the same model"));
+  std::vector<std::int64_t> words(mine.size() * kGeneratorWords);
+  for (std::size_t g = 0; g < mine.size(); ++g) generator_to_words(mine[g], words.data() + g * kGeneratorWords);
+  std::vector<std::int64_t> all(comm.rank() == 0 ? words.size() * static_cast<std::size_t>(n) : 0);
+  if (!words.empty()) comm.gather(words, all, 0, CollectiveTag{"checkpoint.generators"});
+  if (comm.rank() != 0) return {};
+  std::vector<std::vector<GeneratorState>> out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    for (std::size_t g = 0; g < mine.size(); ++g)
+      out[static_cast<std::size_t>(r)].push_back(
+          generator_from_words(all.data() + (static_cast<std::size_t>(r) * mine.size() + g) * kGeneratorWords));
+  return out;
+}
+
+}  // namespace detail
+
+// The model (parameters, frozen ones included, and buffers), the optimizer's per-parameter state, this
+// process's generators (as the only rank) and the position as a CheckpointData: host copies, by name.
+template <nn::Model M, class O, class T = typename M::value_type>
   requires CheckpointableOptimizer<O, T>
-CheckpointData<T> capture_checkpoint(nn::ParameterArena<T, S> const& arena, O const& opt, TrainPosition const& pos,
-                                     std::string_view extra = {}) {
-  CheckpointData<T> c{.position = pos, .parameters = {}, .optimizer = opt.state(), .extra = std::string(extra)};
-  for (auto const& e : arena.entries()) {
-    ParameterRecord<T> r{e.name, {}, std::vector<T>(static_cast<std::size_t>(e.numel))};
-    for (int d = 0; d < e.shape.rank(); ++d) r.shape.push_back(e.shape[d]);
-    Kernels<S>::to_host(e.numel, arena.values().data() + e.offset, r.values.data());
-    c.parameters.push_back(std::move(r));
+CheckpointData<T> capture_checkpoint(M const& model, O const& opt, TrainPosition const& pos, std::string_view extra = {}) {
+  CheckpointData<T> c{.position = pos, .optimizer = opt.state(), .extra = std::string(extra)};
+  for (auto const& p : detail::distinct_parameters(model)) c.parameters.push_back(detail::record_of(p.name, p.var.value()));
+  for (auto const& b : model.named_buffers()) c.buffers.push_back(detail::record_of(b.name, b.tensor));
+  c.generators.ranks.emplace_back();
+  for (auto const& g : nn::generators_of(model)) {
+    c.generators.names.push_back(g.name);
+    c.generators.ranks[0].push_back(g.generator->state());
   }
   return c;
 }
 
-// Checks that `c` fits this model and optimizer: same parameters (names, shapes, in order), same optimizer
-// kind, counter count and buffers (names, sizes). Throws ArgumentError naming the file and the difference.
-template <class T, MemorySpace S, class O>
+// Checks that `c` fits this model and optimizer, matching everything by name: the same parameters and
+// buffers (names and shapes; order does not matter), optimizer state for the same kind, buffers and
+// parameters, the same generator names. Throws ArgumentError naming the file and the difference.
+template <nn::Model M, class O, class T = typename M::value_type>
   requires CheckpointableOptimizer<O, T>
-void check_checkpoint_fits(CheckpointData<T> const& c, nn::ParameterArena<T, S> const& arena, O const& opt,
-                           std::string const& file) {
+void check_checkpoint_fits(CheckpointData<T> const& c, M const& model, O const& opt, std::string const& file) {
   auto err = [&](auto const&... what) {
     return ArgumentError(ddp::detail::cat("checkpoint ", file, " does not fit this model/optimizer: ", what...));
   };
-  auto const& es = arena.entries();
-  if (c.parameters.size() != es.size())
-    throw err("it holds ", c.parameters.size(), " parameters, the model has ", es.size(),
-              " (a different --model or architecture?)");
-  for (std::size_t i = 0; i < es.size(); ++i) {
-    std::vector<std::int64_t> dims;
-    for (int d = 0; d < es[i].shape.rank(); ++d) dims.push_back(es[i].shape[d]);
-    auto const& r = c.parameters[i];
-    if (r.name != es[i].name || r.shape != dims)
-      throw err("parameter ", i, " is '", r.name, "' ", detail::shape_string(r.shape), " in the file but '", es[i].name,
-                "' ", detail::shape_string(dims), " in the model");
+  detail::match_records(c.parameters, detail::parameter_layout(model), "parameter", err);
+  detail::match_records(c.buffers, detail::buffer_layout(model), "buffer", err);
+  try {
+    optim::match_state(c.optimizer, opt.state());
+  } catch (ArgumentError const& e) {
+    throw err("its optimizer state does not fit: ", e.what());
   }
-  auto const mine = opt.state();
-  auto const& st = c.optimizer;
-  if (st.kind != mine.kind)
-    throw err("its optimizer state is for '", st.kind, "' but the optimizer is '", mine.kind, "'");
-  if (st.counters.size() != mine.counters.size())
-    throw err("its ", st.kind, " state has ", st.counters.size(), " parameter counters, expected ",
-              mine.counters.size());
-  if (st.buffers.size() != mine.buffers.size())
-    throw err("its ", st.kind, " state has ", st.buffers.size(), " buffers, expected ", mine.buffers.size());
-  for (std::size_t b = 0; b < st.buffers.size(); ++b)
-    if (st.buffers[b].name != mine.buffers[b].name || st.buffers[b].data.size() != mine.buffers[b].data.size())
-      throw err(st.kind, " buffer ", b, " is '", st.buffers[b].name, "' with ", st.buffers[b].data.size(),
-                " elements, expected '", mine.buffers[b].name, "' with ", mine.buffers[b].data.size());
+  std::unordered_set<std::string> mine, theirs(c.generators.names.begin(), c.generators.names.end());
+  for (auto const& g : nn::generators_of(model)) {
+    mine.insert(g.name);
+    if (!theirs.contains(g.name))
+      throw err("the model's random generator '", g.name, "' is not in the file (a model with other Dropout layers?)");
+  }
+  for (auto const& name : c.generators.names)
+    if (!mine.contains(name)) throw err("it holds random generator '", name, "', which the model does not have");
 }
 
-// Copies a validated checkpoint into the arena's values and the optimizer.
-template <class T, MemorySpace S, class O>
+// Copies a fitting checkpoint (check_checkpoint_fits) into the model's parameters and buffers and the
+// optimizer. Generators get rank `at.rank`'s states when the file was written by `at.world_size` ranks;
+// written by another number of ranks, they keep their current states: per-rank random streams cannot be
+// mapped onto another set of ranks (every other part of the checkpoint loads into any world size).
+template <nn::Model M, class O, class T = typename M::value_type>
   requires CheckpointableOptimizer<O, T>
-void restore_checkpoint(CheckpointData<T> const& c, nn::ParameterArena<T, S>& arena, O& opt) {
-  auto const& es = arena.entries();
-  for (std::size_t i = 0; i < es.size(); ++i)
-    Kernels<S>::from_host(es[i].numel, c.parameters[i].values.data(), arena.values().data() + es[i].offset);
+void restore_checkpoint(CheckpointData<T> const& c, M& model, O& opt, RankOf at = {}) {
+  using S = typename M::space;
+  auto const params = detail::distinct_parameters(model);
+  auto const pm = detail::match_records(c.parameters, detail::parameter_layout(model), "parameter",
+                                        [](auto const&... what) { return ArgumentError(ddp::detail::cat(what...)); });
+  for (std::size_t i = 0; i < params.size(); ++i)
+    Kernels<S>::from_host(params[i].var.numel(), c.parameters[pm[i]].values.data(), params[i].var.value().data());
+  auto const buffers = model.named_buffers();
+  auto const bm = detail::match_records(c.buffers, detail::buffer_layout(model), "buffer",
+                                        [](auto const&... what) { return ArgumentError(ddp::detail::cat(what...)); });
+  for (std::size_t i = 0; i < buffers.size(); ++i)
+    Kernels<S>::from_host(buffers[i].tensor.numel(), c.buffers[bm[i]].values.data(), buffers[i].tensor.data());
   opt.load_state(c.optimizer);
+  if (c.generators.ranks.size() == static_cast<std::size_t>(at.world_size)) {
+    auto const& states = c.generators.ranks[static_cast<std::size_t>(at.rank)];
+    for (auto const& g : nn::generators_of(model))
+      for (std::size_t k = 0; k < c.generators.names.size(); ++k)
+        if (c.generators.names[k] == g.name) g.generator->set_state(states[k]);
+  }
 }
 
-// Collective (every rank calls it): rank 0 captures the model and optimizer and writes `path` atomically;
-// the outcome is agreed on, so a failed write throws the same IoError on every rank. `extra` (rank 0's) is
-// stored as it is and handed back by load_checkpoint. Other ranks' state is
-// not read: under DDP it equals rank 0's (bitwise, for the threads and MPI backends).
-template <Communicator C, class T, MemorySpace S, class O>
+// Collective (every rank calls it): every rank's generator states are gathered, then rank 0 captures the
+// model (ddp.module() under DDP), the optimizer and the position and writes `path` atomically; the outcome
+// is agreed on, so a failed write throws the same IoError on every rank. `extra` (rank 0's) is stored as it
+// is and handed back by load_checkpoint. Other ranks' parameters, buffers and optimizer state are not read:
+// under DDP they equal rank 0's (bitwise, for the threads and MPI backends; buffers are broadcast from rank 0).
+template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
   requires CheckpointableOptimizer<O, T>
-void save_checkpoint(std::filesystem::path const& path, C& comm, nn::ParameterArena<T, S> const& arena, O const& opt,
+void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model, O const& opt,
                      TrainPosition const& pos, std::string_view extra = {}) {
+  auto generators = detail::gather_generators(comm, model);
   std::string message;
   auto const kind = comm.rank() != 0 ? detail::Failure::kNone : detail::run_classified([&] {
-    write_checkpoint_file(path, capture_checkpoint(arena, opt, pos, extra));
+    auto c = capture_checkpoint(model, opt, pos, extra);
+    c.generators.ranks = std::move(generators);
+    write_checkpoint_file(path, c);
   }, message);
   detail::agree_or_throw(comm, kind, message);
 }
 
 // Collective (every rank calls it): rank 0 reads `path` and checks its container (truncation, magic,
 // version, checksums); the bytes or the error are broadcast; every rank then decodes them and checks that
-// they fit its model and optimizer; only when all ranks agree are parameters and optimizer state restored.
-// Any failure throws the same error on every rank (IoError for a bad file, ArgumentError for a model or
-// optimizer mismatch), never a hang. Returns the training position stored in the file; `extra`, when given,
-// receives the bytes save_checkpoint stored (empty if none).
-template <Communicator C, class T, MemorySpace S, class O>
+// they fit its model and optimizer (by name and shape, so any bucket plan and any world size); only when all
+// ranks agree are parameters, buffers, optimizer state and generators restored (generators only when the
+// world size is the one that wrote the file; see restore_checkpoint). Any failure throws the same error on
+// every rank (IoError for a bad file, ArgumentError for a model or optimizer mismatch), never a hang.
+// Returns the training position stored in the file; `extra`, when given, receives the bytes save_checkpoint
+// stored (empty if none).
+template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
   requires CheckpointableOptimizer<O, T>
-TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm, nn::ParameterArena<T, S>& arena, O& opt,
+TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm, M& model, O& opt,
                               std::string* extra = nullptr) {
   std::string const file = path.string();
   std::string text;
@@ -287,10 +417,10 @@ TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm, nn::Pa
   std::string message;
   kind = detail::run_classified([&] {
     c = decode_checkpoint<T>(text, file);
-    check_checkpoint_fits(c, arena, opt, file);
+    check_checkpoint_fits(c, model, opt, file);
   }, message);
   detail::agree_or_throw(comm, kind, message);
-  restore_checkpoint(c, arena, opt);
+  restore_checkpoint(c, model, opt, RankOf{comm.rank(), comm.world_size()});
   if (extra) *extra = std::move(c.extra);
   return c.position;
 }

@@ -1,5 +1,6 @@
-// Checkpoint file format: the in-memory record (position, parameters, optimizer state) and its versioned,
-// checksummed byte encoding. Pure functions of bytes; files and ranks are checkpoint.hpp's business.
+// Checkpoint file format: the in-memory record (position, parameters, buffers, optimizer state, random
+// generators) and its versioned, checksummed byte encoding. Pure functions of bytes; files and ranks are
+// checkpoint.hpp's business.
 #pragma once
 
 #include <zlib.h>
@@ -17,24 +18,32 @@
 
 #include "ddp/error.hpp"
 #include "ddp/optim/optimizer.hpp"
+#include "ddp/tensor/random.hpp"
 
 namespace ddp {
 
 static_assert(std::endian::native == std::endian::little,
               "ddp checkpoints are little-endian and written by memcpy; add byte swapping for this platform");
 
-// File layout (all integers little-endian):
+// File layout (all integers little-endian). Everything is stored per parameter / buffer / generator by name
+// and shape, never in an arena's layout: a checkpoint loads into any bucket plan and any world size.
 //   header (32 bytes): magic "DDPCKPT\0" | u32 version | u32 section count | u64 payload bytes |
 //                      u32 CRC-32 of the payload | u32 CRC-32 of the header's first 28 bytes
 //   payload: sections, each u32 tag (four characters) | u32 0 | u64 length | length bytes
-//     META  u32 n, then n × (string key, i64 value): the TrainPosition fields
-//     MODL  u32 element size, u32 n, then n × (string name, u32 rank, rank × i64 dims)  (model identity)
-//     PARM  the parameters' values in registration order, numel elements each
-//     OPTM  string kind, f64 lr, u32 n, n × i64 counters, u32 m, m × (string name, u64 n, n elements)
+//     META  u32 n, then n × (string key, i64 value): the TrainPosition fields and "element_bytes" (sizeof T)
+//     PARM  tensors: the model's parameters (frozen ones included), registration order
+//     BUFS  tensors: the model's buffers (BatchNorm running statistics), registration order
+//     OPTM  string kind, f64 lr, u32 b, b × string buffer name, u32 n,
+//           n × (string name, shape, i64 steps, b × numel elements): per trainable parameter
+//     RNGS  u32 g, g × string name, u32 ranks, ranks × g × (u64 state, u64 inc, f64 spare, u64 has_spare):
+//           every rank's generators (Dropout), rank-major
 //     XTRA  optional: the caller's opaque bytes (e.g. the metrics so far); absent when empty
-//   strings are u32 length + bytes. Unknown sections are skipped (readers of version 1 ignore additions).
+//   tensors: u32 n, n × (string name, shape, numel elements); shape: u32 rank, rank × i64 dims;
+//   strings: u32 length + bytes. Unknown sections are skipped (a reader of version 2 ignores additions).
+// Version 1 (until 2026-11) kept the optimizer's state as flat buffers in the writer's arena layout, which
+// depends on the bucket plan; it is refused with a message (its state cannot be mapped back reliably).
 inline constexpr char kCheckpointMagic[8] = {'D', 'D', 'P', 'C', 'K', 'P', 'T', '\0'};
-inline constexpr std::uint32_t kCheckpointVersion = 1;
+inline constexpr std::uint32_t kCheckpointVersion = 2;
 inline constexpr std::size_t kCheckpointHeaderBytes = 32;
 
 // Where training stands when the checkpoint is taken. `epoch` is the epoch to run (or continue) next and
@@ -50,20 +59,33 @@ struct TrainPosition {
   friend bool operator==(TrainPosition const&, TrainPosition const&) = default;
 };
 
-// One parameter as stored: name, shape and values (registration order).
+// One parameter or buffer as stored: name, shape and values.
 template <class T>
-struct ParameterRecord {
+struct TensorRecord {
   std::string name;
   std::vector<std::int64_t> shape;
   std::vector<T> values;
+  friend bool operator==(TensorRecord const&, TensorRecord const&) = default;
+};
+template <class T>
+using ParameterRecord = TensorRecord<T>;
+
+// The model's random generators on every rank that wrote the checkpoint: ranks[r][g] is rank r's generator
+// names[g]. Ranks draw different streams (Dropout seeded with seed + rank), so each rank keeps its own.
+struct GeneratorRecords {
+  std::vector<std::string> names;
+  std::vector<std::vector<GeneratorState>> ranks;
+  friend bool operator==(GeneratorRecords const&, GeneratorRecords const&) = default;
 };
 
 // Everything a checkpoint holds, in memory.
 template <class T>
 struct CheckpointData {
   TrainPosition position;
-  std::vector<ParameterRecord<T>> parameters;
+  std::vector<TensorRecord<T>> parameters;  // the model's named_parameters() (each shared one once)
+  std::vector<TensorRecord<T>> buffers;     // the model's named_buffers()
   optim::OptimizerState<T> optimizer;
+  GeneratorRecords generators;
   std::string extra;  // the caller's bytes, stored as they are (e.g. MetricsLog::csv())
 };
 
@@ -156,6 +178,14 @@ class ByteReader {
                                      b_.size(), " but its content needs more (read position ", pos_, ", need ", n,
                                      " more); the file was not written by this version of ddp"));
   }
+  // count elements of `size` bytes follow (no overflow for any count).
+  void need_elements(std::uint64_t count, std::size_t size) const {
+    if (count > remaining() / size) need(remaining() + 1);
+  }
+  template <class... Ts>
+  [[noreturn]] void fail(Ts const&... what) const {
+    throw IoError(ddp::detail::cat("checkpoint ", file_, ": section ", section_, ": ", what...));
+  }
   void expect_end() const {
     if (pos_ != b_.size())
       throw IoError(ddp::detail::cat("checkpoint ", file_, ": section ", section_, " has ", b_.size() - pos_,
@@ -169,10 +199,53 @@ class ByteReader {
   std::size_t pos_ = 0;
 };
 
-inline std::string shape_string(std::vector<std::int64_t> const& dims) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + (dims.size() == 1 ? ",)" : ")");
+using optim::detail::shape_string;
+
+inline void put_shape(ByteWriter& s, std::vector<std::int64_t> const& shape) {
+  s.put(static_cast<std::uint32_t>(shape.size()));
+  for (auto d : shape) s.put(d);
+}
+template <class T>
+void put_tensors(ByteWriter& s, std::vector<TensorRecord<T>> const& ts) {
+  s.put(static_cast<std::uint32_t>(ts.size()));
+  for (auto const& t : ts) {
+    s.put_string(t.name);
+    put_shape(s, t.shape);
+    s.put_array(std::span<T const>(t.values));
+  }
+}
+
+// Reads a shape and returns its element count; `what` names the owner in errors.
+inline std::int64_t get_shape(ByteReader& r, std::vector<std::int64_t>& shape, std::string const& what) {
+  auto const rank = r.get<std::uint32_t>();
+  if (rank > 8) r.fail(what, " has rank ", rank, " (at most 8 supported)");
+  std::int64_t numel = 1;
+  for (std::uint32_t d = 0; d < rank; ++d) {
+    auto const n = r.get<std::int64_t>();
+    if (n < 0 || (n > 0 && numel > (std::int64_t{1} << 48) / n)) r.fail(what, " has a bad dimension ", n);
+    shape.push_back(n);
+    numel *= n;
+  }
+  return numel;
+}
+template <class T>
+void get_values(ByteReader& r, std::vector<T>& v, std::int64_t numel) {
+  r.need_elements(static_cast<std::uint64_t>(numel), sizeof(T));
+  v.resize(static_cast<std::size_t>(numel));
+  r.get_array(v.data(), v.size());
+}
+template <class T>
+std::vector<TensorRecord<T>> get_tensors(ByteReader& r, char const* kind) {
+  std::vector<TensorRecord<T>> ts;
+  auto const n = r.get<std::uint32_t>();
+  for (std::uint32_t i = 0; i < n; ++i) {
+    TensorRecord<T> t;
+    t.name = r.get_string();
+    get_values(r, t.values, get_shape(r, t.shape, ddp::detail::cat(kind, " '", t.name, "'")));
+    ts.push_back(std::move(t));
+  }
+  r.expect_end();
+  return ts;
 }
 
 }  // namespace detail
@@ -197,35 +270,52 @@ std::string encode_checkpoint(CheckpointData<T> const& c) {
     std::pair<char const*, std::int64_t> const kv[] = {
         {"epoch", p.epoch},           {"step", p.step},   {"global_step", p.global_step},
         {"scheduler_epoch", p.scheduler_epoch}, {"world_size", p.world_size}, {"global_batch", p.global_batch},
-        {"seed", p.seed}};
+        {"seed", p.seed}, {"element_bytes", static_cast<std::int64_t>(sizeof(T))}};
     s.put(static_cast<std::uint32_t>(std::size(kv)));
     for (auto const& [k, v] : kv) {
       s.put_string(k);
       s.put(v);
     }
   });
-  section(fourcc("MODL"), [&](detail::ByteWriter& s) {
-    s.put(static_cast<std::uint32_t>(sizeof(T)));
-    s.put(static_cast<std::uint32_t>(c.parameters.size()));
-    for (auto const& r : c.parameters) {
-      s.put_string(r.name);
-      s.put(static_cast<std::uint32_t>(r.shape.size()));
-      for (auto d : r.shape) s.put(d);
+  section(fourcc("PARM"), [&](detail::ByteWriter& s) { detail::put_tensors(s, c.parameters); });
+  section(fourcc("BUFS"), [&](detail::ByteWriter& s) { detail::put_tensors(s, c.buffers); });
+  section(fourcc("OPTM"), [&](detail::ByteWriter& s) {
+    auto const& o = c.optimizer;
+    s.put_string(o.kind);
+    s.put(o.lr);
+    s.put(static_cast<std::uint32_t>(o.buffer_names.size()));
+    for (auto const& n : o.buffer_names) s.put_string(n);
+    s.put(static_cast<std::uint32_t>(o.parameters.size()));
+    for (auto const& ps : o.parameters) {
+      s.put_string(ps.name);
+      detail::put_shape(s, ps.shape);
+      s.put(ps.steps);
+      if (ps.buffers.size() != o.buffer_names.size())
+        throw ArgumentError(ddp::detail::cat("checkpoint: optimizer state of '", ps.name, "' has ", ps.buffers.size(),
+                                             " buffers for ", o.buffer_names.size(), " buffer names"));
+      for (auto const& b : ps.buffers) {
+        if (static_cast<std::int64_t>(b.size()) != optim::detail::numel_of(ps.shape))
+          throw ArgumentError(ddp::detail::cat("checkpoint: optimizer state of '", ps.name, "' has a buffer of ",
+                                               b.size(), " values for shape ", detail::shape_string(ps.shape)));
+        s.put_array(std::span<T const>(b));
+      }
     }
   });
-  section(fourcc("PARM"), [&](detail::ByteWriter& s) {
-    for (auto const& r : c.parameters) s.put_array(std::span<T const>(r.values));
-  });
-  section(fourcc("OPTM"), [&](detail::ByteWriter& s) {
-    s.put_string(c.optimizer.kind);
-    s.put(c.optimizer.lr);
-    s.put(static_cast<std::uint32_t>(c.optimizer.counters.size()));
-    for (auto v : c.optimizer.counters) s.put(v);
-    s.put(static_cast<std::uint32_t>(c.optimizer.buffers.size()));
-    for (auto const& b : c.optimizer.buffers) {
-      s.put_string(b.name);
-      s.put(static_cast<std::uint64_t>(b.data.size()));
-      s.put_array(std::span<T const>(b.data));
+  section(fourcc("RNGS"), [&](detail::ByteWriter& s) {
+    auto const& g = c.generators;
+    s.put(static_cast<std::uint32_t>(g.names.size()));
+    for (auto const& n : g.names) s.put_string(n);
+    s.put(static_cast<std::uint32_t>(g.ranks.size()));
+    for (auto const& rank : g.ranks) {
+      if (rank.size() != g.names.size())
+        throw ArgumentError(ddp::detail::cat("checkpoint: a rank has ", rank.size(), " generator states for ",
+                                             g.names.size(), " generator names"));
+      for (auto const& st : rank) {
+        s.put(st.state);
+        s.put(st.inc);
+        s.put(st.spare);
+        s.put(static_cast<std::uint64_t>(st.has_spare));
+      }
     }
   });
   if (!c.extra.empty()) section(fourcc("XTRA"), [&](detail::ByteWriter& s) { s.bytes() += c.extra; });
@@ -259,6 +349,10 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
   auto const header_crc = h.get<std::uint32_t>();
   if (detail::crc32_of(bytes.data(), kCheckpointHeaderBytes - 4) != header_crc)
     throw err("the header's checksum does not match: the file is corrupted");
+  if (version == 1)
+    throw err("format version 1 is no longer read (this build reads version ", kCheckpointVersion,
+              "): version 1 stored the optimizer state in the writing run's bucket layout, which cannot be mapped "
+              "back to parameters reliably; resume from a checkpoint written by this version, or start over");
   if (version != kCheckpointVersion)
     throw err("unsupported version ", version, " (this build reads version ", kCheckpointVersion, ")");
   std::uint64_t const have = bytes.size() - kCheckpointHeaderBytes;
@@ -309,63 +403,61 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
         if (k == key) return v;
       throw err("META has no '", key, "' entry");
     };
-    auto& p = c.position;
-    p = {.epoch = get("epoch"),
-         .step = get("step"),
-         .global_step = get("global_step"),
-         .scheduler_epoch = get("scheduler_epoch"),
-         .world_size = get("world_size"),
-         .global_batch = get("global_batch"),
-         .seed = get("seed")};
-  }
-  {
-    detail::ByteReader s = find("MODL");
-    auto const elem = s.get<std::uint32_t>();
-    if (elem != sizeof(T))
-      throw err("parameters are stored with ", elem, "-byte elements, this model uses ", sizeof(T), "-byte elements");
-    auto const n = s.get<std::uint32_t>();
-    for (std::uint32_t i = 0; i < n; ++i) {
-      ParameterRecord<T> rec;
-      rec.name = s.get_string();
-      auto const rank = s.get<std::uint32_t>();
-      if (rank > 8) throw err("parameter '", rec.name, "' has rank ", rank, " (at most 8 supported)");
-      for (std::uint32_t d = 0; d < rank; ++d) rec.shape.push_back(s.get<std::int64_t>());
-      c.parameters.push_back(std::move(rec));
-    }
-    s.expect_end();
+    auto const elem = get("element_bytes");
+    if (elem != static_cast<std::int64_t>(sizeof(T)))
+      throw err("values are stored with ", elem, "-byte elements, this model uses ", sizeof(T), "-byte elements");
+    c.position = {.epoch = get("epoch"),
+                  .step = get("step"),
+                  .global_step = get("global_step"),
+                  .scheduler_epoch = get("scheduler_epoch"),
+                  .world_size = get("world_size"),
+                  .global_batch = get("global_batch"),
+                  .seed = get("seed")};
   }
   {
     detail::ByteReader s = find("PARM");
-    for (auto& rec : c.parameters) {
-      std::int64_t numel = 1;
-      for (auto d : rec.shape) {
-        if (d < 0) throw err("parameter '", rec.name, "' has a negative dimension");
-        numel *= d;
-      }
-      rec.values.resize(static_cast<std::size_t>(numel));
-      s.get_array(rec.values.data(), rec.values.size());
-    }
-    s.expect_end();
+    c.parameters = detail::get_tensors<T>(s, "parameter");
+  }
+  {
+    detail::ByteReader s = find("BUFS");
+    c.buffers = detail::get_tensors<T>(s, "buffer");
   }
   {
     detail::ByteReader s = find("OPTM");
     auto& o = c.optimizer;
     o.kind = s.get_string();
     o.lr = s.get<double>();
-    auto const nc = s.get<std::uint32_t>();
-    s.need(std::size_t{nc} * 8);
-    o.counters.resize(nc);
-    s.get_array(o.counters.data(), nc);
     auto const nb = s.get<std::uint32_t>();
-    for (std::uint32_t i = 0; i < nb; ++i) {
-      typename optim::OptimizerState<T>::Buffer b;
-      b.name = s.get_string();
-      auto const n = s.get<std::uint64_t>();
-      if (n > s.remaining() / sizeof(T)) s.need(n * sizeof(T));
-      b.data.resize(n);
-      s.get_array(b.data.data(), n);
-      o.buffers.push_back(std::move(b));
+    for (std::uint32_t b = 0; b < nb; ++b) o.buffer_names.push_back(s.get_string());
+    auto const np = s.get<std::uint32_t>();
+    for (std::uint32_t i = 0; i < np; ++i) {
+      optim::ParameterState<T> ps;
+      ps.name = s.get_string();
+      auto const numel = detail::get_shape(s, ps.shape, ddp::detail::cat("optimizer state of '", ps.name, "'"));
+      ps.steps = s.get<std::int64_t>();
+      ps.buffers.resize(nb);
+      for (auto& b : ps.buffers) detail::get_values(s, b, numel);
+      o.parameters.push_back(std::move(ps));
     }
+    s.expect_end();
+  }
+  {
+    detail::ByteReader s = find("RNGS");
+    auto& g = c.generators;
+    auto const ng = s.get<std::uint32_t>();
+    for (std::uint32_t i = 0; i < ng; ++i) g.names.push_back(s.get_string());
+    auto const nr = s.get<std::uint32_t>();
+    s.need_elements(std::uint64_t{nr} * ng, 32);
+    g.ranks.resize(nr);
+    for (auto& rank : g.ranks)
+      for (std::uint32_t i = 0; i < ng; ++i) {
+        GeneratorState st;
+        st.state = s.get<std::uint64_t>();
+        st.inc = s.get<std::uint64_t>();
+        st.spare = s.get<double>();
+        st.has_spare = s.get<std::uint64_t>() != 0;
+        rank.push_back(st);
+      }
     s.expect_end();
   }
   for (auto const& sec : secs)
