@@ -120,6 +120,55 @@ TEST_CASE("inconsistent settings are errors") {
   CHECK(contains(error_of({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}), "RANK=\"x1\" is not a non-negative integer"));
 }
 
+TEST_CASE("a partial Slurm environment (sbatch without --ntasks) does not hide complete MPICH variables") {
+  auto const e = ddp::launch_env(fake({{"SLURM_PROCID", "0"},
+                                       {"SLURM_JOB_ID", "77"},
+                                       {"PMI_RANK", "1"},
+                                       {"PMI_SIZE", "2"},
+                                       {"MPI_LOCALRANKID", "1"},
+                                       {"MPI_LOCALNRANKS", "2"}}));
+  CHECK(e.source == "mpich");
+  CHECK(e.rank == 1);
+  CHECK(e.world_size == 2);
+  CHECK(e.local_rank == 1);
+  CHECK(e.local_size == 2);
+}
+
+TEST_CASE("only the chosen launcher's variables are validated") {
+  std::map<std::string, std::string> const mpich = {
+      {"PMI_RANK", "0"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "0"}, {"MPI_LOCALNRANKS", "2"}};
+  // Slurm describes the job step (and here badly): MPICH wins and Slurm is not parsed.
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(mpich.begin(), mpich.end());
+    return ddp::launch_env(fake(std::move(extra)));
+  };
+  CHECK(with({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "x"}}).source == "mpich");
+  CHECK(with({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_TASKS_PER_NODE", "2(x"}}).source == "mpich");
+  CHECK(with({{"SLURM_NTASKS", "1"}}).rank == 0);
+  // A lone stale torchrun variable does not hide the MPI launcher either.
+  CHECK(with({{"LOCAL_RANK", "3"}}).source == "mpich");
+  CHECK(with({{"OMPI_COMM_WORLD_RANK", "0"}}).world_size == 4);
+}
+
+TEST_CASE("the chosen launcher's errors name its variables") {
+  CHECK(contains(error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}}),
+                 "(RANK=4, WORLD_SIZE=4)"));
+  CHECK(contains(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "2"}}),
+                 "launch environment (mpich): local rank 2 is not below local size 2 (MPI_LOCALRANKID=2, MPI_LOCALNRANKS=2)"));
+  CHECK(contains(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}), "set MPI_LOCALRANKID and MPI_LOCALNRANKS"));
+  CHECK(contains(error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "0"}}),
+                 "world size is 0, must be >= 1 (OMPI_COMM_WORLD_SIZE=0)"));
+  CHECK(contains(error_of({{"SLURM_PROCID", "3"},
+                           {"SLURM_NTASKS", "4"},
+                           {"SLURM_LOCALID", "1"},
+                           {"SLURM_NODEID", "1"},
+                           {"SLURM_TASKS_PER_NODE", "3,1"}}),
+                 "local rank 1 is not below local size 1 (SLURM_LOCALID=1, SLURM_TASKS_PER_NODE=3,1 at SLURM_NODEID=1)"));
+  CHECK(contains(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}), "set SLURM_LOCALID and SLURM_NTASKS_PER_NODE"));
+  // With nothing complete, a partial launcher is still an error naming what is missing.
+  CHECK(contains(error_of({{"SLURM_PROCID", "0"}, {"PMI_RANK", "0"}}), "(mpich) is partial: PMI_SIZE not set but PMI_RANK=0 is"));
+}
+
 TEST_CASE("launch_env() reads the real process environment (setenv)") {
   setenv("RANK", "1", 1);
   setenv("WORLD_SIZE", "2", 1);

@@ -4,16 +4,18 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "ddp/comm/env.hpp"
 #include "ddp/error.hpp"
@@ -21,6 +23,16 @@
 namespace ddp {
 
 namespace detail {
+inline std::string what_of(std::exception_ptr const& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (std::exception const& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
 inline std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -66,6 +78,9 @@ inline void abort_if_exiting_mid_run() noexcept {
 
 // Initialises MPI with MPI_THREAD_MULTIPLE, unless the program already did (then the level is checked), and
 // finalises it on destruction only if it initialised it. No global state: create exactly one, in main.
+// Construction is collective over MPI_COMM_WORLD: each rank checks the thread level and its launcher's
+// variables, then the ranks agree; if any rank's check failed, the constructor throws on every rank (the
+// failing rank its own error, the others a CommError naming it), so no rank is left waiting in a collective.
 //
 // Why MULTIPLE and not SERIALIZED/FUNNELED: MpiBackend runs async collectives on a progress thread while
 // the user's thread may make its own MPI calls (its own communicators, MPI_Abort on failure); SERIALIZED
@@ -114,23 +129,24 @@ class MpiSession {
       }
       owns_ = true;
     }
-    if (provided < MPI_THREAD_MULTIPLE) {
-      throw CommError(detail::cat("ddp mpi: MPI provides thread level ", provided,
-                                  " but ddp's progress thread needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
-                                  "); use an MPI built with thread support, or let MpiSession initialise MPI"));
-    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_comm_);
-    MPI_Comm_rank(local_comm_, &local_rank_);
-    MPI_Comm_size(local_comm_, &local_size_);
     try {
-      check_launcher();
+      std::exception_ptr failure;  // this rank's setup problem, if any; every rank learns of it below
+      try {
+        check_thread_level(provided);
+        check_launcher();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      agree_on_setup(failure);
     } catch (...) {
-      MPI_Comm_free(&local_comm_);
       if (owns_) MPI_Finalize();
       throw;
     }
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_comm_);
+    MPI_Comm_rank(local_comm_, &local_rank_);
+    MPI_Comm_size(local_comm_, &local_size_);
     static bool const hooked = std::atexit(detail::abort_if_exiting_mid_run) == 0;
     if (hooked) {
       detail::exit_guard().rank.store(rank_);
@@ -138,6 +154,42 @@ class MpiSession {
       detail::exit_guard().live.fetch_add(1);
       hooked_ = true;
     }
+  }
+
+  static void check_thread_level(int provided) {
+    if (provided < MPI_THREAD_MULTIPLE) {
+      throw CommError(detail::cat("ddp mpi: MPI provides thread level ", provided,
+                                  " but ddp's progress thread needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
+                                  "); use an MPI built with thread support, or let MpiSession initialise MPI"));
+    }
+  }
+
+  // The setup checks above are local to each rank; this collective step (the first one, on every rank)
+  // makes their outcome common. If any rank failed, every rank throws: the failing rank its own error, the
+  // others a CommError naming the failed rank(s) and quoting the first one's message. So one rank's bad
+  // environment ends the whole job with a clear error everywhere, instead of the healthy ranks going on
+  // into the backend's first collective (MPI_Comm_dup) and waiting there forever.
+  void agree_on_setup(std::exception_ptr const& failure) const {
+    int const mine = failure ? 1 : 0;
+    std::vector<int> failed(static_cast<std::size_t>(world_size_));
+    MPI_Allgather(&mine, 1, MPI_INT, failed.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    auto const first = std::find(failed.begin(), failed.end(), 1);
+    if (first == failed.end()) return;
+    int const root = static_cast<int>(first - failed.begin());
+    std::string why = root == rank_ ? detail::what_of(failure) : std::string();
+    int len = static_cast<int>(why.size());
+    MPI_Bcast(&len, 1, MPI_INT, root, MPI_COMM_WORLD);
+    why.resize(static_cast<std::size_t>(len));
+    MPI_Bcast(why.data(), len, MPI_CHAR, root, MPI_COMM_WORLD);
+    if (failure) std::rethrow_exception(failure);
+    std::string ranks;
+    for (int k = 0; k < world_size_; ++k) {
+      if (failed[static_cast<std::size_t>(k)] != 0) ranks += detail::cat(ranks.empty() ? "" : ", ", k);
+    }
+    throw CommError(detail::cat("ddp mpi: launch setup failed on rank", ranks.find(',') == std::string::npos ? " " : "s ",
+                                ranks, " of ", world_size_, " (rank ", root, ": ", why, "); rank ", rank_,
+                                " stops too, so that no rank waits for it"),
+                    root);
   }
 
   // The launcher's variables must describe the same job MPI sees. The classic failure: every process is an
