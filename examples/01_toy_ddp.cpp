@@ -21,8 +21,10 @@ int main(int argc, char** argv) {
     int const ws = backend == examples::Backend::kMpi && !flags.is_set("world-size") ? 0 : int(flags.integer("world-size"));
     std::int64_t const n = flags.integer("samples"), epochs = flags.integer("epochs"), bs = flags.integer("batch-size");
     if (n < 1 || epochs < 1 || bs < 1) throw ArgumentError("--samples, --epochs and --batch-size must be positive");
-    double first = 0, last = 0;
-    int rc = examples::launch(backend, ws, argc, argv, [&](auto& comm) {
+    // The rank body shares nothing with main or with other ranks (with the threads backend they are threads
+    // of this process): each rank checks the loss itself (mean_loss is averaged over ranks, so every rank sees
+    // the same numbers) and reports a failure by throwing, which launch() turns into the exit code.
+    return examples::launch(backend, ws, argc, argv, [&](auto& comm) {
       Generator data_gen(1234);  // the same dataset on every rank; the sampler splits it
       Tensor<float> x(Shape{n, 10}), y(Shape{n, 5});
       for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = data_gen.uniform(-1.0f, 1.0f);
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
       trainer<decltype(model), std::remove_reference_t<decltype(comm)>> t(model, comm, {.lr = 0.05, .momentum = 0.9},
                                                                              {.batch_size = bs});
       if (comm.rank() == 0) std::printf("%s\n", t.ddp().describe().c_str());
+      double first = 0, last = 0;
       for (std::int64_t e = 0; e < epochs; ++e) {
         auto r = t.fit_epoch(data, e, [](Var const& out, auto const& batch) { return mse_loss(out, batch.y); });
         if (e == 0) first = r.mean_loss;
@@ -41,9 +44,8 @@ int main(int argc, char** argv) {
         if (comm.rank() == 0) std::printf("epoch %lld  mean loss %.6f  (%lld steps, %.1f ms)\n", (long long)e, r.mean_loss,
                                           (long long)r.steps, r.seconds * 1e3);
       }
+      if (!(last < first)) throw Error(detail::cat("the mean loss did not decrease: ", first, " -> ", last));
     });
-    if (rc != 0) return rc;
-    return last < first ? 0 : 1;
   } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
