@@ -17,22 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/comm/detail/describe.hpp"
 #include "ddp/comm/env.hpp"
 #include "ddp/error.hpp"
 
 namespace ddp {
 
 namespace detail {
-inline std::string what_of(std::exception_ptr const& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (std::exception const& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
 inline std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -176,7 +167,7 @@ class MpiSession {
     auto const first = std::find(failed.begin(), failed.end(), 1);
     if (first == failed.end()) return;
     int const root = static_cast<int>(first - failed.begin());
-    std::string why = root == rank_ ? detail::what_of(failure) : std::string();
+    std::string why = root == rank_ ? detail::describe(failure) : std::string();
     int len = static_cast<int>(why.size());
     MPI_Bcast(&len, 1, MPI_INT, root, MPI_COMM_WORLD);
     why.resize(static_cast<std::size_t>(len));

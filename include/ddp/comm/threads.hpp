@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/detail/describe.hpp"
 #include "ddp/comm/detail/front_end.hpp"
 #include "ddp/comm/detail/progress.hpp"
 #include "ddp/comm/detail/reduce.hpp"
@@ -273,18 +274,6 @@ static_assert(AsyncCommunicator<ThreadsBackend>);
 inline std::shared_ptr<detail::ThreadsGroup> make_threads_group(int world_size, ThreadsOptions const& opts = {}) {
   return std::make_shared<detail::ThreadsGroup>(world_size, opts);
 }
-
-namespace detail {
-inline std::string describe(std::exception_ptr const& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (std::exception const& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-}  // namespace detail
 
 // Runs fn(ThreadsBackend&) as ranks 0..n-1 (rank 0 on the calling thread) and returns when all finish.
 // If a rank throws, the group fails: every other rank's pending and later collectives throw a CommError

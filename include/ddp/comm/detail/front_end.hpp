@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -29,14 +30,15 @@ template <class Backend>
 struct AllReduceExecutor {
   Backend* self;
   void operator()(AllReduceRequest const& r) const {
-    using S = native_space_t<Backend>;
+    auto run = [&](auto* data) {
+      using T = std::remove_pointer_t<decltype(data)>;
+      self->run_all_reduce(SpaceSpan<T, native_space_t<Backend>>(data, r.count), r.op, r.tag);
+    };
     switch (r.dtype) {
-      case Dtype::kFloat32: return self->run_all_reduce(SpaceSpan<float, S>(static_cast<float*>(r.data), r.count), r.op, r.tag);
-      case Dtype::kFloat64: return self->run_all_reduce(SpaceSpan<double, S>(static_cast<double*>(r.data), r.count), r.op, r.tag);
-      case Dtype::kInt32:
-        return self->run_all_reduce(SpaceSpan<std::int32_t, S>(static_cast<std::int32_t*>(r.data), r.count), r.op, r.tag);
-      case Dtype::kInt64:
-        return self->run_all_reduce(SpaceSpan<std::int64_t, S>(static_cast<std::int64_t*>(r.data), r.count), r.op, r.tag);
+      case Dtype::kFloat32: return run(static_cast<float*>(r.data));
+      case Dtype::kFloat64: return run(static_cast<double*>(r.data));
+      case Dtype::kInt32: return run(static_cast<std::int32_t*>(r.data));
+      case Dtype::kInt64: return run(static_cast<std::int64_t*>(r.data));
     }
   }
 };
