@@ -99,6 +99,45 @@ TEST_CASE("optimizer state round trip: resuming continues bitwise identically") 
   for (int i = 0; i < 4; ++i) CHECK(a[i] == b[i]);
 }
 
+TEST_CASE("the fused kernels give each element the same bits wherever its slice starts or ends (any arena layout)") {
+  constexpr std::int64_t n = 203;
+  Generator gen(3);
+  std::vector<float> w0(n), g(n), m0(n), v0(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    w0[i] = gen.uniform(-1.0f, 1.0f) * (i % 2 ? 1e-6f : 1.0f);  // small weights show the update's last bits
+    g[i] = gen.uniform(-1.0f, 1.0f) * (i % 7 == 0 ? 1e-6f : 1.0f);
+    m0[i] = gen.uniform(-0.1f, 0.1f);
+    v0[i] = gen.uniform(0.0f, 0.01f) * (i % 5 == 0 ? 1e-9f : 1.0f);
+  }
+  AdamStep<float> const adam{0.01f, 0.9f, 0.999f, 1e-8f, 0.01f, true, 0.01f / (1 - 0.9f), std::sqrt(1 - 0.999f)};
+  SgdStep<float> const sgd{0.1f, 0.9f, 0.1f, 0.01f, false, false};
+  // Reference: one call over the whole aligned slice.
+  std::vector<float> w = w0, m = m0, v = v0;
+  Kernels<HostSpace>::adam_update(n, w.data(), g.data(), m.data(), v.data(), adam);
+  std::vector<float> ws = w0, bs = m0;
+  Kernels<HostSpace>::sgd_update(n, ws.data(), g.data(), bs.data(), sgd);
+  for (std::int64_t shift : {1, 2, 3, 5, 8, 13}) {  // the slice at another address, cut in two at `shift`
+    CAPTURE(shift);
+    std::vector<float> W(n + 16), G(n + 16), M(n + 16), Vv(n + 16);
+    std::copy(w0.begin(), w0.end(), W.begin() + shift);
+    std::copy(g.begin(), g.end(), G.begin() + shift);
+    std::copy(m0.begin(), m0.end(), M.begin() + shift);
+    std::copy(v0.begin(), v0.end(), Vv.begin() + shift);
+    for (auto [from, to] : {std::pair<std::int64_t, std::int64_t>{0, shift}, {shift, n}})
+      Kernels<HostSpace>::adam_update(to - from, W.data() + shift + from, G.data() + shift + from, M.data() + shift + from,
+                                      Vv.data() + shift + from, adam);
+    CHECK(std::memcmp(W.data() + shift, w.data(), sizeof(float) * n) == 0);
+    CHECK(std::memcmp(M.data() + shift, m.data(), sizeof(float) * n) == 0);
+    CHECK(std::memcmp(Vv.data() + shift, v.data(), sizeof(float) * n) == 0);
+    std::copy(w0.begin(), w0.end(), W.begin() + shift);
+    std::copy(m0.begin(), m0.end(), M.begin() + shift);
+    for (auto [from, to] : {std::pair<std::int64_t, std::int64_t>{0, shift}, {shift, n}})
+      Kernels<HostSpace>::sgd_update(to - from, W.data() + shift + from, G.data() + shift + from, M.data() + shift + from, sgd);
+    CHECK(std::memcmp(W.data() + shift, ws.data(), sizeof(float) * n) == 0);
+    CHECK(std::memcmp(M.data() + shift, bs.data(), sizeof(float) * n) == 0);
+  }
+}
+
 // ---- state across arena layouts ----------------------------------------------------------------------
 
 namespace {

@@ -52,27 +52,38 @@ struct HostOptimKernels {
     }
   }
 
-  // PyTorch 1.13 Adam/AdamW (single-tensor path), bias-corrected.
+  // PyTorch 1.13 Adam/AdamW (single-tensor path), bias-corrected. Every element takes the same path: blocks
+  // of one SIMD packet (fully unrolled, unaligned loads; the last partial block through a padded copy).
+  // Eigen's float sqrt packet is rsqrt + a Newton step, a few ulps off the scalar std::sqrt it uses for an
+  // unaligned head or a tail; with both paths in play an element's bits would depend on where the arena puts
+  // its parameter, i.e. on the bucket plan. With one path they depend only on its own values: bitwise the
+  // same for any arena layout (on a given SIMD level).
   template <class T>
   static void adam_update(i64 n, T* w, T const* g, T* m, T* v, AdamStep<T> const& p) {
-    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    constexpr i64 kB = Eigen::internal::packet_traits<T>::size;
+    using A = Eigen::Array<T, kB, 1>;
     using Mp = Eigen::Map<A>;
     using CM = Eigen::Map<A const>;
-    alignas(64) T tmp[kChunk];
     T const decay = T(1) - p.lr * p.weight_decay;
-    for (i64 s = 0; s < n; s += kChunk) {
-      i64 const c = std::min(kChunk, n - s);
-      Mp ww(w + s, c), mm(m + s, c), vv(v + s, c), d(tmp, c);
-      CM gg(g + s, c);
-      if (p.decoupled) {
-        if (p.weight_decay != T(0)) ww *= decay;
-        d = gg;
-      } else {
-        if (p.weight_decay != T(0)) d = gg + p.weight_decay * ww; else d = gg;
-      }
+    bool const decay_w = p.decoupled && p.weight_decay != T(0);
+    T const l2 = p.decoupled ? T(0) : p.weight_decay;
+    auto block = [&](T* w, T const* g, T* m, T* v) {
+      Mp ww(w), mm(m), vv(v);
+      CM gg(g);
+      if (decay_w) ww *= decay;
+      A const d = l2 != T(0) ? A(gg + l2 * ww) : A(gg);
       mm = p.beta1 * mm + (T(1) - p.beta1) * d;
       vv = p.beta2 * vv + (T(1) - p.beta2) * d.square();
       ww -= p.step_size * (mm / ((vv.sqrt() / p.bc2_sqrt) + p.eps));
+    };
+    i64 i = 0;
+    for (; i + kB <= n; i += kB) block(w + i, g + i, m + i, v + i);
+    if (i < n) {
+      i64 const r = n - i;
+      alignas(64) T W[kB] = {}, G[kB] = {}, M[kB] = {}, V[kB] = {};
+      std::copy(w + i, w + n, W), std::copy(g + i, g + n, G), std::copy(m + i, m + n, M), std::copy(v + i, v + n, V);
+      block(W, G, M, V);
+      std::copy(W, W + r, w + i), std::copy(M, M + r, m + i), std::copy(V, V + r, v + i);
     }
   }
 };
