@@ -1,6 +1,6 @@
 // 05_fashion_mnist: the main job — a CNN (the seeds' BasicNet) or an MLP trained data-parallel on
 // Fashion-MNIST with AdamW, on threads or under mpirun; progress bar, exact distributed evaluation,
-// atomic checkpoints with exact resume, a metrics CSV + SVG plot and a per-rank Chrome/Perfetto timeline.
+// atomic checkpoints with exact resume (also with another world size or bucket cap), a metrics CSV + SVG plot and a per-rank Chrome/Perfetto timeline.
 //   bazel run //examples:fashion_mnist                       (threads, 2 ranks, CNN, 2 epochs)
 //   bazel run //examples:fashion_mnist -- --model mlp --out /tmp/fm --trace /tmp/fm
 //   mpirun -n 2 bazel-bin/examples/fashion_mnist --backend mpi
@@ -31,7 +31,8 @@ struct Config {
   std::string model, optimizer, schedule;
   examples::Backend backend = examples::Backend::kThreads;
   int world_size = 2;  // 0: take it from mpirun
-  std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0;
+  std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
+               max_steps = 0;
   double lr = 1e-3, bucket_cap_mb = 25;
   fs::path data_dir, checkpoint, resume, trace_dir, out_dir;
 };
@@ -174,12 +175,14 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         for (auto const& m : saved.epochs())
           if (m.epoch <= pos.epoch) log.add(m);
       }
-      if (pos.step > 0 && (pos.world_size != world || pos.global_batch != cfg.global_batch || pos.seed != cfg.seed))
+      // Mid-epoch, the sampler position must mean the same samples. Global step s takes positions
+      // [s·B, (s+1)·B) of the epoch's shuffled order on any world size (rank r has positions r, r + W, ...),
+      // so the global batch B and the seed must match; the world size and the bucket cap may change.
+      if (pos.step > 0 && (pos.global_batch != cfg.global_batch || pos.seed != cfg.seed))
         throw ArgumentError(detail::cat("checkpoint ", cfg.resume.string(), " was taken at step ", pos.step,
-                                        " of an epoch with world size ", pos.world_size, ", global batch ",
-                                        pos.global_batch, " and seed ", pos.seed,
-                                        "; resuming mid-epoch needs the same three (this run: ", world, ", ",
-                                        cfg.global_batch, ", ", cfg.seed, ")"));
+                                        " of an epoch with global batch ", pos.global_batch, " and seed ", pos.seed,
+                                        "; resuming mid-epoch needs the same two (this run: ", cfg.global_batch, ", ",
+                                        cfg.seed, ")"));
       pos.world_size = world;
       pos.global_batch = cfg.global_batch;
       pos.seed = cfg.seed;
@@ -191,6 +194,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
     set_schedule(pos.scheduler_epoch);
 
     Counts final_counts;
+    bool stopped = false;  // --max-steps reached
     auto const run_start = Clock::now();
     for (std::int64_t epoch = pos.epoch; epoch < cfg.epochs; ++epoch) {
       sampler.set_epoch(epoch);
@@ -218,7 +222,9 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         double const l = loss.item();
         train_counts.add_batch(0, b.y.numel(), l);
         if (bar) bar->update(step, l);
-        if (!cfg.checkpoint.empty() && cfg.checkpoint_every > 0 && pos.global_step % cfg.checkpoint_every == 0 &&
+        stopped = cfg.max_steps > 0 && pos.global_step >= cfg.max_steps;
+        bool const periodic = cfg.checkpoint_every > 0 && pos.global_step % cfg.checkpoint_every == 0;
+        if (!cfg.checkpoint.empty() && (periodic || stopped) &&
             step < loader.num_batches())  // mid-epoch: the sampler position is `step`
           save_checkpoint(cfg.checkpoint, comm, ddp.module(), opt,
                           TrainPosition{.epoch = epoch,
@@ -229,9 +235,18 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                                         .global_batch = cfg.global_batch,
                                         .seed = cfg.seed},
                           log.csv());
+        if (stopped && step < loader.num_batches()) break;
       }
       double const seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       if (bar) bar->finish();
+      if (stopped && step < loader.num_batches()) {  // mid-epoch: no evaluation, the checkpoint has the position
+        if (leader)
+          std::printf("stopped after %lld optimizer steps (--max-steps) at epoch %lld, step %lld%s%s\n",
+                      static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1),
+                      static_cast<long long>(step), cfg.checkpoint.empty() ? "" : "; checkpoint: ",
+                      cfg.checkpoint.string().c_str());
+        break;
+      }
       std::int64_t const steps_done = step - pos.step;
       Counts const train_all = all_reduce_counts(comm, train_counts);
       Counts const test_all = evaluate(comm, net.seq, test_set);
@@ -259,6 +274,12 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         save_checkpoint(cfg.checkpoint, comm, ddp.module(), opt, pos, log.csv());
         if (leader) std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoint.string().c_str(), static_cast<long long>(epoch + 1));
       }
+      if (stopped) {
+        if (leader)
+          std::printf("stopped after %lld optimizer steps (--max-steps) at the end of epoch %lld\n",
+                      static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1));
+        break;
+      }
     }
 
     if (!cfg.trace_dir.empty()) {
@@ -275,12 +296,12 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         std::printf("metrics: %s, %s\n", (cfg.out_dir / "metrics.csv").string().c_str(),
                     (cfg.out_dir / "metrics.svg").string().c_str());
       }
-      if (final_counts.total > 0)
+      if (final_counts.total > 0 && !stopped)
         std::printf("test accuracy: %.2f%% (%lld/%lld) after %lld epoch%s, %.1f s in total (training and evaluation)\n",
                     100.0 * final_counts.accuracy(), static_cast<long long>(final_counts.correct),
                     static_cast<long long>(final_counts.total), static_cast<long long>(cfg.epochs),
                     cfg.epochs == 1 ? "" : "s", std::chrono::duration<double>(Clock::now() - run_start).count());
-      else
+      else if (!stopped)
         std::printf("nothing to train: the checkpoint is already at epoch %lld of %lld\n",
                     static_cast<long long>(pos.epoch), static_cast<long long>(cfg.epochs));
       std::fflush(stdout);
@@ -317,7 +338,9 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("data-dir", std::string(kFashionMnistDefaultDir), "directory with the four Fashion-MNIST IDX files (.gz)")
       .add("checkpoint", "", "write a checkpoint to this file at the end of every epoch (atomically)")
       .add("checkpoint-every", "0", "also write the checkpoint every N optimizer steps, mid-epoch included (0: epoch ends only)")
-      .add("resume", "", "resume from this checkpoint (weights, optimizer, schedule, epoch and step)")
+      .add("max-steps", "0", "stop after this many optimizer steps in total (0: no limit), writing --checkpoint there")
+      .add("resume", "", "resume from this checkpoint (weights, buffers, optimizer, schedule, epoch and step); the "
+                         "world size and bucket cap may differ from the run that wrote it")
       .add("trace", "", "write a Chrome/Perfetto timeline per rank into this directory (trace_rank<r>.json)")
       .add("out", "", "write metrics.csv and metrics.svg (loss and accuracy per epoch) into this directory")
       .add("limit-train", "0", "use only the first N training images (0: all 60000)")
@@ -342,6 +365,7 @@ std::optional<Config> parse(int argc, char** argv) {
   c.limit_test = positive("limit-test", 0);
   c.seed = positive("seed", 0);
   c.checkpoint_every = positive("checkpoint-every", 0);
+  c.max_steps = positive("max-steps", 0);
   c.lr = f.str("lr").empty() ? (c.model == "cnn" ? 1e-3 : 2e-3) : f.real("lr");
   if (!(c.lr > 0 && c.lr < 100)) throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
   c.bucket_cap_mb = f.real("bucket-cap-mb");

@@ -1,6 +1,8 @@
 #!/bin/bash
 # usage: fashion_mnist_e2e.sh BINARY: runs the main job on a slice of Fashion-MNIST (threads, 2 ranks, MLP,
-# 1 epoch), checks its output, CSV, SVG, per-rank traces and checkpoint, then resumes from the checkpoint.
+# 1 epoch), checks its output, CSV, SVG, per-rank traces and checkpoint, then resumes from the checkpoint;
+# then stops a 2-epoch run mid-epoch (--max-steps) and resumes it with another bucket cap (the uninterrupted
+# run's bits) and with another world size (the same to rounding).
 set -euo pipefail
 bin="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/fm"
@@ -45,6 +47,27 @@ grep -q '^epoch 1/2: ' "$log" && fail "resumed run repeated epoch 1"
 # (columns epoch..test_total; samples/s is recomputed from the rounded seconds)
 sed -n 2p "$dir/out2/metrics.csv" | cut -d, -f1-6 | cmp -s - <(sed -n 2p "$csv" | cut -d, -f1-6) ||
   fail "resumed CSV's epoch 1 differs from the first run's"
+# Stopped mid-epoch, resumed with another --bucket-cap-mb (same world size: bitwise, so the same test loss and
+# accuracy as the uninterrupted run) and with another --world-size (the same to rounding).
+slice=(--limit-train 2048 --limit-test 512 --epochs 2 --model mlp)
+run() { timeout --kill-after=5 120 "$bin" "${slice[@]}" "$@" >"$log" 2>&1 || { cat "$log"; fail "$* exited non-zero"; }; cat "$log"; }
+run --out "$dir/full"
+run --max-steps 40 --checkpoint "$dir/mid.ckpt"
+grep -q '^stopped after 40 optimizer steps (--max-steps) at epoch 2, step 8; checkpoint: ' "$log" || fail "no stop line"
+grep -q '^epoch 2/2: ' "$log" && fail "the stopped run evaluated epoch 2"
+row2() { sed -n 3p "$1" | cut -d, -f3-6; }  # epoch 2: test_loss,test_accuracy,test_correct,test_total
+for cap in 0 0.01 100; do
+  run --resume "$dir/mid.ckpt" --bucket-cap-mb "$cap" --out "$dir/cap$cap"
+  grep -q '^resumed from .*mid.ckpt: epoch 2, step 8 (40 optimizer steps so far)' "$log" || fail "no mid-epoch resume line"
+  [ "$(row2 "$dir/cap$cap/metrics.csv")" = "$(row2 "$dir/full/metrics.csv")" ] ||
+    fail "resumed with --bucket-cap-mb $cap: epoch 2 is $(row2 "$dir/cap$cap/metrics.csv"), uninterrupted $(row2 "$dir/full/metrics.csv")"
+done
+for ws in 4 1; do
+  run --resume "$dir/mid.ckpt" --world-size "$ws" --bucket-cap-mb 0.01 --out "$dir/ws$ws"
+  paste -d, <(row2 "$dir/ws$ws/metrics.csv") <(row2 "$dir/full/metrics.csv") |
+    awk -F, '{ d = $1 - $5; if (d < 0) d = -d; c = $3 - $7; if (c < 0) c = -c; exit !(d <= 1e-4 && c <= 1) }' ||
+    fail "resumed on $ws ranks: epoch 2 is $(row2 "$dir/ws$ws/metrics.csv"), uninterrupted $(row2 "$dir/full/metrics.csv")"
+done
 # Resuming a CNN from the MLP's checkpoint is a clear error on every rank, not a crash or a hang.
 if timeout --kill-after=5 60 "$bin" --limit-train 256 --limit-test 64 --model cnn --resume "$dir/ckpt.bin" >"$log" 2>&1; then
   cat "$log"; fail "resuming a CNN from an MLP checkpoint succeeded"
