@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "ddp/config.hpp"
 #include "ddp/tensor/memory_space.hpp"
 
 namespace ddp {
@@ -13,7 +14,8 @@ template <MemorySpace S>
 struct Kernels {
   static_assert(sizeof(S) == 0,
                 "no kernels for this memory space: HostSpace kernels come with <ddp/ddp.hpp>; DeviceSpace kernels "
-                "need <ddp/tensor/device.hpp> and the //:ddp_nccl target");
+                "need <ddp/tensor/device.hpp> and the //:ddp_device_cpu target (g++, Thrust's CPU system) or nvcc "
+                "(tools/cuda.bzl, Thrust's CUDA system)");
 };
 
 // Transpose flags for gemm, spelled out rather than bools.
@@ -32,10 +34,10 @@ struct ConvGeometry {
   ConvAlgorithm algorithm = ConvAlgorithm::kAuto;  // convolutions only
   bool relu = false;  // convolutions: y = max(0, conv + bias), and the backward masks gy by y > 0
   bool pool2 = false; // convolutions with relu: y is the 2×2, stride-2 max-pool of that (OH/2 × OW/2)
-  constexpr std::int64_t OH() const noexcept { return (H + 2 * pad - k) / stride + 1; }
-  constexpr std::int64_t OW() const noexcept { return (W + 2 * pad - k) / stride + 1; }
-  constexpr std::int64_t L() const noexcept { return OH() * OW(); }
-  constexpr std::int64_t patch() const noexcept { return C * k * k; }
+  DDP_HOST_DEVICE constexpr std::int64_t OH() const noexcept { return (H + 2 * pad - k) / stride + 1; }
+  DDP_HOST_DEVICE constexpr std::int64_t OW() const noexcept { return (W + 2 * pad - k) / stride + 1; }
+  DDP_HOST_DEVICE constexpr std::int64_t L() const noexcept { return OH() * OW(); }
+  DDP_HOST_DEVICE constexpr std::int64_t patch() const noexcept { return C * k * k; }
 };
 
 }  // namespace ddp

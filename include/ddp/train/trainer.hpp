@@ -64,7 +64,7 @@ class basic_trainer {
       if (on_step) on_step(epoch, step, steps, lv);
       ++step;
     }
-    comm_->all_reduce(sum, ReduceOp::kAvg);
+    host_all_reduce(*comm_, std::span<double>(sum), ReduceOp::kAvg);
     return {epoch, steps, steps ? sum[0] / double(steps) : 0.0,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
   }
