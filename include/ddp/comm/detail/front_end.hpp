@@ -179,12 +179,16 @@ class CollectiveFrontEnd {
 
   // A buffer of a host-accessible space other than the backend's native one (DeviceSpace on Thrust's CPU
   // systems, for ThreadsBackend) reaches the transport as host memory; every other buffer as it is.
+  // (Nested so that a backend's own space never asks HostAccessible: nccl.hpp may come before device.hpp.)
   template <class T, class Space>
   static constexpr auto to_transport(SpaceSpan<T, Space> s) noexcept {
-    if constexpr (!std::same_as<Space, native_space_t<Backend>> && host_accessible_v<Space>)
-      return SpaceSpan<T, HostSpace>(s.data(), s.size());
-    else
+    if constexpr (std::same_as<Space, native_space_t<Backend>>) {
       return s;
+    } else if constexpr (host_accessible_v<Space>) {
+      return SpaceSpan<T, HostSpace>(s.data(), s.size());
+    } else {
+      return s;
+    }
   }
 
   Backend& self() noexcept { return static_cast<Backend&>(*this); }
