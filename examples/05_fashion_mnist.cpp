@@ -20,6 +20,7 @@
 
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
+#include "examples/common/models.hpp"
 
 namespace {
 
@@ -44,49 +45,10 @@ fs::path user_path(std::string const& s) {
   return p;
 }
 
-// The model and handles to its dropout layers' generators (shared with the layers).
-struct Net {
-  nn::AnySequential<> seq;
-  std::vector<nn::Dropout> dropouts;
-};
-
-// BasicNet (PyTorch's MNIST example): conv 1→32 3×3, ReLU, conv 32→64 3×3, ReLU, max-pool 2, dropout 0.25,
-// flatten, fc 9216→128, ReLU, dropout 0.5, fc 128→10. 1,199,882 parameters.
-Net make_cnn(Generator& gen) {
-  Net n;
-  n.dropouts = {nn::Dropout(0.25), nn::Dropout(0.5)};
-  n.seq.push_back("conv1", nn::Conv2d(1, 32, 3, gen)).push_back(nn::ReLU());
-  n.seq.push_back("conv2", nn::Conv2d(32, 64, 3, gen)).push_back(nn::ReLU());
-  n.seq.push_back(nn::MaxPool2d(2)).push_back(n.dropouts[0]).push_back(nn::Flatten());
-  n.seq.push_back("fc1", nn::Linear(9216, 128, gen)).push_back(nn::ReLU()).push_back(n.dropouts[1]);
-  n.seq.push_back("fc2", nn::Linear(128, 10, gen));
-  return n;
-}
-
-// 784-256-128-10 with ReLU. 235,146 parameters.
-Net make_mlp(Generator& gen) {
-  Net n;
-  n.seq.push_back(nn::Flatten());
-  n.seq.push_back("fc1", nn::Linear(784, 256, gen)).push_back(nn::ReLU());
-  n.seq.push_back("fc2", nn::Linear(256, 128, gen)).push_back(nn::ReLU());
-  n.seq.push_back("fc3", nn::Linear(128, 10, gen));
-  return n;
-}
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// Dropout masks depend only on (seed, rank, epoch, step, layer): each step reseeds the generators, so a run
-// resumed from a checkpoint draws the same masks as one never interrupted. Ranks differ (seed + rank).
-void reseed_dropouts(Net& net, std::int64_t seed, int rank, std::int64_t epoch, std::int64_t step) {
-  for (std::size_t k = 0; k < net.dropouts.size(); ++k)
-    net.dropouts[k].generator().seed(static_cast<std::uint64_t>(seed + rank),
-                                     mix(mix(static_cast<std::uint64_t>(epoch)) ^ static_cast<std::uint64_t>(step) * 131 ^ k));
-}
+using examples::Net;
+using examples::make_cnn;
+using examples::make_mlp;
+using examples::reseed_dropouts;
 
 std::string thousands(std::int64_t v) {
   std::string const digits = std::to_string(v);

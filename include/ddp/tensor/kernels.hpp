@@ -45,14 +45,20 @@ struct ConvGeometry {
 #include "ddp/tensor/tensor.hpp"
 
 namespace ddp {
-// Copies a host tensor into space S (the same tensor when S is HostSpace).
-template <MemorySpace S, class T>
-Tensor<T, S> to_space(Tensor<T, HostSpace> const& h) {
-  if constexpr (std::same_as<S, HostSpace>) {
-    return h;
+// A copy of a tensor in space To: host to any space, any space to host (the same tensor when the spaces are
+// equal). Synchronous.
+template <MemorySpace To, class T, MemorySpace From>
+Tensor<T, To> to_space(Tensor<T, From> const& t) {
+  if constexpr (std::same_as<To, From>) {
+    return t;
   } else {
-    Tensor<T, S> d(h.shape());
-    Kernels<S>::from_host(h.numel(), h.data(), d.data());
+    static_assert(std::same_as<From, HostSpace> || std::same_as<To, HostSpace>,
+                  "to_space copies between host memory and another space");
+    Tensor<T, To> d(t.shape());
+    if constexpr (std::same_as<From, HostSpace>)
+      Kernels<To>::from_host(t.numel(), t.data(), d.data());
+    else
+      Kernels<From>::to_host(t.numel(), t.data(), d.data());
     return d;
   }
 }
