@@ -9,85 +9,11 @@
 
 #include "ddp/ddp.hpp"
 #include "ddp/tensor/device.hpp"
-#include "test/parallel/ddp_cases.hpp"
+#include "test/parallel/ddp_device_cases.hpp"
 
 using namespace ddp;
 
-namespace {
-
-using Dev = DeviceSpace;
-
-template <MemorySpace S>
-using Mlp = nn::Sequential<nn::Named<nn::basic_linear<float, S>>, nn::basic_relu<float, S>, nn::Named<nn::basic_linear<float, S>>>;
-
-template <MemorySpace S>
-Mlp<S> make_mlp(std::int64_t in, std::int64_t hidden, std::int64_t out, std::uint64_t seed) {
-  Generator g(seed);
-  return Mlp<S>(nn::named("fc1", nn::basic_linear<float, S>(in, hidden, g)), nn::basic_relu<float, S>(),
-                nn::named("fc2", nn::basic_linear<float, S>(hidden, out, g)));
-}
-
-template <MemorySpace S>
-std::vector<float> host_values(Tensor<float, S> const& t) {
-  std::vector<float> v(static_cast<std::size_t>(t.numel()));
-  Kernels<S>::to_host(t.numel(), t.data(), v.data());
-  return v;
-}
-
-// Parameters in registration order, on the host.
-template <MemorySpace S>
-std::vector<float> weights(nn::ParameterArena<float, S> const& a) {
-  std::vector<float> w;
-  for (auto const& e : a.entries()) {
-    auto v = host_values(e.var.value());
-    w.insert(w.end(), v.begin(), v.end());
-  }
-  return w;
-}
-
-double rel_diff(std::vector<float> const& a, std::vector<float> const& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, maxw = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, double(std::abs(a[i] - b[i])));
-    maxw = std::max(maxw, double(std::abs(b[i])));
-  }
-  return diff / std::max(1.0, maxw);
-}
-
-// One process on the global batch, on host tensors: the reference every device run is compared with.
-std::vector<float> host_reference(test::Data const& data, std::int64_t global_batch, int steps) {
-  auto ref = make_mlp<HostSpace>(8, 32, 4, 1);
-  nn::ParameterArena<float> p(ref);
-  optim::SGD opt(p, {.lr = 0.05, .momentum = 0.9});
-  for (int s = 0; s < steps; ++s) {
-    opt.zero_grad();
-    backward(mse_loss(ref(Var(test::rows(data.x, s * global_batch, global_batch))), test::rows(data.y, s * global_batch, global_batch)));
-    opt.step();
-  }
-  return weights(p);
-}
-
-// N ranks, each on its B/N rows, training a device model under DDP (SGD with momentum). Returns the weights.
-template <AsyncCommunicator C>
-std::vector<float> device_ddp(C& comm, test::Data const& data, std::int64_t global_batch, int steps, BucketConfig buckets = {}) {
-  int const n = comm.world_size(), r = comm.rank();
-  std::int64_t const local = global_batch / n;
-  auto model = make_mlp<Dev>(8, 32, 4, 1 + static_cast<std::uint64_t>(r));  // rank 0's weights are broadcast
-  DistributedDataParallel ddp(model, comm, {}, SizeCapped{buckets});
-  optim::basic_sgd<float, Dev> opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
-  for (int s = 0; s < steps; ++s) {
-    std::int64_t const base = s * global_batch + r * local;
-    opt.zero_grad();
-    auto x = to_space<Dev>(test::rows(data.x, base, local));
-    auto y = to_space<Dev>(test::rows(data.y, base, local));
-    backward(mse_loss(ddp(Variable<float, Dev>(x)), y));
-    opt.step();
-  }
-  return weights(ddp.parameters());
-}
-
-}  // namespace
+using namespace ddp::test::device;
 
 TEST_CASE("ThreadsBackend takes device memory on the CPU device system; MpiBackend-style host-only lists do not") {
   static_assert(ThreadsBackend::accepted_spaces::contains<DeviceSpace>);
@@ -212,4 +138,12 @@ TEST_CASE("device tensors: no_sync accumulation then one synced step equals one 
       CHECK(d <= 1e-6);
     }
   });
+}
+
+TEST_CASE("device tensors: a small CNN under DDP (1, 2, 4 ranks) equals one host process on the global batch") {
+  for (int n : {1, 2, 4}) {
+    std::vector<double> d(n);
+    spawn(n, [&](ThreadsBackend& comm) { d[comm.rank()] = cnn_equivalence(comm); });
+    for (double x : d) CHECK(x <= 1e-6);
+  }
 }

@@ -187,7 +187,8 @@ TEST_CASE_TEMPLATE("softmax family and losses agree with the host to a few ulps"
   auto x = random<T>(n, g, -4, 4), gy = random<T>(n, g), y0 = random<T>(n, g), t = random<T>(n, g);
   std::vector<std::int32_t> target(rows);
   for (auto& c : target) c = static_cast<std::int32_t>(g.below(cols));
-  auto dx = up(x), dgy = up(gy), dt = up(t), dtarget = up(target);
+  auto dx = up(x), dgy = up(gy), dt = up(t);
+  auto dtarget = up(target);
   double const tol = ulps<T>(64);
 
   std::vector<T> hy(n);
