@@ -147,3 +147,37 @@ TEST_CASE("device tensors: a small CNN under DDP (1, 2, 4 ranks) equals one host
     for (double x : d) CHECK(x <= 1e-6);
   }
 }
+
+TEST_CASE("device tensors: basic_trainer trains a device model as it trains the host one, and evaluates exactly") {
+  Generator g(1);
+  std::int64_t const n = 96;
+  Tensor<float> x(Shape{n, 4});
+  Tensor<std::int32_t> y(Shape{n});
+  for (std::int64_t i = 0; i < n; ++i) {
+    y[i] = static_cast<std::int32_t>(g.below(3));
+    for (int j = 0; j < 4; ++j) x[i * 4 + j] = g.uniform(-0.5f, 0.5f) + (j == y[i] ? 1.5f : 0.0f);
+  }
+  TensorDataset<std::int32_t> data(x, y);
+  std::vector<std::vector<float>> w(2);
+  std::vector<std::vector<float>> host_w(2);
+  std::vector<Counts> counts(2);
+  spawn(2, [&](ThreadsBackend& comm) {
+    auto dm = make_mlp<Dev>(4, 16, 3, 11);
+    trainer<decltype(dm), ThreadsBackend> t(dm, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8, .seed = 3});
+    auto ce = [](Variable<float, Dev> const& out, auto const& batch) { return cross_entropy(out, to_space<Dev>(batch.y)); };
+    for (int e = 0; e < 2; ++e) t.fit_epoch(data, e, ce);
+    w[comm.rank()] = weights(t.ddp().parameters());
+    counts[comm.rank()] = t.evaluate(data);
+
+    auto hm = make_mlp<HostSpace>(4, 16, 3, 11);
+    trainer<decltype(hm), ThreadsBackend> ht(hm, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8, .seed = 3});
+    auto hce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
+    for (int e = 0; e < 2; ++e) ht.fit_epoch(data, e, hce);
+    host_w[comm.rank()] = weights(ht.ddp().parameters());
+  });
+  CHECK(w[0] == w[1]);
+  CHECK(rel_diff(w[0], host_w[0]) <= 1e-6);
+  CHECK(counts[0].total == n);
+  CHECK(counts[0].correct == counts[1].correct);
+  CHECK(counts[0].accuracy() > 0.8);
+}
