@@ -5,9 +5,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <vector>
 
 #include "ddp/ddp.hpp"
+#include "ddp/train/checkpoint.hpp"
 #include "ddp/tensor/device.hpp"
 #include "test/parallel/ddp_device_cases.hpp"
 
@@ -180,4 +183,38 @@ TEST_CASE("device tensors: basic_trainer trains a device model as it trains the 
   CHECK(counts[0].total == n);
   CHECK(counts[0].correct == counts[1].correct);
   CHECK(counts[0].accuracy() > 0.8);
+}
+
+TEST_CASE("device tensors: a checkpoint (weights, AdamW moments, position) resumes the uninterrupted run bitwise") {
+  char const* tmp = std::getenv("TEST_TMPDIR");
+  std::filesystem::path const file = std::filesystem::path(tmp ? tmp : "/tmp") / "ddp_device_checkpoint.bin";
+  auto data = test::make_data(16 * 6, 8, 4, 5);
+  std::vector<std::vector<float>> straight(2), resumed(2);
+  spawn(2, [&](ThreadsBackend& comm) {
+    int const r = comm.rank();
+    auto step = [&](auto& ddp, auto& opt, int s) {
+      opt.zero_grad();
+      auto x = to_space<Dev>(test::rows(data.x, s * 16 + r * 8, 8));
+      backward(mse_loss(ddp(Variable<float, Dev>(x)), to_space<Dev>(test::rows(data.y, s * 16 + r * 8, 8))));
+      opt.step();
+    };
+    {
+      auto m = make_mlp<Dev>(8, 32, 4, 1);
+      DistributedDataParallel ddp(m, comm);
+      optim::basic_adamw<float, Dev> opt(ddp.parameters(), {.lr = 1e-2});
+      for (int s = 0; s < 6; ++s) {
+        step(ddp, opt, s);
+        if (s == 2) save_checkpoint(file, comm, ddp.parameters(), opt, TrainPosition{.step = 3});
+      }
+      straight[r] = weights(ddp.parameters());
+    }
+    auto m = make_mlp<Dev>(8, 32, 4, 7);  // other initial weights: the checkpoint replaces them
+    DistributedDataParallel ddp(m, comm);
+    optim::basic_adamw<float, Dev> opt(ddp.parameters(), {.lr = 1e-2});
+    TrainPosition const pos = load_checkpoint(file, comm, ddp.parameters(), opt);
+    for (int s = static_cast<int>(pos.step); s < 6; ++s) step(ddp, opt, s);
+    resumed[r] = weights(ddp.parameters());
+  });
+  CHECK(straight[0] == resumed[0]);
+  CHECK(straight[1] == resumed[1]);
 }
