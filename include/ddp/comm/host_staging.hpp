@@ -62,10 +62,11 @@ class StagedWork {
 // host-accessible (Thrust's CPU systems) nothing is copied: the inner backend works on it in place. Host
 // buffers are forwarded unchanged. Results are the inner backend's, bitwise (copies do not round).
 // Thread safety and ordering: the inner backend's; the async all-reduce stages on the issuing thread.
-template <Communicator C>
+// `Device` is the space staged (DeviceSpace; another space with Kernels<Device>::to_host/from_host works too).
+template <Communicator C, MemorySpace Device = DeviceSpace>
 class HostStaging {
  public:
-  using accepted_spaces = SpaceList<DeviceSpace, HostSpace>;
+  using accepted_spaces = SpaceList<Device, HostSpace>;
   static constexpr std::string_view backend_name = "host-staging";
 
   explicit HostStaging(C& inner) : inner_(&inner) {}
@@ -126,7 +127,7 @@ class HostStaging {
   template <class S>
   static S checked(S s) {
     static_assert(accepted_spaces::template contains<typename S::space>,
-                  "HostStaging carries host and device buffers only");
+                  "HostStaging carries host buffers and buffers of its Device space only");
     return s;
   }
 
