@@ -25,6 +25,7 @@ struct SpaceAllocator<DeviceSpace> {
     std::size_t const bytes = n * sizeof(T);
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
     if (bytes == 0) return {};
+    keep_pool_memory();
     void* p = nullptr;
     detail::cuda_check(cudaMallocAsync(&p, bytes, cudaStream_t{}), "cudaMallocAsync (device tensor)");
     return std::shared_ptr<T[]>(static_cast<T*>(p), [](T* q) { cudaFreeAsync(q, cudaStream_t{}); });
@@ -33,6 +34,24 @@ struct SpaceAllocator<DeviceSpace> {
                                 [bytes](T* q) { detail::HostBlockCache::deallocate(q, bytes); });
 #endif
   }
+
+ private:
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+  // The default pool returns freed memory to the driver at every synchronisation (release threshold 0); keep it
+  // instead, so each step reuses the last step's blocks (what PyTorch's caching allocator does). Once per device
+  // and thread.
+  static void keep_pool_memory() {
+    thread_local int configured = -1;
+    int dev = 0;
+    detail::cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev == configured) return;
+    cudaMemPool_t pool = nullptr;
+    detail::cuda_check(cudaDeviceGetDefaultMemPool(&pool, dev), "cudaDeviceGetDefaultMemPool");
+    std::uint64_t keep = ~std::uint64_t{0};
+    detail::cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+    configured = dev;
+  }
+#endif
 };
 
 namespace detail {
