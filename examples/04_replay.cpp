@@ -1,11 +1,15 @@
 // 04_replay: trains exactly what a PyTorch reference fixture recorded (model, loss, optimizer, steps,
 // per-rank batches) and compares the final weights with PyTorch's. Works for any directory in the
-// ddp-fixture-v2 format. Exit 0 when within the fixture's tolerance, 1 past it, 2 on bad input.
-//   replay --fixture test/data/mlp --run ws2                 (threads backend, 2 ranks)
-//   mpirun -n 4 replay --fixture test/data/mlp --run ws4 --backend mpi
+// ddp-fixture-v2 format, on host tensors or on device tensors (the same model, optimizer and DDP code; this
+// build's device system is Thrust's CPU system). Exit 0 when within the fixture's tolerance, 1 past it, 2 on bad
+// input.
+//   replay --fixture test/data/mlp --run ws2                 (threads backend, 2 ranks, host tensors)
+//   replay --fixture test/data/mlp --run ws2 --tensors device
+//   mpirun -n 4 replay --fixture test/data/mlp --run ws4 --backend mpi [--tensors device: through HostStaging]
 #include <cmath>
 #include <cstdio>
 
+#include "ddp/tensor/device.hpp"
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
 #include "tools/fixture/fixture.hpp"
@@ -19,15 +23,16 @@ struct Outcome {
   bool ok = false;
 };
 
-template <class Arena, class Fwd>
-std::vector<double> train(fixture::Fixture const& f, fixture::RunInfo const& run, int rank, Arena& params, Fwd&& forward) {
+template <MemorySpace S, class Fwd>
+std::vector<double> train(fixture::Fixture const& f, fixture::RunInfo const& run, int rank, nn::ParameterArena<float, S>& params,
+                          Fwd&& forward) {
   auto opt = f.make_optimizer(params);
   auto const idx = f.batch_indices(run);
   std::vector<double> losses;
   for (std::int64_t s = 0; s < f.steps(); ++s) {
     auto ids = f.rank_batch(idx, run, rank, s);
     std::visit([](auto& o) { o.zero_grad(); }, opt);
-    Var loss = f.loss(forward(Var(f.batch_x(ids))), ids);
+    Variable<float, S> loss = f.loss(forward(Variable<float, S>(to_space<S>(f.batch_x(ids)))), ids);
     losses.push_back(loss.item());
     backward(loss);
     std::visit([](auto& o) { o.step(); }, opt);
@@ -35,28 +40,28 @@ std::vector<double> train(fixture::Fixture const& f, fixture::RunInfo const& run
   return losses;
 }
 
-// One rank's replay; every rank returns the same outcome (rank 0 compares and broadcasts).
-template <class Comm>
+// One rank's replay on tensors of space S; every rank returns the same outcome (rank 0 compares and broadcasts).
+template <MemorySpace S, class Comm>
 Outcome replay_rank(Comm& comm, fixture::Fixture const& f, fixture::RunInfo const& run) {
   if (comm.world_size() != run.world_size)
     throw ArgumentError(detail::cat("run '", run.name, "' of fixture ", f.name(), " was recorded with world size ",
                                     run.world_size, "; this job has ", comm.world_size(), " ranks"));
   int const r = comm.rank();
   Generator gen(0);
-  auto model = f.build_model(gen);
+  auto model = f.build_model<S>(gen);
   std::vector<float> weights;
   std::vector<double> losses;
   {
-    nn::ParameterArena<float> init(model);
+    nn::ParameterArena<float, S> init(model);
     f.load_init(init);
     if (!run.ddp) {
-      losses = train(f, run, r, init, [&](Var const& x) { return model(x); });
+      losses = train(f, run, r, init, [&](Variable<float, S> const& x) { return model(x); });
       weights = f.gather_weights(init);
     }
   }
   if (run.ddp) {
     DistributedDataParallel ddp(model, comm);
-    losses = train(f, run, r, ddp.parameters(), [&](Var const& x) { return ddp(x); });
+    losses = train(f, run, r, ddp.parameters(), [&](Variable<float, S> const& x) { return ddp(x); });
     weights = f.gather_weights(ddp.parameters());
   }
   Outcome out;
@@ -67,12 +72,13 @@ Outcome replay_rank(Comm& comm, fixture::Fixture const& f, fixture::RunInfo cons
   if (r == 0) {
     auto c = f.compare(weights, run);
     summary = {c.max_abs_diff, c.ok() ? 1.0 : 0.0, c.max_abs_final, out.max_loss_diff};
-    std::printf("fixture %s run %s (world size %d, %s): max|final - ours| = %.3g (max|w| %.3g, max change %.3g; "
+    std::printf("fixture %s run %s (world size %d, %s, %s tensors): max|final - ours| = %.3g (max|w| %.3g, max change %.3g; "
                 "tolerance %.3g·max(1,max|w|) and %.3g·max change); max loss difference %.3g -> %s\n",
-                f.name().c_str(), run.name.c_str(), run.world_size, run.ddp ? "DDP" : "plain", c.max_abs_diff,
+                f.name().c_str(), run.name.c_str(), run.world_size, run.ddp ? "DDP" : "plain",
+                std::same_as<S, HostSpace> ? "host" : "device", c.max_abs_diff,
                 c.max_abs_final, c.max_abs_change, c.tol_weight, c.tol_change, out.max_loss_diff, c.ok() ? "OK" : "MISMATCH");
   }
-  comm.broadcast(summary, 0);
+  host_broadcast(comm, std::span<double>(summary), 0);
   out.max_abs_diff = summary[0];
   out.ok = summary[1] == 1.0;
   return out;
@@ -84,13 +90,16 @@ int main(int argc, char** argv) {
   examples::Flags flags("replay", "Replays a PyTorch reference fixture run and compares the final weights.");
   flags.add("fixture", "", "fixture directory (format ddp-fixture-v2; see ../shared/fixtures/pytorch/README.md)")
       .add("run", "plain", "run name in meta.json (plain, ws1, ws2, ...)")
-      .add("backend", "threads", "threads (all ranks in this process) or mpi (under mpirun -n <world size>)");
+      .add("backend", "threads", "threads (all ranks in this process) or mpi (under mpirun -n <world size>)")
+      .add("tensors", "host", "host (Eigen) or device (Thrust's device system; MPI carries them through HostStaging)");
   fixture::Fixture f;
   examples::Backend backend{};
+  bool device = false;
   try {
     if (!flags.parse(argc, argv)) return 0;
     if (flags.str("fixture").empty()) throw ArgumentError("replay: --fixture DIR is required (see --help)");
     backend = examples::parse_backend(flags.str("backend"));
+    device = flags.choice("tensors", {"host", "device"}) == "device";
     f = fixture::Fixture::load(flags.str("fixture"));
     (void)f.run(flags.str("run"));
   } catch (std::exception const& e) {
@@ -101,7 +110,16 @@ int main(int argc, char** argv) {
   bool ok = false;
   int const rc = examples::launch(backend, backend == examples::Backend::kThreads ? run.world_size : 0, argc, argv,
                                   [&](auto& comm) {
-                                    auto o = replay_rank(comm, f, run);
+                                    Outcome o;
+                                    if (!device) {
+                                      o = replay_rank<HostSpace>(comm, f, run);
+                                    } else if constexpr (ThreadsBackend::accepted_spaces::contains<DeviceSpace> &&
+                                                         std::same_as<std::decay_t<decltype(comm)>, ThreadsBackend>) {
+                                      o = replay_rank<DeviceSpace>(comm, f, run);  // threads take device memory here
+                                    } else {
+                                      HostStaging<std::decay_t<decltype(comm)>> staged(comm);  // MPI: host memory only
+                                      o = replay_rank<DeviceSpace>(staged, f, run);
+                                    }
                                     if (comm.rank() == 0 || backend == examples::Backend::kMpi) ok = o.ok;
                                   });
   if (rc != 0) return rc;

@@ -1,9 +1,12 @@
 // 05_fashion_mnist: the main job — a CNN (the seeds' BasicNet) or an MLP trained data-parallel on
 // Fashion-MNIST with AdamW, on threads or under mpirun; progress bar, exact distributed evaluation,
-// atomic checkpoints with exact resume (also with another world size or bucket cap), a metrics CSV + SVG plot and a per-rank Chrome/Perfetto timeline.
+// atomic checkpoints with exact resume (also with another world size or bucket cap), a metrics CSV + SVG plot and a
+// per-rank Chrome/Perfetto timeline. The same code trains on host tensors (--device cpu) or, built by nvcc, on GPUs
+// (--device cuda: device tensors, NcclBackend, one GPU per rank chosen by the node-local rank, under mpirun).
 //   bazel run //examples:fashion_mnist                       (threads, 2 ranks, CNN, 2 epochs)
 //   bazel run //examples:fashion_mnist -- --model mlp --out /tmp/fm --trace /tmp/fm
 //   mpirun -n 2 bazel-bin/examples/fashion_mnist --backend mpi
+//   mpirun -n 2 bazel-bin/examples/fashion_mnist_cuda --device cuda     (nvcc build, one GPU per rank)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +23,12 @@
 
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
+#include "examples/common/models.hpp"
+
+#if defined(__CUDACC__)  // the fashion_mnist_cuda target: device tensors on Thrust's CUDA system, NCCL
+#include <ddp/comm/nccl.hpp>
+#include <ddp/tensor/device.hpp>
+#endif
 
 namespace {
 
@@ -28,7 +37,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 struct Config {
-  std::string model, optimizer, schedule;
+  std::string model, optimizer, schedule, device;
   examples::Backend backend = examples::Backend::kThreads;
   int world_size = 2;  // 0: take it from mpirun
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
@@ -45,49 +54,10 @@ fs::path user_path(std::string const& s) {
   return p;
 }
 
-// The model and handles to its dropout layers' generators (shared with the layers).
-struct Net {
-  nn::AnySequential<> seq;
-  std::vector<nn::Dropout> dropouts;
-};
-
-// BasicNet (PyTorch's MNIST example): conv 1→32 3×3, ReLU, conv 32→64 3×3, ReLU, max-pool 2, dropout 0.25,
-// flatten, fc 9216→128, ReLU, dropout 0.5, fc 128→10. 1,199,882 parameters.
-Net make_cnn(Generator& gen) {
-  Net n;
-  n.dropouts = {nn::Dropout(0.25), nn::Dropout(0.5)};
-  n.seq.push_back("conv1", nn::Conv2d(1, 32, 3, gen)).push_back(nn::ReLU());
-  n.seq.push_back("conv2", nn::Conv2d(32, 64, 3, gen)).push_back(nn::ReLU());
-  n.seq.push_back(nn::MaxPool2d(2)).push_back(n.dropouts[0]).push_back(nn::Flatten());
-  n.seq.push_back("fc1", nn::Linear(9216, 128, gen)).push_back(nn::ReLU()).push_back(n.dropouts[1]);
-  n.seq.push_back("fc2", nn::Linear(128, 10, gen));
-  return n;
-}
-
-// 784-256-128-10 with ReLU. 235,146 parameters.
-Net make_mlp(Generator& gen) {
-  Net n;
-  n.seq.push_back(nn::Flatten());
-  n.seq.push_back("fc1", nn::Linear(784, 256, gen)).push_back(nn::ReLU());
-  n.seq.push_back("fc2", nn::Linear(256, 128, gen)).push_back(nn::ReLU());
-  n.seq.push_back("fc3", nn::Linear(128, 10, gen));
-  return n;
-}
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// Dropout masks depend only on (seed, rank, epoch, step, layer): each step reseeds the generators, so a run
-// resumed from a checkpoint draws the same masks as one never interrupted. Ranks differ (seed + rank).
-void reseed_dropouts(Net& net, std::int64_t seed, int rank, std::int64_t epoch, std::int64_t step) {
-  for (std::size_t k = 0; k < net.dropouts.size(); ++k)
-    net.dropouts[k].generator().seed(static_cast<std::uint64_t>(seed + rank),
-                                     mix(mix(static_cast<std::uint64_t>(epoch)) ^ static_cast<std::uint64_t>(step) * 131 ^ k));
-}
+using examples::Net;
+using examples::make_cnn;
+using examples::make_mlp;
+using examples::reseed_dropouts;
 
 std::string thousands(std::int64_t v) {
   std::string const digits = std::to_string(v);
@@ -102,21 +72,23 @@ std::string thousands(std::int64_t v) {
 // Test loss and accuracy over all ranks: EvalSampler gives each test sample to exactly one rank, and the
 // integer counts are summed exactly. The model runs without DDP (no collectives per batch, so ranks with
 // one batch more or less stay in step) and without autograd.
-template <class Comm>
-Counts evaluate(Comm& comm, nn::AnySequential<>& model, TensorDataset<std::int32_t> const& test) {
+template <MemorySpace S, class Comm>
+Counts evaluate(Comm& comm, nn::AnySequential<float, S>& model, TensorDataset<std::int32_t> const& test) {
   model.set_mode(nn::Mode::kEval);
   NoGradGuard no_grad;
   EvalSampler sampler(static_cast<std::int64_t>(test.size()), comm);
   Counts local;
   for (auto const& b : DataLoader(test, sampler, {.batch_size = 500})) {
-    Var logits = model(Var(b.x));
-    local.add_batch(argmax_correct(logits.value(), b.y), b.y.numel(), cross_entropy(logits, b.y).item());
+    Variable<float, S> logits = model(Variable<float, S>(to_space<S>(b.x)));
+    local.add_batch(argmax_correct(to_space<HostSpace>(logits.value()), b.y), b.y.numel(),
+                    cross_entropy(logits, to_space<S>(b.y)).item());
   }
   model.set_mode(nn::Mode::kTrain);
   return all_reduce_counts(comm, local);
 }
 
-template <class Comm>
+// One rank's job on tensors of space S (host, or device with --device cuda).
+template <MemorySpace S, class Comm>
 void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train_set,
          TensorDataset<std::int32_t> const& test_set) {
   int const rank = comm.rank(), world = comm.world_size();
@@ -127,7 +99,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
   std::int64_t const local_batch = cfg.global_batch / world;
 
   Generator init(static_cast<std::uint64_t>(cfg.seed));  // the same on every rank (DDP broadcasts rank 0's anyway)
-  Net net = cfg.model == "cnn" ? make_cnn(init) : make_mlp(init);
+  Net<S> net = cfg.model == "cnn" ? make_cnn<S>(init) : make_mlp<S>(init);
   Timeline timeline(rank);
   auto const cap = static_cast<std::size_t>(cfg.bucket_cap_mb * double(1 << 20));
   DistributedDataParallel ddp(net.seq, comm, DdpOptions{.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
@@ -151,9 +123,10 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
     TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
 
     if (leader) {
-      std::printf("fashion_mnist: model %s (%s parameters), %s backend, world size %d, global batch %lld (%lld per rank)\n",
+      std::printf("fashion_mnist: model %s (%s parameters), %s backend, %s tensors, world size %d, global batch %lld (%lld per rank)\n",
                   cfg.model.c_str(), thousands(ddp.parameters().parameter_numel()).c_str(),
-                  cfg.backend == examples::Backend::kThreads ? "threads" : "mpi", world,
+                  cfg.device == "cuda" ? "nccl" : cfg.backend == examples::Backend::kThreads ? "threads" : "mpi",
+                  std::same_as<S, HostSpace> ? "host" : "device (cuda)", world,
                   static_cast<long long>(cfg.global_batch), static_cast<long long>(local_batch));
       std::printf("optimizer %s lr %g, schedule %s, %lld epoch%s of %lld steps, seed %lld\n", cfg.optimizer.c_str(),
                   cfg.lr, cfg.schedule.c_str(), static_cast<long long>(cfg.epochs), cfg.epochs == 1 ? "" : "s",
@@ -211,7 +184,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         reseed_dropouts(net, cfg.seed, rank, epoch, step);
         if (cfg.schedule == "cosine") cosine.set_epoch(pos.global_step);
         opt.zero_grad();
-        Var loss = cross_entropy(ddp(Var(b.x)), b.y);
+        Variable<float, S> loss = cross_entropy(ddp(Variable<float, S>(to_space<S>(b.x))), to_space<S>(b.y));
         backward(loss);  // DDP averages the gradients over the ranks, overlapping backward
         {
           auto span = timeline.scope("optimizer step", "step");
@@ -310,13 +283,13 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
 
   auto& arena = ddp.parameters();
   if (cfg.optimizer == "adamw") {
-    optim::AdamW opt(arena, {.lr = cfg.lr});
+    optim::basic_adamw<float, S> opt(arena, {.lr = cfg.lr});
     body(opt);
   } else if (cfg.optimizer == "adam") {
-    optim::Adam opt(arena, {.lr = cfg.lr});
+    optim::basic_adam_l2<float, S> opt(arena, {.lr = cfg.lr});
     body(opt);
   } else {
-    optim::SGD opt(arena, {.lr = cfg.lr, .momentum = 0.9});
+    optim::basic_sgd<float, S> opt(arena, {.lr = cfg.lr, .momentum = 0.9});
     body(opt);
   }
 }
@@ -327,6 +300,8 @@ std::optional<Config> parse(int argc, char** argv) {
                     "Trains a CNN or an MLP on Fashion-MNIST with DistributedDataParallel and reports the test accuracy.");
   f.add("model", "cnn", "cnn (BasicNet: 2 conv, max-pool, dropout, 2 fc) or mlp (784-256-128-10)")
       .add("backend", "threads", "threads (N ranks as threads of this process) or mpi (run under mpirun -n N)")
+      .add("device", "cpu", "cpu (host tensors) or cuda (device tensors, NCCL, one GPU per rank, under mpirun; needs the "
+                            "nvcc build //examples:fashion_mnist_cuda)")
       .add("world-size", "2", "ranks for the threads backend; with mpi it must match mpirun -n (default: take it)")
       .add("epochs", "2", "epochs to train (a resumed run continues up to this many)")
       .add("batch-size", "64", "global batch: samples per step over all ranks (a multiple of the world size)")
@@ -351,6 +326,15 @@ std::optional<Config> parse(int argc, char** argv) {
   c.backend = examples::parse_backend(f.choice("backend", {"threads", "mpi"}));
   c.optimizer = f.choice("optimizer", {"sgd", "adam", "adamw"});
   c.schedule = f.choice("schedule", {"none", "step", "cosine"});
+  c.device = f.choice("device", {"cpu", "cuda"});
+#if !defined(__CUDACC__)
+  if (c.device == "cuda")
+    throw ArgumentError("fashion_mnist: --device cuda needs the CUDA build: bazel build //examples:fashion_mnist_cuda "
+                        "(nvcc), then mpirun -n <GPUs> bazel-bin/examples/fashion_mnist_cuda --device cuda");
+#endif
+  if (c.device == "cuda" && f.is_set("backend") && c.backend != examples::Backend::kMpi)
+    throw ArgumentError("fashion_mnist: --device cuda uses NcclBackend under mpirun (one rank per GPU); drop --backend threads");
+  if (c.device == "cuda") c.backend = examples::Backend::kMpi;
   auto positive = [&](char const* name, std::int64_t lo) {
     std::int64_t const v = f.integer(name);
     if (v < lo) throw ArgumentError(detail::cat("fashion_mnist: --", name, " must be at least ", lo, ", got ", v));
@@ -410,8 +394,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
+#if defined(__CUDACC__)
+    if (cfg->device == "cuda") {  // one rank per process and GPU: NcclBackend, bootstrapped over MPI
+      MpiSession session(argc, argv);
+      try {
+        if (cfg->world_size != 0 && cfg->world_size != session.world_size())
+          throw ArgumentError(detail::cat("--world-size ", cfg->world_size, " does not match the MPI job's ",
+                                          session.world_size(), " ranks (set it with mpirun -n)"));
+        NcclBackend comm(session);
+        run<DeviceSpace>(comm, *cfg, *train_set, *test_set);
+      } catch (std::exception const& e) {
+        session.abort(e.what());
+      }
+      return 0;
+    }
+#endif
     return examples::launch(cfg->backend, cfg->world_size, argc, argv,
-                            [&](auto& comm) { run(comm, *cfg, *train_set, *test_set); });
+                            [&](auto& comm) { run<HostSpace>(comm, *cfg, *train_set, *test_set); });
   } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -1,12 +1,25 @@
 """Minimal nvcc support for Bazel 4.2 without rules_cuda.
 
-cuda_library(name, srcs = [*.cu], hdrs, deps, copts, cuda_archs) compiles each .cu
-with nvcc (host compiler = the C++ toolchain's gcc/g++) into a PIC object and wraps
-the objects in a cc_library that also depends on @cuda//:cudart, so cc_binary /
-cc_test targets can depend on it like on any cc_library.
+cuda_library(name, srcs = [*.cu, *.cpp], hdrs, deps, copts, cuda_archs) compiles each
+source with nvcc (host compiler = the C++ toolchain's gcc/g++) into a PIC object and
+wraps the objects in a cc_library that also depends on @cuda//:cudart, so cc_binary /
+cc_test targets can depend on it like on any cc_library. A .cpp source is compiled as
+CUDA (-x cu): the same file g++ builds for Thrust's CPU system runs on the GPU.
+
+DDP_NVCC_COPTS: what ddp's device code needs from nvcc (constexpr host functions in
+device code, Eigen kept host-only, optimised host code).
 """
 
+
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
+
+DDP_NVCC_COPTS = [
+    "-O3",
+    "--expt-relaxed-constexpr",
+    "-DEIGEN_NO_CUDA",
+    "-Xcudafe",
+    "--diag_suppress=20012",  # Eigen/Thrust: __host__ __device__ annotations on defaulted members
+]
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 
@@ -39,12 +52,16 @@ def _cuda_objects_impl(ctx):
     inputs = depset(ctx.files.srcs + ctx.files.hdrs, transitive = [cctx.headers])
     outs = []
     for src in ctx.files.srcs:
-        if not src.basename.endswith(".cu"):
+        if src.basename.endswith(".cu"):
+            stem, lang = src.basename[:-3], []
+        elif src.basename.endswith(".cpp"):
+            stem, lang = src.basename[:-4], ["-x", "cu"]
+        else:
             continue
-        out = ctx.actions.declare_file("_cuda_objs/{}/{}.pic.o".format(ctx.label.name, src.basename[:-3]))
+        out = ctx.actions.declare_file("_cuda_objs/{}/{}.pic.o".format(ctx.label.name, stem))
         ctx.actions.run(
             executable = NVCC,
-            arguments = args + ["-c", src.path, "-o", out.path],
+            arguments = args + lang + ["-c", src.path, "-o", out.path],
             inputs = inputs,
             outputs = [out],
             mnemonic = "NvccCompile",
@@ -57,7 +74,7 @@ def _cuda_objects_impl(ctx):
 cuda_objects = rule(
     implementation = _cuda_objects_impl,
     attrs = {
-        "srcs": attr.label_list(allow_files = [".cu"]),
+        "srcs": attr.label_list(allow_files = [".cu", ".cpp"]),
         "hdrs": attr.label_list(allow_files = [".h", ".hpp", ".cuh"]),
         "deps": attr.label_list(providers = [CcInfo]),
         "copts": attr.string_list(),
@@ -73,6 +90,8 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], defines = [], cud
     objs_kwargs = {}
     if cuda_archs != None:
         objs_kwargs["cuda_archs"] = cuda_archs
+    if "testonly" in kwargs:
+        objs_kwargs["testonly"] = kwargs["testonly"]
     cuda_objects(
         name = name + "_objs",
         srcs = srcs,

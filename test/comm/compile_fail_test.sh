@@ -1,13 +1,21 @@
 #!/bin/bash
-# usage: compile_fail_test.sh SOURCE DEFINE PATTERN [EXTRA_INCLUDE_DIRS...]
+# usage: compile_fail_test.sh SOURCE DEFINE PATTERN [EXTRA_INCLUDE_DIRS or -FLAGS...]
 # Compiles SOURCE with -DDEFINE and passes only if compilation fails with a diagnostic matching PATTERN,
 # proving a misuse is a compile error with an actionable message (and that SOURCE compiles without DEFINE).
 set -uo pipefail
 src="$1"; define="$2"; pattern="$3"; shift 3
 # The repository root comes from the source's real path (runfiles are symlinks into the source tree);
-# extra include directories (CUDA, MPI) follow as arguments.
+# extra include directories (CUDA, MPI) follow as arguments; arguments starting with '-' (-DTHRUST_DEVICE_SYSTEM=...,
+# -isystem DIR) are passed to the compiler as they are.
 root="$(cd "$(dirname "$(readlink -f "$src")")/../.." && pwd)"
-incs=("-I$root/include" "-I$root"); for d in "$@"; do incs+=("-I$d"); done
+incs=("-I$root/include" "-I$root")
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -isystem) incs+=("-isystem" "$2"); shift 2 ;;
+    -*) incs+=("$1"); shift ;;
+    *) incs+=("-I$1"); shift ;;
+  esac
+done
 cxx="${CXX:-g++}"
 if ! "$cxx" -std=c++20 -fsyntax-only "${incs[@]}" "$src" 2>err_ok.txt; then
   cat err_ok.txt; echo "FAIL: $src does not compile even without -D$define"; exit 1

@@ -1,8 +1,30 @@
 #!/bin/bash
-# Runs the NCCL backend's tests on a machine with a GPU (they are tagged "manual" and "gpu", so
-# `bazel test //...` skips them): the conformance suite on device buffers, world size 1 with one GPU.
+# Runs the GPU tests on a machine with a CUDA GPU (they are built everywhere by `bazel build //...`; without a
+# GPU they skip, or are tagged "manual"): then records what a GPU session should paste into bench/RESULTS.md.
+#   1. Kernels<DeviceSpace> on the GPU (cuBLAS, cuDNN, Thrust) against the host kernels  (device_kernels_cuda_test)
+#      and every autograd op's gradient check on GPU tensors                              (device_ops_cuda_test)
+#   2. the NCCL backend's conformance suite on device buffers, world size 1              (nccl_conformance_gpu_test)
+#   3. DDP over device tensors on NCCL, world size 1 (and 2 when two GPUs are visible)  (ddp_nccl_gpu_np*_test)
+#   4. the main job with --device cuda: ms/step of the BasicNet CNN on one GPU          (fashion_mnist_cuda)
 # usage: test/comm/run_gpu_tests.sh [extra bazel args]     (from the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 nvidia-smi -L || { echo "no GPU visible (nvidia-smi failed)"; exit 1; }
-bazel test --test_tag_filters=gpu --test_output=all "$@" //test/comm:nccl_conformance_gpu_test
+gpus=$(nvidia-smi -L | grep -c '^GPU')
+tests=(//test/tensor:device_kernels_cuda_test //test/autograd:device_ops_cuda_test //test/comm:nccl_conformance_gpu_test //test/parallel:ddp_nccl_gpu_np1_test)
+if [ "$gpus" -ge 2 ]; then tests+=(//test/parallel:ddp_nccl_gpu_np2_test); fi
+# DDP_REQUIRE_GPU=1: a binary that finds no usable GPU fails instead of skipping. LD_LIBRARY_PATH: cuDNN's
+# run-time compiled engines and NVRTC, which cuDNN dlopens by name.
+bazel test --test_output=all --test_env=DDP_REQUIRE_GPU=1 --test_env=LD_LIBRARY_PATH=/usr/local/cuda/lib64 "$@" "${tests[@]}"
+
+# The main job's step time on one GPU (CNN, AdamW, global batch 64): the per-epoch line prints ms/step.
+bazel build "$@" //examples:fashion_mnist_cuda
+data="${DDP_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist/}"
+if [ -d "$data" ]; then
+  LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout 1200 mpirun -n 1 bazel-bin/examples/fashion_mnist_cuda --device cuda \
+    --data-dir "$data" --epochs 1 --model cnn | tee /tmp/fashion_mnist_cuda.txt
+  grep -E "ms/step|test accuracy" /tmp/fashion_mnist_cuda.txt
+else
+  echo "Fashion-MNIST not found in $data (set DDP_FASHION_MNIST_DIR): step time not measured"
+fi
+echo "GPU tests done on: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)"

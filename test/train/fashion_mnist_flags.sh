@@ -24,6 +24,8 @@ expect "--optimizer must be one of sgd|adam|adamw" --optimizer lbfgs
 expect "flag --epochs needs a value" --epochs
 expect "does not exist" --resume /nonexistent/ckpt.bin
 expect "unexpected argument 'extra'" extra
+expect "must be one of cpu|cuda, got 'tpu'" --device tpu
+expect "--device cuda needs the CUDA build: bazel build //examples:fashion_mnist_cuda" --device cuda
 # A missing data directory is a clear error (exit 1), naming the directory and what to do.
 err=$(timeout 30 "$bin" --data-dir /nonexistent/fm 2>&1 >/dev/null); rc=$?
 [ "$rc" -eq 1 ] || fail "--data-dir /nonexistent/fm exited $rc, expected 1"

@@ -47,11 +47,76 @@ struct GradCheckResult {
 };
 
 namespace detail {
-// Σ v ⊙ y in double (the scalar whose gradient both sides compute).
-inline double contract(Tensor<double> const& v, Tensor<double> const& y) {
-  double s = 0;
-  for (std::int64_t i = 0; i < y.numel(); ++i) s += v[i] * y[i];
-  return s;
+// The elements of a tensor of any space, on the host.
+template <MemorySpace S>
+std::vector<double> host_copy(Tensor<double, S> const& t) {
+  std::vector<double> v(static_cast<std::size_t>(t.numel()));
+  Kernels<S>::to_host(t.numel(), t.data(), v.data());
+  return v;
+}
+
+template <MemorySpace S, class Fn>
+GradCheckResult grad_check_impl(Fn& fn, std::vector<Variable<double, S>> const& inputs, GradCheckOptions const& opts) {
+  using K = Kernels<S>;
+  if (!(opts.eps > 0)) throw ArgumentError(detail::cat("grad_check: eps must be > 0, got ", opts.eps));
+  if (!(opts.atol > 0)) throw ArgumentError(detail::cat("grad_check: atol must be > 0, got ", opts.atol));
+  bool any = false;
+  for (auto const& x : inputs) any |= x.requires_grad();
+  if (!any) throw ArgumentError("grad_check: no input requires grad (construct them with RequiresGrad::kYes)");
+
+  // Analytic side.
+  for (auto const& x : inputs) x.zero_grad();
+  Variable<double, S> const y = fn(inputs);
+  std::vector<double> v(static_cast<std::size_t>(y.numel()));
+  Generator gen(opts.seed);
+  for (auto& e : v) e = y.numel() == 1 ? 1.0 : gen.uniform(-1.0, 1.0);
+  Tensor<double, S> v_space(y.shape());
+  K::from_host(y.numel(), v.data(), v_space.data());
+  backward(y, v_space);
+
+  auto eval = [&] {
+    NoGradGuard const no_grad;
+    Variable<double, S> const out = fn(inputs);
+    if (!(out.shape() == y.shape()))
+      throw ShapeError(detail::cat("grad_check: fn returned shape ", out.shape(), " after returning ", y.shape()));
+    std::vector<double> const o = host_copy(out.value());
+    double s = 0;  // Σ v ⊙ y in double (the scalar whose gradient both sides compute)
+    for (std::size_t i = 0; i < o.size(); ++i) s += v[i] * o[i];
+    return s;
+  };
+
+  GradCheckResult res;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    Variable<double, S> const& x = inputs[k];
+    if (!x.requires_grad()) continue;
+    Tensor<double, S> const gt = x.grad();  // undefined: x did not reach the output, its gradient is 0
+    std::vector<double> const g = gt.defined() ? host_copy(gt) : std::vector<double>{};
+    double* const xs = x.value().data();
+    auto set = [&](std::int64_t j, double value) { K::from_host(std::int64_t{1}, &value, xs + j); };
+    std::vector<double> const x0s = host_copy(x.value());
+    for (std::int64_t j = 0; j < x.numel(); ++j) {
+      double const x0 = x0s[static_cast<std::size_t>(j)];
+      set(j, x0 + opts.eps);
+      double const fp = eval();
+      set(j, x0 - opts.eps);
+      double const fm = eval();
+      set(j, x0);
+      double const numeric = (fp - fm) / (2 * opts.eps);
+      double const analytic = g.empty() ? 0.0 : g[static_cast<std::size_t>(j)];
+      double err = std::abs(analytic - numeric) / std::max({opts.atol, std::abs(analytic), std::abs(numeric)});
+      if (std::isnan(err)) err = std::numeric_limits<double>::infinity();  // a NaN on either side fails
+      ++res.elements_checked;
+      if (res.worst_input < 0 || err > res.max_error) {
+        res.max_error = err;
+        res.worst_input = static_cast<int>(k);
+        res.worst_element = j;
+        res.worst_analytic = analytic;
+        res.worst_numeric = numeric;
+      }
+    }
+  }
+  res.ok = res.max_error <= opts.rtol;
+  return res;
 }
 }  // namespace detail
 
@@ -70,61 +135,17 @@ inline double contract(Tensor<double> const& v, Tensor<double> const& y) {
 // correct digits. It is symmetric in a and n, so neither side is privileged as "the truth".
 //
 // Costs 2·(elements checked) + 1 evaluations of fn. Calls zero_grad() on the inputs first and leaves their
-// gradients holding backward's result.
+// gradients holding backward's result. Inputs may live in any memory space with kernels (device tensors too:
+// the perturbations and the contraction go through Kernels<S>::from_host / to_host).
 template <class Fn>
   requires std::invocable<Fn&, std::vector<Variable<double>> const&>
 GradCheckResult grad_check(Fn&& fn, std::vector<Variable<double>> const& inputs, GradCheckOptions const& opts = {}) {
-  if (!(opts.eps > 0)) throw ArgumentError(detail::cat("grad_check: eps must be > 0, got ", opts.eps));
-  if (!(opts.atol > 0)) throw ArgumentError(detail::cat("grad_check: atol must be > 0, got ", opts.atol));
-  bool any = false;
-  for (auto const& x : inputs) any |= x.requires_grad();
-  if (!any) throw ArgumentError("grad_check: no input requires grad (construct them with RequiresGrad::kYes)");
-
-  // Analytic side.
-  for (auto const& x : inputs) x.zero_grad();
-  Variable<double> const y = fn(inputs);
-  Tensor<double> v(y.shape());
-  Generator gen(opts.seed);
-  for (std::int64_t i = 0; i < v.numel(); ++i) v[i] = y.numel() == 1 ? 1.0 : gen.uniform(-1.0, 1.0);
-  backward(y, v);
-
-  auto eval = [&] {
-    NoGradGuard const no_grad;
-    Variable<double> const out = fn(inputs);
-    if (!(out.shape() == y.shape()))
-      throw ShapeError(detail::cat("grad_check: fn returned shape ", out.shape(), " after returning ", y.shape()));
-    return detail::contract(v, out.value());
-  };
-
-  GradCheckResult res;
-  for (std::size_t k = 0; k < inputs.size(); ++k) {
-    Variable<double> const& x = inputs[k];
-    if (!x.requires_grad()) continue;
-    Tensor<double> const g = x.grad();  // undefined: x did not reach the output, its gradient is 0
-    double* const xs = x.value().data();
-    for (std::int64_t j = 0; j < x.numel(); ++j) {
-      double const x0 = xs[j];
-      xs[j] = x0 + opts.eps;
-      double const fp = eval();
-      xs[j] = x0 - opts.eps;
-      double const fm = eval();
-      xs[j] = x0;
-      double const numeric = (fp - fm) / (2 * opts.eps);
-      double const analytic = g.defined() ? g[j] : 0.0;
-      double err = std::abs(analytic - numeric) / std::max({opts.atol, std::abs(analytic), std::abs(numeric)});
-      if (std::isnan(err)) err = std::numeric_limits<double>::infinity();  // a NaN on either side fails
-      ++res.elements_checked;
-      if (res.worst_input < 0 || err > res.max_error) {
-        res.max_error = err;
-        res.worst_input = static_cast<int>(k);
-        res.worst_element = j;
-        res.worst_analytic = analytic;
-        res.worst_numeric = numeric;
-      }
-    }
-  }
-  res.ok = res.max_error <= opts.rtol;
-  return res;
+  return detail::grad_check_impl<HostSpace>(fn, inputs, opts);
+}
+template <MemorySpace S, class Fn>
+  requires(!std::same_as<S, HostSpace>) && std::invocable<Fn&, std::vector<Variable<double, S>> const&>
+GradCheckResult grad_check(Fn&& fn, std::vector<Variable<double, S>> const& inputs, GradCheckOptions const& opts = {}) {
+  return detail::grad_check_impl<S>(fn, inputs, opts);
 }
 
 }  // namespace ddp

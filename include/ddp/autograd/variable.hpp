@@ -135,11 +135,7 @@ class Variable {
   Shape const& shape() const { return checked().value.shape(); }
   std::int64_t numel() const { return checked().value.numel(); }
   char const* op() const { return checked().op; }
-  T item() const
-    requires std::same_as<S, HostSpace>
-  {
-    return checked().value.item();
-  }
+  T item() const { return checked().value.item(); }
   // Forget the gradient without touching memory: the next backward overwrites instead of adding.
   void zero_grad() const noexcept {
     if (node_) node_->grad_defined = false;

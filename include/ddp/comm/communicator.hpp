@@ -91,6 +91,10 @@ template <MemorySpace S, MemorySpace... Rest>
 struct FrontSpace<SpaceList<S, Rest...>> {
   using type = S;
 };
+template <>
+struct FrontSpace<HostAccessibleSpaces> {
+  using type = HostSpace;
+};
 }  // namespace detail
 
 // The memory space a backend's buffers naturally live in: the first of its accepted_spaces.

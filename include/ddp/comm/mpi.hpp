@@ -102,9 +102,10 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   template <class S>
   static constexpr void check_space() {
     static_assert(std::same_as<typename S::space, HostSpace>,
-                  "MpiBackend takes host memory, but this buffer is a DeviceSpan (device memory): copy it into a "
-                  "host buffer (HostSpan / std::vector), or use NcclBackend from ddp/comm/nccl.hpp for device "
-                  "buffers");
+                  "MpiBackend takes host memory, but this buffer is a DeviceSpan (device memory): name a staging "
+                  "adapter, HostStaging<MpiBackend> from ddp/comm/host_staging.hpp, which copies through host "
+                  "memory; or copy it into a host buffer (HostSpan / std::vector); or use NcclBackend from "
+                  "ddp/comm/nccl.hpp for device buffers");
   }
 
   // MPICH's blocking calls busy-poll; the idle progress thread itself sleeps after a short spin.

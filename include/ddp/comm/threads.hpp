@@ -35,7 +35,9 @@ namespace ddp {
 // rank's progress thread). Buffers of different ranks must not overlap.
 class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
  public:
-  using accepted_spaces = SpaceList<HostSpace>;
+  // Host memory, and device memory where the host can touch it (Thrust's CPU device systems): the transport
+  // is plain loads, stores and memcpy between threads of one process.
+  using accepted_spaces = HostAccessibleSpaces;
   static constexpr std::string_view backend_name = "threads";  // for logs: which backend was composed
   using work_type = Work;
 
@@ -81,10 +83,11 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
 
   template <class S>
   static constexpr void check_space() {
-    static_assert(std::same_as<typename S::space, HostSpace>,
-                  "ThreadsBackend takes host memory, but this buffer is a DeviceSpan (device memory): copy it into "
-                  "a host buffer (HostSpan / std::vector), or use NcclBackend from ddp/comm/nccl.hpp for device "
-                  "buffers");
+    static_assert(host_accessible_v<typename S::space>,
+                  "ThreadsBackend takes host memory, but this buffer is a DeviceSpan (device memory the host cannot "
+                  "touch: CUDA, or <ddp/tensor/device.hpp> not included): copy it into a host buffer (HostSpan / "
+                  "std::vector), use Thrust's CPU device system (//:ddp_device_cpu), or use NcclBackend from "
+                  "ddp/comm/nccl.hpp for device buffers");
   }
 
   detail::AllReduceQueue<ThreadsBackend>& progress_queue() noexcept { return queue_; }

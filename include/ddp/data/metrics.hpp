@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/host_collectives.hpp"
 #include "ddp/error.hpp"
 #include "ddp/tensor/space_span.hpp"
 #include "ddp/tensor/tensor.hpp"
@@ -45,13 +46,10 @@ struct Counts {
 // differ from a single-process sum in the last bits).
 template <Communicator C>
 Counts all_reduce_counts(C& comm, Counts const& local) {
-  static_assert(C::accepted_spaces::template contains<HostSpace>,
-                "all_reduce_counts reduces host memory, but this backend accepts only device buffers (e.g. "
-                "NcclBackend): reduce the counts over a host backend (ThreadsBackend, MpiBackend) instead");
   std::array<std::int64_t, 2> n{local.correct, local.total};
   std::array<double, 1> loss{local.loss_sum};
-  comm.all_reduce(HostSpan<std::int64_t>(n.data(), n.size()), ReduceOp::kSum);
-  comm.all_reduce(HostSpan<double>(loss.data(), loss.size()), ReduceOp::kSum);
+  host_all_reduce(comm, std::span<std::int64_t>(n), ReduceOp::kSum);
+  host_all_reduce(comm, std::span<double>(loss), ReduceOp::kSum);
   return {.correct = n[0], .total = n[1], .loss_sum = loss[0]};
 }
 

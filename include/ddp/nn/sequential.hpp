@@ -48,6 +48,14 @@ template <class L>
 struct is_relu_layer : std::false_type {};
 template <class T, MemorySpace S>
 struct is_relu_layer<stateless_layer<T, S, relu_op>> : std::true_type {};
+// (Named concepts rather than requires-expressions inside Sequential's members: nvcc's front end loses the
+// layer pack there.)
+template <class L, class V>
+concept HasForwardRelu = requires(L& l, V const& h) { l.forward_relu(h); };
+template <class L, class V>
+concept HasForwardReluPool2 = requires(L& l, V const& h) { l.forward_relu_pool2(h); };
+template <std::size_t I, class... Ls>
+using layer_at = typename unwrap_named<std::tuple_element_t<I, std::tuple<Ls...>>>::type;
 }  // namespace detail
 
 // Applies its layers in order. Parameters are named "<index or name>.<param>", in layer order.
@@ -100,9 +108,7 @@ class Sequential {
     if constexpr (I + 1 >= sizeof...(Ls)) {
       return false;
     } else {
-      using L = typename detail::unwrap_named<std::tuple_element_t<I, std::tuple<Ls...>>>::type;
-      using Next = typename detail::unwrap_named<std::tuple_element_t<I + 1, std::tuple<Ls...>>>::type;
-      return detail::is_relu_layer<Next>::value && requires(L& l, V const& h) { l.forward_relu(h); };
+      return detail::is_relu_layer<detail::layer_at<I + 1, Ls...>>::value && detail::HasForwardRelu<detail::layer_at<I, Ls...>, V>;
     }
   }
   // Whether layers I, I+1, I+2 are (a layer with forward_relu_pool2, ReLU, MaxPool2d); they run fused when the
@@ -112,9 +118,8 @@ class Sequential {
     if constexpr (!fuses_relu<I>() || I + 2 >= sizeof...(Ls)) {
       return false;
     } else {
-      using L = typename detail::unwrap_named<std::tuple_element_t<I, std::tuple<Ls...>>>::type;
-      using Pool = typename detail::unwrap_named<std::tuple_element_t<I + 2, std::tuple<Ls...>>>::type;
-      return detail::is_max_pool_layer<Pool>::value && requires(L& l, V const& h) { l.forward_relu_pool2(h); };
+      return detail::is_max_pool_layer<detail::layer_at<I + 2, Ls...>>::value &&
+             detail::HasForwardReluPool2<detail::layer_at<I, Ls...>, V>;
     }
   }
 

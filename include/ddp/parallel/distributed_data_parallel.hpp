@@ -13,6 +13,7 @@
 #include "ddp/bucket/reducer.hpp"
 #include "ddp/bucket/reducer_observer.hpp"
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/host_collectives.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter_arena.hpp"
 #include "ddp/parallel/verify.hpp"
@@ -55,13 +56,14 @@ class DistributedDataParallel {
   using S = space;
   using V = Variable<T, S>;
 
-  static_assert(C::accepted_spaces::template contains<S>,
-                "DistributedDataParallel: the model's tensors live in a memory space this communicator does not "
-                "accept (e.g. host Eigen tensors with NcclBackend, which takes device memory only). Use "
-                "ThreadsBackend or MpiBackend for host models, or device tensors with NcclBackend.");
-  static_assert(C::accepted_spaces::template contains<HostSpace>,
-                "DistributedDataParallel exchanges parameter metadata in host memory; this backend needs a host "
-                "staging path first");
+  static_assert(C::accepted_spaces::template contains<S> || !std::same_as<S, HostSpace>,
+                "DistributedDataParallel: the model's tensors are host (Eigen) tensors, but this communicator takes "
+                "device memory only (e.g. NcclBackend). Build the model over device tensors (Variable<T, "
+                "DeviceSpace>, <ddp/tensor/device.hpp>), or use ThreadsBackend / MpiBackend for host models.");
+  static_assert(C::accepted_spaces::template contains<S> || std::same_as<S, HostSpace>,
+                "DistributedDataParallel: the model's tensors are device tensors, but this communicator takes host "
+                "memory only (e.g. MpiBackend). Name a host-staging adapter: HostStaging<MpiBackend> staged(mpi) "
+                "from <ddp/comm/host_staging.hpp> copies each bucket through host memory; or use NcclBackend.");
   static_assert(CommElement<T>, "DistributedDataParallel: parameters must be float or double");
 
   DistributedDataParallel(M& model, C& comm, DdpOptions opts = {}, B bucketer = {})
@@ -225,7 +227,7 @@ class DistributedDataParallel {
     int const n = comm_->world_size();
     std::vector<std::int32_t> mine(es.size(), 0), all(es.size() * static_cast<std::size_t>(n));
     for (std::size_t i = 0; i < es.size(); ++i) mine[i] = unused_[i];
-    if (n > 1) comm_->all_gather(mine, all, CollectiveTag{"ddp.unused"});
+    if (n > 1) host_all_gather(*comm_, std::span<std::int32_t const>(mine), std::span<std::int32_t>(all), CollectiveTag{"ddp.unused"});
     else all = mine;
     std::string names, ranks;
     int shown = 0;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "ddp/config.hpp"
 #include "ddp/tensor/memory_space.hpp"
 
 namespace ddp {
@@ -13,7 +14,8 @@ template <MemorySpace S>
 struct Kernels {
   static_assert(sizeof(S) == 0,
                 "no kernels for this memory space: HostSpace kernels come with <ddp/ddp.hpp>; DeviceSpace kernels "
-                "need <ddp/tensor/device.hpp> and the //:ddp_nccl target");
+                "need <ddp/tensor/device.hpp> and the //:ddp_device_cpu target (g++, Thrust's CPU system) or nvcc "
+                "(tools/cuda.bzl, Thrust's CUDA system)");
 };
 
 // Transpose flags for gemm, spelled out rather than bools.
@@ -32,10 +34,10 @@ struct ConvGeometry {
   ConvAlgorithm algorithm = ConvAlgorithm::kAuto;  // convolutions only
   bool relu = false;  // convolutions: y = max(0, conv + bias), and the backward masks gy by y > 0
   bool pool2 = false; // convolutions with relu: y is the 2×2, stride-2 max-pool of that (OH/2 × OW/2)
-  constexpr std::int64_t OH() const noexcept { return (H + 2 * pad - k) / stride + 1; }
-  constexpr std::int64_t OW() const noexcept { return (W + 2 * pad - k) / stride + 1; }
-  constexpr std::int64_t L() const noexcept { return OH() * OW(); }
-  constexpr std::int64_t patch() const noexcept { return C * k * k; }
+  DDP_HOST_DEVICE constexpr std::int64_t OH() const noexcept { return (H + 2 * pad - k) / stride + 1; }
+  DDP_HOST_DEVICE constexpr std::int64_t OW() const noexcept { return (W + 2 * pad - k) / stride + 1; }
+  DDP_HOST_DEVICE constexpr std::int64_t L() const noexcept { return OH() * OW(); }
+  DDP_HOST_DEVICE constexpr std::int64_t patch() const noexcept { return C * k * k; }
 };
 
 }  // namespace ddp
@@ -43,14 +45,20 @@ struct ConvGeometry {
 #include "ddp/tensor/tensor.hpp"
 
 namespace ddp {
-// Copies a host tensor into space S (the same tensor when S is HostSpace).
-template <MemorySpace S, class T>
-Tensor<T, S> to_space(Tensor<T, HostSpace> const& h) {
-  if constexpr (std::same_as<S, HostSpace>) {
-    return h;
+// A copy of a tensor in space To: host to any space, any space to host (the same tensor when the spaces are
+// equal). Synchronous.
+template <MemorySpace To, class T, MemorySpace From>
+Tensor<T, To> to_space(Tensor<T, From> const& t) {
+  if constexpr (std::same_as<To, From>) {
+    return t;
   } else {
-    Tensor<T, S> d(h.shape());
-    Kernels<S>::from_host(h.numel(), h.data(), d.data());
+    static_assert(std::same_as<From, HostSpace> || std::same_as<To, HostSpace>,
+                  "to_space copies between host memory and another space");
+    Tensor<T, To> d(t.shape());
+    if constexpr (std::same_as<From, HostSpace>)
+      Kernels<To>::from_host(t.numel(), t.data(), d.data());
+    else
+      Kernels<From>::to_host(t.numel(), t.data(), d.data());
     return d;
   }
 }

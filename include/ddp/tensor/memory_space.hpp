@@ -3,6 +3,7 @@
 
 #include <concepts>
 #include <string_view>
+#include <type_traits>
 
 namespace ddp {
 
@@ -25,11 +26,28 @@ concept MemorySpace = requires {
 static_assert(MemorySpace<HostSpace>);
 static_assert(MemorySpace<DeviceSpace>);
 
+// Whether any host thread may read and write a space's memory directly (plain loads, memcpy): a compile-time
+// property. HostSpace: always. DeviceSpace: a property of Thrust's device system, declared by
+// <ddp/tensor/device_system.hpp> (true for the CPU systems CPP, OMP and TBB; false for CUDA). A translation unit
+// that does not include it treats DeviceSpace as not host-accessible.
+template <MemorySpace S>
+struct HostAccessible : std::bool_constant<std::same_as<S, HostSpace>> {};
+template <MemorySpace S>
+inline constexpr bool host_accessible_v = HostAccessible<S>::value;
+
 // A backend lists the spaces it accepts: `using accepted_spaces = SpaceList<HostSpace>;`.
 template <MemorySpace... Ss>
 struct SpaceList {
   template <class S>
   static constexpr bool contains = (std::same_as<S, Ss> || ...);
+};
+
+// Every space whose memory host threads can touch (host_accessible_v): HostSpace, and DeviceSpace on Thrust's CPU
+// systems. A backend that moves bytes with plain loads and stores (ThreadsBackend) lists this; its transport
+// sees such buffers as host memory. Evaluated lazily, where a collective or DDP is instantiated.
+struct HostAccessibleSpaces {
+  template <class S>
+  static constexpr bool contains = host_accessible_v<S>;
 };
 
 }  // namespace ddp

@@ -15,11 +15,14 @@
 
 namespace ddp {
 
+template <MemorySpace S>
+struct Kernels;  // kernels.hpp (host), device.hpp (device)
+
 // How each memory space allocates. A space plugs in by specialising this (device.hpp does for DeviceSpace).
 template <MemorySpace S>
 struct SpaceAllocator {
   static_assert(sizeof(S) == 0,
-                "no allocator for this memory space: include <ddp/tensor/device.hpp> (and depend on //:ddp_nccl) "
+                "no allocator for this memory space: include <ddp/tensor/device.hpp> (and depend on //:ddp_device_cpu) "
                 "for DeviceSpace tensors, or use HostSpace");
 };
 
@@ -88,11 +91,16 @@ class Tensor {
   {
     return data_[i];
   }
-  T item() const
-    requires std::same_as<Space, HostSpace>
-  {
+  // The value of a one-element tensor, on the host (a synchronising copy for device memory).
+  T item() const {
     if (numel() != 1) throw ShapeError(detail::cat("item() needs a one-element tensor, got shape ", shape_));
-    return data_[0];
+    if constexpr (std::same_as<Space, HostSpace>) {
+      return data_[0];
+    } else {
+      T v;
+      Kernels<Space>::to_host(std::int64_t{1}, data_, &v);
+      return v;
+    }
   }
 
  private:

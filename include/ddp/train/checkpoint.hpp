@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/host_collectives.hpp"
 #include "ddp/error.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/optim/optimizer.hpp"
@@ -113,11 +114,11 @@ inline std::string from_words(std::vector<std::int64_t> const& w, std::size_t n)
 template <Communicator C>
 void broadcast_outcome(C& comm, int root, std::int64_t& status, std::string& text) {
   std::vector<std::int64_t> head{status, static_cast<std::int64_t>(text.size())};
-  comm.broadcast(head, root, CollectiveTag{"checkpoint.status"});
+  host_broadcast(comm, std::span<std::int64_t>(head), root, CollectiveTag{"checkpoint.status"});
   status = head[0];
   auto words = comm.rank() == root ? to_words(text)
                                    : std::vector<std::int64_t>((static_cast<std::size_t>(head[1]) + 7) / 8);
-  if (!words.empty()) comm.broadcast(words, root, CollectiveTag{"checkpoint.bytes"});
+  if (!words.empty()) host_broadcast(comm, std::span<std::int64_t>(words), root, CollectiveTag{"checkpoint.bytes"});
   text = from_words(words, static_cast<std::size_t>(head[1]));
 }
 
@@ -139,7 +140,7 @@ void agree_or_throw(C& comm, Failure kind, std::string message) {
     return;
   }
   std::vector<std::int64_t> first{kind == Failure::kNone ? std::int64_t{n} : std::int64_t{me}};
-  comm.all_reduce(first, ReduceOp::kMin, CollectiveTag{"checkpoint.agree"});
+  host_all_reduce(comm, std::span<std::int64_t>(first), ReduceOp::kMin, CollectiveTag{"checkpoint.agree"});
   int const root = static_cast<int>(first[0]);
   if (root == n) return;
   auto status = static_cast<std::int64_t>(kind);

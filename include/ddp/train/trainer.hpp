@@ -36,14 +36,17 @@ using StepCallback = std::function<void(std::int64_t, std::int64_t, std::int64_t
 template <nn::Model M, AsyncCommunicator C, optim::Optimizer O, GradientBucketer B = SizeCapped>
 class basic_trainer {
  public:
-  using V = Variable<typename M::value_type, typename M::space>;
+  using S = typename M::space;
+  using V = Variable<typename M::value_type, S>;
 
   basic_trainer(M& model, C& comm, typename O::options_type opt, TrainerOptions opts = {}, B bucketer = {})
       : comm_(&comm), opts_(opts), ddp_(model, comm, opts.ddp, std::move(bucketer)), opt_(ddp_.parameters(), opt) {
     if (opts.batch_size < 1) throw ArgumentError(detail::cat("trainer: batch_size must be positive, got ", opts.batch_size));
   }
 
-  // One epoch over `data` (each rank its DistributedSampler share). loss(output, batch) -> scalar Var.
+  // One epoch over `data` (each rank its DistributedSampler share). loss(output, batch) -> scalar Var. Batches
+  // are host tensors; each input is copied to the model's space (loss gets the host batch: copy its targets with
+  // to_space<S> for a device model).
   template <Dataset D, class LossFn>
   EpochResult fit_epoch(D const& data, std::int64_t epoch, LossFn&& loss, StepCallback const& on_step = {}) {
     auto const t0 = std::chrono::steady_clock::now();
@@ -56,7 +59,7 @@ class basic_trainer {
     std::int64_t const steps = loader.num_batches();
     for (auto const& batch : loader) {
       opt_.zero_grad();
-      V l = loss(ddp_(V(batch.x)), batch);
+      V l = loss(ddp_(V(to_space<S>(batch.x))), batch);
       backward(l);
       opt_.step();
       double const lv = l.item();
@@ -64,7 +67,7 @@ class basic_trainer {
       if (on_step) on_step(epoch, step, steps, lv);
       ++step;
     }
-    comm_->all_reduce(sum, ReduceOp::kAvg);
+    host_all_reduce(*comm_, std::span<double>(sum), ReduceOp::kAvg);
     return {epoch, steps, steps ? sum[0] / double(steps) : 0.0,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
   }
@@ -79,8 +82,9 @@ class basic_trainer {
     NoGradGuard ng;
     Counts c;
     for (auto const& batch : loader) {
-      V out = ddp_.module().forward(V(batch.x));
-      c.add_batch(argmax_correct(out.value(), batch.y), batch.size(), cross_entropy(out, batch.y).item());
+      V out = ddp_.module().forward(V(to_space<S>(batch.x)));
+      c.add_batch(argmax_correct(to_space<HostSpace>(out.value()), batch.y), batch.size(),
+                  cross_entropy(out, to_space<S>(batch.y)).item());
     }
     ddp_.module().set_mode(Mode::kTrain);
     return all_reduce_counts(*comm_, c);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "ddp/autograd/variable.hpp"
 #include "ddp/tensor/kernels.hpp"
@@ -20,11 +21,16 @@ template <MemorySpace S>
 void check_targets(char const* op, Tensor<std::int32_t, S> const& target, std::int64_t rows, std::int64_t cols) {
   if (!(target.shape() == Shape{rows}))
     throw ShapeError(detail::cat(op, ": targets have shape ", target.shape(), ", expected [", rows, "] (one class id per row)"));
-  if constexpr (std::same_as<S, HostSpace>) {
-    for (std::int64_t r = 0; r < rows; ++r)
-      if (target[r] < 0 || target[r] >= cols)
-        throw ArgumentError(detail::cat(op, ": target ", target[r], " at row ", r, " is not a class id in [0, ", cols, ")"));
+  std::int32_t const* ids = target.data();
+  std::vector<std::int32_t> copied;  // device targets are checked on a host copy (rows ints)
+  if constexpr (!std::same_as<S, HostSpace>) {
+    copied.resize(static_cast<std::size_t>(rows));
+    Kernels<S>::to_host(rows, target.data(), copied.data());
+    ids = copied.data();
   }
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (ids[r] < 0 || ids[r] >= cols)
+      throw ArgumentError(detail::cat(op, ": target ", ids[r], " at row ", r, " is not a class id in [0, ", cols, ")"));
 }
 
 template <class T, MemorySpace S>

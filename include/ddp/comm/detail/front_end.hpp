@@ -77,7 +77,7 @@ class CollectiveFrontEnd {
     if constexpr (accepts_inout<decltype(s)>()) {
       trace(CollectiveKind::kAllReduce, s.size(), dtype_of<elem_t<decltype(s)>>, op, -1, tag, false);
       enter(CollectiveKind::kAllReduce, tag);
-      self().run_all_reduce(s, op, tag);
+      self().run_all_reduce(to_transport(s), op, tag);
     }
   }
 
@@ -89,8 +89,8 @@ class CollectiveFrontEnd {
       using T = elem_t<decltype(s)>;
       trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, true);
       Backend& b = self();
-      if constexpr (requires { b.run_all_reduce_async(s, op, tag); }) {
-        return b.run_all_reduce_async(s, op, tag);
+      if constexpr (requires { b.run_all_reduce_async(to_transport(s), op, tag); }) {
+        return b.run_all_reduce_async(to_transport(s), op, tag);
       } else {
         return b.progress_queue().submit(AllReduceRequest{dtype_of<T>, op, s.data(), s.size(), tag});
       }
@@ -105,7 +105,7 @@ class CollectiveFrontEnd {
       trace(CollectiveKind::kBroadcast, s.size(), dtype_of<elem_t<decltype(s)>>, ReduceOp::kSum, root, tag, false);
       check_root(root, CollectiveKind::kBroadcast);
       enter(CollectiveKind::kBroadcast, tag);
-      self().run_broadcast(s, root, tag);
+      self().run_broadcast(to_transport(s), root, tag);
     }
   }
 
@@ -117,7 +117,7 @@ class CollectiveFrontEnd {
       trace(CollectiveKind::kAllGather, src.size(), dtype_of<elem_t<decltype(dst)>>, ReduceOp::kSum, -1, tag, false);
       check_size(dst.size(), src.size() * world(), CollectiveKind::kAllGather, "out", "world_size * in.size()");
       enter(CollectiveKind::kAllGather, tag);
-      self().run_all_gather(src, dst, tag);
+      self().run_all_gather(to_transport(src), to_transport(dst), tag);
     }
   }
 
@@ -129,7 +129,7 @@ class CollectiveFrontEnd {
       trace(CollectiveKind::kReduceScatter, src.size(), dtype_of<elem_t<decltype(dst)>>, op, -1, tag, false);
       check_size(src.size(), dst.size() * world(), CollectiveKind::kReduceScatter, "in", "world_size * out.size()");
       enter(CollectiveKind::kReduceScatter, tag);
-      self().run_reduce_scatter(src, dst, op, tag);
+      self().run_reduce_scatter(to_transport(src), to_transport(dst), op, tag);
     }
   }
 
@@ -144,7 +144,7 @@ class CollectiveFrontEnd {
         check_size(dst.size(), src.size() * world(), CollectiveKind::kGather, "out", "world_size * in.size()");
       }
       enter(CollectiveKind::kGather, tag);
-      self().run_gather(src, dst, root, tag);
+      self().run_gather(to_transport(src), to_transport(dst), root, tag);
     }
   }
 
@@ -159,7 +159,7 @@ class CollectiveFrontEnd {
         check_size(src.size(), dst.size() * world(), CollectiveKind::kScatter, "in", "world_size * out.size()");
       }
       enter(CollectiveKind::kScatter, tag);
-      self().run_scatter(src, dst, root, tag);
+      self().run_scatter(to_transport(src), to_transport(dst), root, tag);
     }
   }
 
@@ -178,6 +178,20 @@ class CollectiveFrontEnd {
  private:
   template <class S>
   using elem_t = std::remove_cv_t<typename S::element_type>;
+
+  // A buffer of a host-accessible space other than the backend's native one (DeviceSpace on Thrust's CPU
+  // systems, for ThreadsBackend) reaches the transport as host memory; every other buffer as it is.
+  // (Nested so that a backend's own space never asks HostAccessible: nccl.hpp may come before device.hpp.)
+  template <class T, class Space>
+  static constexpr auto to_transport(SpaceSpan<T, Space> s) noexcept {
+    if constexpr (std::same_as<Space, native_space_t<Backend>>) {
+      return s;
+    } else if constexpr (host_accessible_v<Space>) {
+      return SpaceSpan<T, HostSpace>(s.data(), s.size());
+    } else {
+      return s;
+    }
+  }
 
   Backend& self() noexcept { return static_cast<Backend&>(*this); }
   Backend const& self() const noexcept { return static_cast<Backend const&>(*this); }

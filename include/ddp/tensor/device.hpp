@@ -1,0 +1,42 @@
+// Device tensors: Kernels<DeviceSpace> and SpaceAllocator<DeviceSpace>, written once over Thrust. Opt-in: include
+// this header and depend on //:ddp_device_cpu (Thrust's CPU system, g++) or build with nvcc (Thrust's CUDA
+// system, //:ddp_nccl + tools/cuda.bzl). The autograd, layers, optimizers and DDP take Variable<T, DeviceSpace>
+// unchanged: nothing above the kernels is written per memory space.
+#pragma once
+
+#include "ddp/tensor/device_allocator.hpp"
+#include "ddp/tensor/device_blas.hpp"
+#include "ddp/tensor/device_conv_kernels.hpp"
+#include "ddp/tensor/device_elementwise.hpp"
+#include "ddp/tensor/device_image_kernels.hpp"
+#include "ddp/tensor/device_loss_kernels.hpp"
+#include "ddp/tensor/device_optim_kernels.hpp"
+#include "ddp/tensor/device_system.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp {
+
+// The device math primitives, with Kernels<HostSpace>'s signatures and contracts (host_kernels.hpp).
+//   Element-wise ops, reductions, softmax/losses, pooling, batch-norm, optimizer updates: Thrust algorithms
+//   (one functor per element, row or channel) on DeviceSystem: GPU threads on CUDA, the host on CPP/OMP/TBB.
+//   GEMM: cuBLAS on CUDA; the host GEMM (Eigen) where device memory is host-accessible.
+//   Convolution: cuDNN on CUDA (no fused pooling: the op composes it); the host convolution otherwise.
+// Determinism: on CPP every kernel is sequential and bitwise reproducible, and equals the host kernels bitwise
+// except sums and exp/log/tanh (a few ulps). On CUDA, deterministic algorithms throughout (cuDNN's fixed
+// ALGO_1 backward kernels, reductions in a fixed tree), so a run reproduces on the same GPU and sizes.
+// Thread safety: as the host kernels; each host thread gets its own cuBLAS and cuDNN handles.
+// Performance on a GPU (not yet measured, see bench/RESULTS.md): element-wise kernels use one thread per element;
+// row- and channel-wise ones (softmax rows, bias sums, batch-norm statistics) one thread per row or channel, which
+// is enough for the classifier heads and channel counts of the examples but not a tuned segmented reduction.
+// Each loss reads its value and its class ids on the host (a synchronisation per step, as loss.item() is).
+template <>
+struct Kernels<DeviceSpace> : DeviceElementwiseKernels,
+                              DeviceLossKernels,
+                              DeviceBlasKernels,
+                              DeviceConvKernels,
+                              DeviceImageKernels,
+                              DeviceOptimKernels {
+  using system = DeviceSystem;
+};
+
+}  // namespace ddp

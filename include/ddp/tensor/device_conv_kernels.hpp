@@ -1,0 +1,162 @@
+// Device convolution: cuDNN on Thrust's CUDA system (fixed deterministic algorithms, no TF32); on the CPU device
+// systems the host convolution itself (Winograd F(4×4, 3×3) or im2col + Eigen, fused pooling included).
+#pragma once
+
+#include <cstdint>
+
+#include "ddp/config.hpp"
+#include "ddp/tensor/device_system.hpp"
+#include "ddp/tensor/host_conv_kernels.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#include <cudnn.h>
+
+#include "ddp/tensor/device_allocator.hpp"
+#include "ddp/tensor/device_buffer.hpp"  // CudaError
+#include "ddp/tensor/device_elementwise.hpp"
+#endif
+
+namespace ddp {
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+namespace detail {
+inline void cudnn_check(cudnnStatus_t rc, char const* call) {
+  if (rc != CUDNN_STATUS_SUCCESS) throw CudaError(cat("cuDNN: ", call, " failed: ", cudnnGetErrorString(rc)));
+}
+// One cuDNN handle per host thread, on the legacy default stream like every other device kernel.
+inline cudnnHandle_t cudnn_handle() {
+  struct Handle {
+    cudnnHandle_t h = nullptr;
+    Handle() {
+      cudnn_check(cudnnCreate(&h), "cudnnCreate");
+      cudnn_check(cudnnSetStream(h, cudaStream_t{}), "cudnnSetStream");
+    }
+    ~Handle() {
+      if (h) cudnnDestroy(h);
+    }
+  };
+  thread_local Handle handle;
+  return handle.h;
+}
+
+// The descriptors of one convolution geometry (NCHW input, OCkk filter, cross-correlation), RAII.
+template <class T>
+class CudnnConv {
+ public:
+  static constexpr cudnnDataType_t kType = sizeof(T) == 4 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
+  // Deterministic algorithms that support float and double: the same inputs give bitwise the same outputs.
+  static constexpr cudnnConvolutionFwdAlgo_t kFwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  static constexpr cudnnConvolutionBwdDataAlgo_t kBwdData = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  static constexpr cudnnConvolutionBwdFilterAlgo_t kBwdFilter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+
+  explicit CudnnConv(ConvGeometry const& g) {
+    auto i = [](std::int64_t v) { return static_cast<int>(v); };
+    cudnn_check(cudnnCreateTensorDescriptor(&x), "cudnnCreateTensorDescriptor");
+    cudnn_check(cudnnCreateTensorDescriptor(&y), "cudnnCreateTensorDescriptor");
+    cudnn_check(cudnnCreateFilterDescriptor(&w), "cudnnCreateFilterDescriptor");
+    cudnn_check(cudnnCreateConvolutionDescriptor(&conv), "cudnnCreateConvolutionDescriptor");
+    cudnn_check(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, kType, i(g.N), i(g.C), i(g.H), i(g.W)), "cudnnSetTensor4dDescriptor (x)");
+    cudnn_check(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, kType, i(g.N), i(g.O), i(g.OH()), i(g.OW())),
+                "cudnnSetTensor4dDescriptor (y)");
+    cudnn_check(cudnnSetFilter4dDescriptor(w, kType, CUDNN_TENSOR_NCHW, i(g.O), i(g.C), i(g.k), i(g.k)), "cudnnSetFilter4dDescriptor");
+    cudnn_check(cudnnSetConvolution2dDescriptor(conv, i(g.pad), i(g.pad), i(g.stride), i(g.stride), 1, 1,
+                                                CUDNN_CROSS_CORRELATION, kType),
+                "cudnnSetConvolution2dDescriptor");
+    cudnn_check(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+  }
+  ~CudnnConv() {
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+  CudnnConv(CudnnConv const&) = delete;
+  CudnnConv& operator=(CudnnConv const&) = delete;
+
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+};
+}  // namespace detail
+#endif
+
+// Part of Kernels<DeviceSpace>; contracts as HostConvKernels' conv2d_fwd / conv2d_bwd / fuses_pool2.
+struct DeviceConvKernels {
+  using i64 = std::int64_t;
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+  // cuDNN pools in a separate op: the conv2d op composes conv2d+relu and max_pool2d instead.
+  static bool fuses_pool2(ConvGeometry const&) noexcept { return false; }
+
+  // y = conv(x, w) + bias, then max(0, y) when g.relu.
+  template <class T>
+  static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y,
+                         std::uint8_t* codes = nullptr) {
+    (void)codes;
+    DDP_ASSERT(!g.pool2, "conv2d_fwd: fused pooling is not available on CUDA (fuses_pool2 is false)");
+    detail::CudnnConv<T> d(g);
+    cudnnHandle_t const h = detail::cudnn_handle();
+    std::size_t bytes = 0;
+    detail::cudnn_check(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, d.kFwd, &bytes),
+                        "cudnnGetConvolutionForwardWorkspaceSize");
+    detail::DeviceScratch<std::uint8_t> ws(static_cast<i64>(bytes));
+    T const one = 1, zero = 0;
+    detail::cudnn_check(cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, d.kFwd, ws.data(), bytes, &zero, d.y, y),
+                        "cudnnConvolutionForward");
+    if (bias) DeviceElementwiseKernels::add_channel_broadcast(g.N, g.O, g.L(), bias, y);
+    if (g.relu) DeviceElementwiseKernels::relu_fwd(g.N * g.O * g.L(), y, y);
+  }
+
+  // Null outputs are skipped; beta 0 overwrites (never reads), 1 accumulates. With g.relu, gy is masked by y > 0.
+  template <class T>
+  static void conv2d_bwd(ConvGeometry const& g, T const* x, T const* w, T const* y, T const* gy, T beta_x, T* gx,
+                         T beta_w, T* gw, T beta_b, T* gb, std::uint8_t const* codes = nullptr) {
+    (void)codes;
+    DDP_ASSERT(!g.pool2, "conv2d_bwd: fused pooling is not available on CUDA (fuses_pool2 is false)");
+    i64 const ny = g.N * g.O * g.L();
+    detail::DeviceScratch<T> masked(g.relu ? ny : 0);
+    if (g.relu) {
+      DeviceElementwiseKernels::relu_bwd(ny, y, gy, T(0), masked.data());
+      gy = masked.data();
+    }
+    detail::CudnnConv<T> d(g);
+    cudnnHandle_t const h = detail::cudnn_handle();
+    T const one = 1;
+    if (gw) {
+      std::size_t bytes = 0;
+      detail::cudnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, d.kBwdFilter, &bytes),
+                          "cudnnGetConvolutionBackwardFilterWorkspaceSize");
+      detail::DeviceScratch<std::uint8_t> ws(static_cast<i64>(bytes));
+      detail::cudnn_check(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, gy, d.conv, d.kBwdFilter, ws.data(), bytes,
+                                                         &beta_w, d.w, gw),
+                          "cudnnConvolutionBackwardFilter");
+    }
+    if (gb) DeviceElementwiseKernels::sum_channels(g.N, g.O, g.L(), gy, beta_b, gb);
+    if (gx) {
+      std::size_t bytes = 0;
+      detail::cudnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, d.kBwdData, &bytes),
+                          "cudnnGetConvolutionBackwardDataWorkspaceSize");
+      detail::DeviceScratch<std::uint8_t> ws(static_cast<i64>(bytes));
+      detail::cudnn_check(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, gy, d.conv, d.kBwdData, ws.data(), bytes,
+                                                       &beta_x, d.x, gx),
+                          "cudnnConvolutionBackwardData");
+    }
+  }
+#else
+  // Host-accessible memory: the host convolution runs on it directly (same algorithms, same results).
+  static bool fuses_pool2(ConvGeometry const& g) noexcept { return HostConvKernels::fuses_pool2(g); }
+  template <class T>
+  static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y,
+                         std::uint8_t* codes = nullptr) {
+    HostConvKernels::conv2d_fwd(g, x, w, bias, y, codes);
+  }
+  template <class T>
+  static void conv2d_bwd(ConvGeometry const& g, T const* x, T const* w, T const* y, T const* gy, T beta_x, T* gx,
+                         T beta_w, T* gw, T beta_b, T* gb, std::uint8_t const* codes = nullptr) {
+    HostConvKernels::conv2d_bwd(g, x, w, y, gy, beta_x, gx, beta_w, gw, beta_b, gb, codes);
+  }
+#endif
+};
+
+}  // namespace ddp

@@ -1,0 +1,254 @@
+// Device element-wise kernels over Thrust: fill, copy, axpby, add, mul, broadcasts, sums, activations and the
+// host<->device copies. Each functor does the host kernel's arithmetic for its element, in the same order.
+#pragma once
+
+#include <cstdint>
+
+#include "ddp/tensor/device_launch.hpp"
+
+namespace ddp {
+
+namespace detail::dev {
+template <class T>
+struct Fill {
+  T v;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const { y[i] = v; }
+};
+template <class T>
+struct Copy {
+  T const* x;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const { y[i] = x[i]; }
+};
+template <class T>
+struct Axpby {
+  T a;
+  T const* x;
+  T b;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const {
+    if (b == T(0)) y[i] = a == T(1) ? x[i] : a * x[i];
+    else if (b == T(1)) y[i] += a == T(1) ? x[i] : a * x[i];
+    else y[i] = a * x[i] + b * y[i];
+  }
+};
+template <class T>
+struct Add {
+  T sa;
+  T const* a;
+  T sb;
+  T const* b;
+  T* out;
+  DDP_HOST_DEVICE void operator()(i64 i) const { out[i] = sa * a[i] + sb * b[i]; }
+};
+template <class T>
+struct Mul {
+  T const* a;
+  T const* b;
+  T beta;
+  T* out;
+  DDP_HOST_DEVICE void operator()(i64 i) const { dmath::assign_or_add(out[i], a[i] * b[i], beta); }
+};
+template <class T>
+struct AddRowBroadcast {
+  i64 cols;
+  T const* bias;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const { y[i] += bias[i % cols]; }
+};
+template <class T>
+struct SumRows {  // one column per index
+  i64 rows, cols;
+  T const* x;
+  T beta;
+  T* out;
+  DDP_HOST_DEVICE void operator()(i64 c) const {
+    T s = 0;
+    for (i64 r = 0; r < rows; ++r) s += x[r * cols + c];
+    dmath::assign_or_add(out[c], s, beta);
+  }
+};
+template <class T>
+struct AddChannelBroadcast {
+  i64 C, HW;
+  T const* bias;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const { y[i] += bias[(i / HW) % C]; }
+};
+template <class T>
+struct SumChannels {  // one channel per index
+  i64 N, C, HW;
+  T const* x;
+  T beta;
+  T* out;
+  DDP_HOST_DEVICE void operator()(i64 c) const {
+    T s = 0;
+    for (i64 n = 0; n < N; ++n) {
+      T const* p = x + (n * C + c) * HW;
+      T plane = 0;
+      for (i64 i = 0; i < HW; ++i) plane += p[i];
+      s += plane;
+    }
+    out[c] = beta == T(0) ? s : beta * out[c] + s;
+  }
+};
+template <class T>
+struct AddScalar {
+  T v, beta;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const {
+    if (beta == T(0)) y[i] = v;
+    else if (beta == T(1)) y[i] += v;
+    else y[i] = beta * y[i] + v;
+  }
+};
+template <class T>
+struct Load {
+  T const* x;
+  DDP_HOST_DEVICE T operator()(i64 i) const { return x[i]; }
+};
+
+template <class T>
+struct ReluFwd {
+  T const* x;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const { y[i] = x[i] < T(0) ? T(0) : x[i]; }
+};
+template <class T>
+struct ReluBwd {  // beta is 0 or 1
+  T const* y;
+  T const* gy;
+  T beta;
+  T* gx;
+  DDP_HOST_DEVICE void operator()(i64 i) const {
+    T const v = y[i] > T(0) ? gy[i] : T(0);
+    if (beta == T(0)) gx[i] = v; else gx[i] += v;
+  }
+};
+template <class T>
+struct TanhFwd {
+  T const* x;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const { y[i] = dmath::tanh(x[i]); }
+};
+template <class T>
+struct TanhBwd {
+  T const* y;
+  T const* gy;
+  T beta;
+  T* gx;
+  DDP_HOST_DEVICE void operator()(i64 i) const { dmath::assign_or_add(gx[i], gy[i] * (T(1) - y[i] * y[i]), beta); }
+};
+template <class T>
+struct SigmoidFwd {
+  T const* x;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const { y[i] = T(1) / (T(1) + dmath::exp(-x[i])); }
+};
+template <class T>
+struct SigmoidBwd {
+  T const* y;
+  T const* gy;
+  T beta;
+  T* gx;
+  DDP_HOST_DEVICE void operator()(i64 i) const { dmath::assign_or_add(gx[i], gy[i] * y[i] * (T(1) - y[i]), beta); }
+};
+}  // namespace detail::dev
+
+// Part of Kernels<DeviceSpace> (device.hpp); the contracts are Kernels<HostSpace>'s (host_kernels.hpp).
+// Results equal the host kernels' bitwise where both compute one rounding per element (fill, copy, axpby,
+// add, mul, broadcasts, relu); sums and transcendental functions agree to a few ulps.
+struct DeviceElementwiseKernels {
+  using i64 = std::int64_t;
+
+  template <class T>
+  static void fill(i64 n, T v, T* y) {
+    detail::device_for(n, detail::dev::Fill<T>{v, y});
+  }
+  template <class T>
+  static void copy(i64 n, T const* x, T* y) {
+    if (x != y) detail::device_for(n, detail::dev::Copy<T>{x, y});
+  }
+  // y = a * x + b * y  (b == 0 never reads y)
+  template <class T>
+  static void axpby(i64 n, T a, T const* x, T b, T* y) {
+    detail::device_for(n, detail::dev::Axpby<T>{a, x, b, y});
+  }
+  // out = sa * a + sb * b
+  template <class T>
+  static void add(i64 n, T sa, T const* a, T sb, T const* b, T* out) {
+    detail::device_for(n, detail::dev::Add<T>{sa, a, sb, b, out});
+  }
+  // out = a * b + beta * out
+  template <class T>
+  static void mul(i64 n, T const* a, T const* b, T beta, T* out) {
+    detail::device_for(n, detail::dev::Mul<T>{a, b, beta, out});
+  }
+  // y[r, c] += bias[c]
+  template <class T>
+  static void add_row_broadcast(i64 rows, i64 cols, T const* bias, T* y) {
+    detail::device_for(rows * cols, detail::dev::AddRowBroadcast<T>{cols, bias, y});
+  }
+  // out[c] = beta * out[c] + sum_r x[r, c]
+  template <class T>
+  static void sum_rows(i64 rows, i64 cols, T const* x, T beta, T* out) {
+    detail::device_for(cols, detail::dev::SumRows<T>{rows, cols, x, beta, out});
+  }
+  // y[n, c, :] += bias[c]
+  template <class T>
+  static void add_channel_broadcast(i64 N, i64 C, i64 HW, T const* bias, T* y) {
+    detail::device_for(N * C * HW, detail::dev::AddChannelBroadcast<T>{C, HW, bias, y});
+  }
+  // out[c] = beta * out[c] + sum_{n, hw} x[n, c, hw]
+  template <class T>
+  static void sum_channels(i64 N, i64 C, i64 HW, T const* x, T beta, T* out) {
+    detail::device_for(C, detail::dev::SumChannels<T>{N, C, HW, x, beta, out});
+  }
+  // y = beta * y + v  (beta == 0 never reads y)
+  template <class T>
+  static void add_scalar(i64 n, T v, T beta, T* y) {
+    detail::device_for(n, detail::dev::AddScalar<T>{v, beta, y});
+  }
+  // Element-wise copies between host memory and device memory (synchronous).
+  template <class T>
+  static void from_host(i64 n, T const* src, T* dst) {
+    detail::device_from_host(dst, src, sizeof(T) * static_cast<std::size_t>(n));
+  }
+  template <class T>
+  static void to_host(i64 n, T const* src, T* dst) {
+    detail::device_to_host(dst, src, sizeof(T) * static_cast<std::size_t>(n));
+  }
+  template <class T>
+  static T sum(i64 n, T const* x) {
+    return detail::device_sum<T>(n, detail::dev::Load<T>{x});
+  }
+
+  // ---- activations: forward y = f(x); backward gx = beta * gx + gy * f'(.) ----
+  template <class T>
+  static void relu_fwd(i64 n, T const* x, T* y) {
+    detail::device_for(n, detail::dev::ReluFwd<T>{x, y});
+  }
+  template <class T>
+  static void relu_bwd(i64 n, T const* y, T const* gy, T beta, T* gx) {
+    detail::device_for(n, detail::dev::ReluBwd<T>{y, gy, beta, gx});
+  }
+  template <class T>
+  static void tanh_fwd(i64 n, T const* x, T* y) {
+    detail::device_for(n, detail::dev::TanhFwd<T>{x, y});
+  }
+  template <class T>
+  static void tanh_bwd(i64 n, T const* y, T const* gy, T beta, T* gx) {
+    detail::device_for(n, detail::dev::TanhBwd<T>{y, gy, beta, gx});
+  }
+  template <class T>
+  static void sigmoid_fwd(i64 n, T const* x, T* y) {
+    detail::device_for(n, detail::dev::SigmoidFwd<T>{x, y});
+  }
+  template <class T>
+  static void sigmoid_bwd(i64 n, T const* y, T const* gy, T beta, T* gx) {
+    detail::device_for(n, detail::dev::SigmoidBwd<T>{y, gy, beta, gx});
+  }
+};
+
+}  // namespace ddp

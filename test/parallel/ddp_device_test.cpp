@@ -1,0 +1,220 @@
+// DistributedDataParallel over device tensors (Thrust's CPU system) on the threads backend, which takes device
+// memory when the device system's memory is host-accessible: N ranks on B/N equal one process on B, and equal
+// the same training on host tensors; the same model through the HostStaging adapter; unused parameters and
+// no_sync on device models.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+
+#include "ddp/ddp.hpp"
+#include "ddp/train/checkpoint.hpp"
+#include "ddp/tensor/device.hpp"
+#include "test/parallel/ddp_device_cases.hpp"
+
+using namespace ddp;
+
+using namespace ddp::test::device;
+
+TEST_CASE("ThreadsBackend takes device memory on the CPU device system; MpiBackend-style host-only lists do not") {
+  static_assert(ThreadsBackend::accepted_spaces::contains<DeviceSpace>);
+  static_assert(!SpaceList<HostSpace>::contains<DeviceSpace>);
+  static_assert(HostStaging<ThreadsBackend>::accepted_spaces::contains<DeviceSpace>);
+  static_assert(AsyncCommunicator<HostStaging<ThreadsBackend>>);
+  spawn(2, [](ThreadsBackend& comm) {
+    Tensor<float, Dev> t(Shape{5});
+    Kernels<Dev>::fill(5, float(comm.rank() + 1), t.data());
+    comm.all_reduce(t.span(), ReduceOp::kSum);
+    auto v = host_values(t);
+    for (float e : v) CHECK(e == 3.0f);
+  });
+}
+
+TEST_CASE("device tensors: N ranks on B/N equal one process on B, and the host run, after 20 SGD-momentum steps") {
+  std::int64_t const B = 16;
+  int const steps = 20;
+  auto data = test::make_data(B * steps, 8, 4, 99);
+  auto const host = host_reference(data, B, steps);
+  for (int n : {1, 2, 4}) {
+    for (BucketConfig cfg : {BucketConfig{}, BucketConfig{.cap_bytes = 256, .first_cap_bytes = 64}}) {
+      CAPTURE(n);
+      CAPTURE(cfg.cap_bytes);
+      std::vector<std::vector<float>> w(n);
+      spawn(n, [&](ThreadsBackend& comm) { w[comm.rank()] = device_ddp(comm, data, B, steps, cfg); });
+      for (int r = 0; r < n; ++r) {
+        CHECK(w[r] == w[0]);                  // bitwise the same on every rank
+        CHECK(rel_diff(w[r], host) <= 1e-6);  // and the host single-process run
+      }
+    }
+  }
+}
+
+TEST_CASE("device tensors through HostStaging<ThreadsBackend> train as through the backend itself") {
+  std::int64_t const B = 8;
+  int const steps = 5;
+  auto data = test::make_data(B * steps, 8, 4, 7);
+  std::vector<std::vector<float>> direct(2), staged(2);
+  spawn(2, [&](ThreadsBackend& comm) {
+    direct[comm.rank()] = device_ddp(comm, data, B, steps);
+    HostStaging<ThreadsBackend> st(comm);
+    staged[comm.rank()] = device_ddp(st, data, B, steps);
+  });
+  CHECK(direct[0] == staged[0]);
+  CHECK(direct[1] == staged[1]);
+}
+
+TEST_CASE("device tensors: an unused parameter is an error on every rank; find_unused_parameters averages") {
+  // fc2 only on rank 0: the other ranks' forward stops at fc1.
+  struct Branchy {
+    using value_type = float;
+    using space = Dev;
+    nn::basic_linear<float, Dev> fc1, extra;
+    bool use_extra = true;
+    explicit Branchy(Generator& g) : fc1(4, 3, g), extra(3, 3, g) {}
+    Variable<float, Dev> forward(Variable<float, Dev> const& x) {
+      auto h = fc1(x);
+      return use_extra ? extra(h) : h;
+    }
+    std::vector<nn::NamedParameter<float, Dev>> named_parameters() const {
+      std::vector<nn::NamedParameter<float, Dev>> ps;
+      std::vector<nn::NamedBuffer<float, Dev>> bs;
+      nn::append_prefixed("fc1", fc1, ps, bs);
+      nn::append_prefixed("extra", extra, ps, bs);
+      return ps;
+    }
+    std::vector<nn::NamedBuffer<float, Dev>> named_buffers() const { return {}; }
+    void set_mode(Mode) {}
+    Mode mode() const { return Mode::kTrain; }
+  };
+  spawn(2, [](ThreadsBackend& comm) {
+    Generator g(5);
+    Branchy model(g);
+    model.use_extra = comm.rank() == 0;
+    Variable<float, Dev> x(to_space<Dev>(full<float>({2, 4}, 1.0f)));
+    {
+      DistributedDataParallel ddp(model, comm);
+      bool threw = false;
+      try {
+        backward(sum(ddp(x)));
+      } catch (DdpError const& e) {
+        threw = std::string(e.what()).find("'extra.weight'") != std::string::npos;
+      }
+      CHECK(threw);
+    }
+    DistributedDataParallel ddp(model, comm, {.find_unused_parameters = true});
+    ddp.parameters().zero_grad();
+    backward(sum(ddp(x)));
+    CHECK(host_values(ddp.parameters().find("extra.bias").var.grad())[0] == doctest::Approx(1.0f));  // 2 / world
+  });
+}
+
+TEST_CASE("device tensors: no_sync accumulation then one synced step equals one big batch") {
+  spawn(2, [](ThreadsBackend& comm) {
+    int const r = comm.rank();
+    auto data = test::make_data(8, 8, 4, 3);
+    auto model = make_mlp<Dev>(8, 16, 4, 3);
+    DistributedDataParallel ddp(model, comm);
+    ddp.parameters().zero_grad();
+    for (int m = 0; m < 2; ++m) {
+      std::int64_t const base = (m * 2 + r) * 2;
+      auto step = [&] {
+        auto x = to_space<Dev>(test::rows(data.x, base, 2));
+        backward(scale(mse_loss(ddp(Variable<float, Dev>(x)), to_space<Dev>(test::rows(data.y, base, 2))), 0.5f));
+      };
+      if (m == 0) {
+        auto guard = ddp.no_sync();
+        step();
+      } else {
+        step();
+      }
+    }
+    auto ref = make_mlp<HostSpace>(8, 16, 4, 3);
+    nn::ParameterArena<float> rp(ref);
+    backward(mse_loss(ref(Var(data.x)), data.y));
+    for (std::size_t i = 0; i < rp.entries().size(); ++i) {
+      auto a = host_values(ddp.parameters().entries()[i].var.grad());
+      auto b = host_values(rp.entries()[i].var.grad());
+      double d = 0;
+      for (std::size_t j = 0; j < a.size(); ++j) d = std::max(d, double(std::abs(a[j] - b[j])));
+      CHECK(d <= 1e-6);
+    }
+  });
+}
+
+TEST_CASE("device tensors: a small CNN under DDP (1, 2, 4 ranks) equals one host process on the global batch") {
+  for (int n : {1, 2, 4}) {
+    std::vector<double> d(n);
+    spawn(n, [&](ThreadsBackend& comm) { d[comm.rank()] = cnn_equivalence(comm); });
+    for (double x : d) CHECK(x <= 1e-6);
+  }
+}
+
+TEST_CASE("device tensors: basic_trainer trains a device model as it trains the host one, and evaluates exactly") {
+  Generator g(1);
+  std::int64_t const n = 96;
+  Tensor<float> x(Shape{n, 4});
+  Tensor<std::int32_t> y(Shape{n});
+  for (std::int64_t i = 0; i < n; ++i) {
+    y[i] = static_cast<std::int32_t>(g.below(3));
+    for (int j = 0; j < 4; ++j) x[i * 4 + j] = g.uniform(-0.5f, 0.5f) + (j == y[i] ? 1.5f : 0.0f);
+  }
+  TensorDataset<std::int32_t> data(x, y);
+  std::vector<std::vector<float>> w(2);
+  std::vector<std::vector<float>> host_w(2);
+  std::vector<Counts> counts(2);
+  spawn(2, [&](ThreadsBackend& comm) {
+    auto dm = make_mlp<Dev>(4, 16, 3, 11);
+    trainer<decltype(dm), ThreadsBackend> t(dm, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8, .seed = 3});
+    auto ce = [](Variable<float, Dev> const& out, auto const& batch) { return cross_entropy(out, to_space<Dev>(batch.y)); };
+    for (int e = 0; e < 2; ++e) t.fit_epoch(data, e, ce);
+    w[comm.rank()] = weights(t.ddp().parameters());
+    counts[comm.rank()] = t.evaluate(data);
+
+    auto hm = make_mlp<HostSpace>(4, 16, 3, 11);
+    trainer<decltype(hm), ThreadsBackend> ht(hm, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8, .seed = 3});
+    auto hce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
+    for (int e = 0; e < 2; ++e) ht.fit_epoch(data, e, hce);
+    host_w[comm.rank()] = weights(ht.ddp().parameters());
+  });
+  CHECK(w[0] == w[1]);
+  CHECK(rel_diff(w[0], host_w[0]) <= 1e-6);
+  CHECK(counts[0].total == n);
+  CHECK(counts[0].correct == counts[1].correct);
+  CHECK(counts[0].accuracy() > 0.8);
+}
+
+TEST_CASE("device tensors: a checkpoint (weights, AdamW moments, position) resumes the uninterrupted run bitwise") {
+  char const* tmp = std::getenv("TEST_TMPDIR");
+  std::filesystem::path const file = std::filesystem::path(tmp ? tmp : "/tmp") / "ddp_device_checkpoint.bin";
+  auto data = test::make_data(16 * 6, 8, 4, 5);
+  std::vector<std::vector<float>> straight(2), resumed(2);
+  spawn(2, [&](ThreadsBackend& comm) {
+    int const r = comm.rank();
+    auto step = [&](auto& ddp, auto& opt, int s) {
+      opt.zero_grad();
+      auto x = to_space<Dev>(test::rows(data.x, s * 16 + r * 8, 8));
+      backward(mse_loss(ddp(Variable<float, Dev>(x)), to_space<Dev>(test::rows(data.y, s * 16 + r * 8, 8))));
+      opt.step();
+    };
+    {
+      auto m = make_mlp<Dev>(8, 32, 4, 1);
+      DistributedDataParallel ddp(m, comm);
+      optim::basic_adamw<float, Dev> opt(ddp.parameters(), {.lr = 1e-2});
+      for (int s = 0; s < 6; ++s) {
+        step(ddp, opt, s);
+        if (s == 2) save_checkpoint(file, comm, ddp.parameters(), opt, TrainPosition{.step = 3});
+      }
+      straight[r] = weights(ddp.parameters());
+    }
+    auto m = make_mlp<Dev>(8, 32, 4, 7);  // other initial weights: the checkpoint replaces them
+    DistributedDataParallel ddp(m, comm);
+    optim::basic_adamw<float, Dev> opt(ddp.parameters(), {.lr = 1e-2});
+    TrainPosition const pos = load_checkpoint(file, comm, ddp.parameters(), opt);
+    for (int s = static_cast<int>(pos.step); s < 6; ++s) step(ddp, opt, s);
+    resumed[r] = weights(ddp.parameters());
+  });
+  CHECK(straight[0] == resumed[0]);
+  CHECK(straight[1] == resumed[1]);
+}
