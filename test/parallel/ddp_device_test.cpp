@@ -204,14 +204,14 @@ TEST_CASE("device tensors: a checkpoint (weights, AdamW moments, position) resum
       optim::basic_adamw<float, Dev> opt(ddp.parameters(), {.lr = 1e-2});
       for (int s = 0; s < 6; ++s) {
         step(ddp, opt, s);
-        if (s == 2) save_checkpoint(file, comm, ddp.parameters(), opt, TrainPosition{.step = 3});
+        if (s == 2) save_checkpoint(file, comm, ddp.module(), opt, TrainPosition{.step = 3});
       }
       straight[r] = weights(ddp.parameters());
     }
     auto m = make_mlp<Dev>(8, 32, 4, 7);  // other initial weights: the checkpoint replaces them
     DistributedDataParallel ddp(m, comm);
     optim::basic_adamw<float, Dev> opt(ddp.parameters(), {.lr = 1e-2});
-    TrainPosition const pos = load_checkpoint(file, comm, ddp.parameters(), opt);
+    TrainPosition const pos = load_checkpoint(file, comm, ddp.module(), opt);
     for (int s = static_cast<int>(pos.step); s < 6; ++s) step(ddp, opt, s);
     resumed[r] = weights(ddp.parameters());
   });

@@ -277,15 +277,18 @@ std::vector<std::vector<GeneratorState>> gather_generators(C& comm, M const& mod
   if (n == 1) return {mine};
   if constexpr (!nn::HasGenerators<M>) return std::vector<std::vector<GeneratorState>>(static_cast<std::size_t>(n));
   std::vector<std::int64_t> count{static_cast<std::int64_t>(mine.size()), -static_cast<std::int64_t>(mine.size())};
-  comm.all_reduce(count, ReduceOp::kMax, CollectiveTag{"checkpoint.generators"});
+  host_all_reduce(comm, std::span<std::int64_t>(count), ReduceOp::kMax, CollectiveTag{"checkpoint.generators"});
   if (count[0] != -count[1])
     throw ArgumentError(ddp::detail::cat("save_checkpoint: ranks' models have between ", -count[1], " and ", count[0],
                                          " random generators (rank ", comm.rank(), " has ", mine.size(),
                                          "); every rank must build the same model"));
   std::vector<std::int64_t> words(mine.size() * kGeneratorWords);
   for (std::size_t g = 0; g < mine.size(); ++g) generator_to_words(mine[g], words.data() + g * kGeneratorWords);
-  std::vector<std::int64_t> all(comm.rank() == 0 ? words.size() * static_cast<std::size_t>(n) : 0);
-  if (!words.empty()) comm.gather(words, all, 0, CollectiveTag{"checkpoint.generators"});
+  // A few words per generator: gathered everywhere through host_all_gather, which any backend (NCCL too) runs.
+  std::vector<std::int64_t> all(words.size() * static_cast<std::size_t>(n));
+  if (!words.empty())
+    host_all_gather(comm, std::span<std::int64_t const>(words), std::span<std::int64_t>(all),
+                    CollectiveTag{"checkpoint.generators"});
   if (comm.rank() != 0) return {};
   std::vector<std::vector<GeneratorState>> out(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r)
