@@ -135,6 +135,7 @@ class BucketReducer {
   T* slice(std::size_t b) const noexcept { return grads_.data() + offsets_[b]; }
 
   void launch(std::size_t b) {
+    if (world_ == 1) return;  // nothing to exchange: decode() reads this rank's own flags
     auto const& bucket = plan_.buckets[b];
     std::size_t const p = bucket.params.size();
     std::int64_t const nst = status_slots(p, world_);
@@ -145,7 +146,6 @@ class BucketReducer {
     }
     for (int r = 0; r < world_; ++r) staging_[2 * p + static_cast<std::size_t>(r)] = r == rank_ ? T(b + 1) : T(0);
     Kernels<S>::from_host(nst, staging_.data(), slice(b) + bucket.numel);
-    if (world_ == 1) return;  // nothing to exchange: the status words are already the "reduced" ones
     completed_[b] = 0;
     if (observer_) observer_->on_launch(b);
     SpaceSpan<T, S> const span(slice(b), static_cast<std::size_t>(bucket.numel + nst));
@@ -193,6 +193,13 @@ class BucketReducer {
   void decode(std::size_t b) {
     auto const& bucket = plan_.buckets[b];
     std::size_t const p = bucket.params.size();
+    if (world_ == 1) {  // one rank: the "reduced" flags are its own (no status words were written)
+      for (auto const i : bucket.params) {
+        outcome_.missing_somewhere[i] = !has_grad_[i];
+        outcome_.present_somewhere[i] = has_grad_[i];
+      }
+      return;
+    }
     std::int64_t const nst = status_slots(p, world_);
     Kernels<S>::to_host(nst, slice(b) + bucket.numel, staging_.data());
     std::string others;
