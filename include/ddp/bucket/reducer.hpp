@@ -92,6 +92,8 @@ class BucketReducer {
   }
 
   bool is_ready(std::size_t i) const noexcept { return ready_[i] != 0; }
+  // Whether parameter i had a gradient on this rank when it was marked ready in this round.
+  bool had_grad(std::size_t i) const noexcept { return has_grad_[i] != 0; }
 
   // Parameter i's gradient slice is final: its gradient (`has_grad`) or zeros the caller wrote. Launches
   // every bucket that is now complete, in plan order. Once per parameter per round.

@@ -108,7 +108,6 @@ class DistributedDataParallel {
 
     if (opts_.timeline) timeline_.emplace(*opts_.timeline);
     reducer_.emplace(comm, std::move(plan), std::move(offsets), arena_.grads(), timeline_ ? &*timeline_ : nullptr);
-    unused_.assign(arena_.count(), 0);
     for (std::size_t i = 0; i < arena_.count(); ++i)
       arena_.entries()[i].var.node().ready_hook = [this, i](Node<T, S>& n) { on_grad_ready(i, n); };
   }
@@ -128,10 +127,7 @@ class DistributedDataParallel {
     if (opts_.broadcast_buffers && comm_->world_size() > 1) broadcast_buffers();
     if (grad_enabled()) {
       sync_ = no_sync_depth_ == 0;
-      if (sync_) {
-        reducer_->begin();
-        std::fill(unused_.begin(), unused_.end(), 0);
-      }
+      if (sync_) reducer_->begin();
     }
     if (!timeline_) return model_->forward(x);
     auto const t0 = Timeline::clock::now();
@@ -169,10 +165,7 @@ class DistributedDataParallel {
     for (std::size_t i = 0; i < es.size(); ++i) {
       if (reducer_->is_ready(i)) continue;
       auto& n = es[i].var.node();
-      if (!n.grad_defined) {  // no gradient this step (nor accumulated under no_sync)
-        Kernels<S>::fill(es[i].numel, T(0), n.grad.data());
-        unused_[i] = 1;
-      }
+      if (!n.grad_defined) Kernels<S>::fill(es[i].numel, T(0), n.grad.data());  // none this step (nor under no_sync)
       reducer_->mark_ready(i, n.grad_defined);
     }
     ReduceOutcome const& out = reducer_->finalize();
@@ -214,10 +207,7 @@ class DistributedDataParallel {
     if (!post_backward_queued(this)) queue_post_backward(this, [this] { finalize(); });
     if (reducer_->is_ready(i)) return;  // a second backward into the same forward's graph (retain_graph)
     bool const has = n.grad_defined;
-    if (!has) {  // reached, but no gradient flowed into it
-      Kernels<S>::fill(n.value.numel(), T(0), n.grad.data());
-      unused_[i] = 1;
-    }
+    if (!has) Kernels<S>::fill(n.value.numel(), T(0), n.grad.data());  // reached, but no gradient flowed into it
     reducer_->mark_ready(i, has);
   }
 
@@ -226,7 +216,7 @@ class DistributedDataParallel {
     auto const& es = arena_.entries();
     int const n = comm_->world_size();
     std::vector<std::int32_t> mine(es.size(), 0), all(es.size() * static_cast<std::size_t>(n));
-    for (std::size_t i = 0; i < es.size(); ++i) mine[i] = unused_[i];
+    for (std::size_t i = 0; i < es.size(); ++i) mine[i] = reducer_->had_grad(i) ? 0 : 1;
     if (n > 1) host_all_gather(*comm_, std::span<std::int32_t const>(mine), std::span<std::int32_t>(all), CollectiveTag{"ddp.unused"});
     else all = mine;
     std::string names, ranks;
@@ -253,7 +243,6 @@ class DistributedDataParallel {
   nn::ParameterArena<T, S> arena_;
   std::optional<TimelineObserver> timeline_;
   std::optional<reducer_t> reducer_;  // built once the arena exists; destroyed first (it waits for its buckets)
-  std::vector<char> unused_;          // per parameter: no gradient on this rank in the last round
   bool sync_ = false;                 // a synchronised round is open (forward outside no_sync, not yet finalized)
   int no_sync_depth_ = 0;
 };
