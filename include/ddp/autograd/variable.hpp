@@ -59,10 +59,26 @@ struct Node {
   std::uint64_t visit_epoch = 0;
   char const* op = "leaf";
   std::array<std::shared_ptr<Node>, kMaxParents> parents{};
-  GradHook grad_hook;   // leaves only, the user's: called once per backward when this gradient is final
-  GradHook ready_hook;  // leaves only, a library stage's (DDP's reducer): called right after grad_hook, so it
-                        // sees the gradient as the user's hook left it
-  std::weak_ptr<void const> packed_by;  // the ParameterArena whose storage this leaf lives in (stale-arena checks)
+  // A library stage's hook (DDP's reducer): a plain function pointer with its context, not a std::function,
+  // as it runs for every parameter in every backward, also at world size 1.
+  struct ReadyHook {
+    void (*fn)(void* ctx, std::size_t index, Node& n) = nullptr;
+    void* ctx = nullptr;
+    std::size_t index = 0;
+    explicit operator bool() const noexcept { return fn != nullptr; }
+    void operator()(Node& n) const { fn(ctx, index, n); }
+  };
+  // What only parameters use, out of line so that the interior nodes each forward allocates stay small.
+  struct LeafHooks {
+    GradHook grad_hook;                   // the user's: once per backward, when this gradient is final
+    ReadyHook ready_hook;                 // then a library stage's, which sees the gradient as the user's hook left it
+    std::weak_ptr<void const> packed_by;  // the ParameterArena whose storage this leaf lives in (stale-arena checks)
+  };
+  std::unique_ptr<LeafHooks> hooks;  // null until a hook or an arena needs it
+  LeafHooks& leaf_hooks() {
+    if (!hooks) hooks = std::make_unique<LeafHooks>();
+    return *hooks;
+  }
 
   Node() = default;
   Node(Node const&) = delete;
@@ -143,7 +159,7 @@ class Variable {
   // Leaves only: `hook(node)` runs once per backward, as soon as this leaf's gradient is final.
   void set_grad_hook(typename node_type::GradHook hook) const {
     if (!checked().is_leaf) throw ArgumentError(detail::cat("grad hooks go on leaves; this variable comes from op '", node_->op, "'"));
-    node_->grad_hook = std::move(hook);
+    node_->leaf_hooks().grad_hook = std::move(hook);
   }
   node_type& node() const { return checked(); }
   std::shared_ptr<node_type> const& node_ptr() const noexcept { return node_; }

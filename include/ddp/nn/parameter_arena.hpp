@@ -63,7 +63,7 @@ class ParameterArena {
   // storage nobody reads.
   static NamedParameter<T, S> const* find_packed(std::vector<NamedParameter<T, S>> const& params) noexcept {
     for (auto const& p : params)
-      if (!p.var.node().packed_by.expired()) return &p;
+      if (auto const& h = p.var.node().hooks; h && !h->packed_by.expired()) return &p;
     return nullptr;
   }
 
@@ -85,7 +85,7 @@ class ParameterArena {
     lease_ = std::make_shared<char const>('\0');
     for (auto& e : entries_) {
       auto& n = e.var.node();
-      n.packed_by = lease_;
+      n.leaf_hooks().packed_by = lease_;
       K::copy(e.numel, n.value.data(), values_.data() + e.offset);
       bool const had_grad = n.grad_defined;
       if (had_grad) K::copy(e.numel, n.grad.data(), grads_.data() + e.offset);
@@ -142,7 +142,7 @@ class ParameterArena {
     lease_ = std::make_shared<char const>('\0');
     for (auto& e : entries_) {
       auto& n = e.var.node();
-      n.packed_by = lease_;
+      n.leaf_hooks().packed_by = lease_;
       if (!n.grad_defined) {
         Kernels<S>::fill(e.numel, T(0), grads_.data() + e.offset);
         n.grad_defined = true;

@@ -108,8 +108,14 @@ class DistributedDataParallel {
 
     if (opts_.timeline) timeline_.emplace(*opts_.timeline);
     reducer_.emplace(comm, std::move(plan), std::move(offsets), arena_.grads(), timeline_ ? &*timeline_ : nullptr);
-    for (std::size_t i = 0; i < arena_.count(); ++i)
-      arena_.entries()[i].var.node().ready_hook = [this, i](Node<T, S>& n) { on_grad_ready(i, n); };
+    // One rank without a timeline has nothing to launch early: its hooks only queue finalize (defect 1: only a
+    // backward that reaches this model may finish its round), and finalize reads the gradients directly.
+    single_ = world == 1 && !timeline_;
+    auto* const hook = single_ ? &DistributedDataParallel::single_rank_ready : &DistributedDataParallel::ready_trampoline;
+    for (std::size_t i = 0; i < arena_.count(); ++i) {
+      nodes_.push_back(&arena_.entries()[i].var.node());
+      nodes_.back()->leaf_hooks().ready_hook = {.fn = hook, .ctx = this, .index = i};
+    }
   }
 
   DistributedDataParallel(DistributedDataParallel const&) = delete;
@@ -117,7 +123,7 @@ class DistributedDataParallel {
 
   ~DistributedDataParallel() {
     reducer_->abandon();
-    for (auto const& e : arena_.entries()) e.var.node().ready_hook = nullptr;
+    for (auto const& e : arena_.entries()) e.var.node().leaf_hooks().ready_hook = {};
     cancel_post_backward(this);  // a backward that reached the hooks but has not run its callbacks (same thread)
   }
 
@@ -127,7 +133,7 @@ class DistributedDataParallel {
     if (opts_.broadcast_buffers && comm_->world_size() > 1) broadcast_buffers();
     if (grad_enabled()) {
       sync_ = no_sync_depth_ == 0;
-      if (sync_) reducer_->begin();
+      if (sync_ && !single_) reducer_->begin();
     }
     if (!timeline_) return model_->forward(x);
     auto const t0 = Timeline::clock::now();
@@ -161,10 +167,11 @@ class DistributedDataParallel {
   void finalize() {
     if (!sync_) return;
     sync_ = false;
+    if (single_) return finalize_single();
     auto const& es = arena_.entries();
     for (std::size_t i = 0; i < es.size(); ++i) {
       if (reducer_->is_ready(i)) continue;
-      auto& n = es[i].var.node();
+      auto& n = *nodes_[i];
       if (!n.grad_defined) Kernels<S>::fill(es[i].numel, T(0), n.grad.data());  // none this step (nor under no_sync)
       reducer_->mark_ready(i, n.grad_defined);
     }
@@ -173,9 +180,13 @@ class DistributedDataParallel {
     for (std::size_t i = 0; i < es.size(); ++i) {
       if (out.missing_somewhere[i]) any_missing = true;
       // The slice holds the average (or zeros nobody produced): defined exactly when some rank had a gradient.
-      es[i].var.node().grad_defined = out.present_somewhere[i] != 0;
+      nodes_[i]->grad_defined = out.present_somewhere[i] != 0;
     }
-    if (any_missing && !opts_.find_unused_parameters) raise_unused();
+    if (any_missing && !opts_.find_unused_parameters) {
+      std::vector<std::int32_t> mine(es.size(), 0);
+      for (std::size_t i = 0; i < es.size(); ++i) mine[i] = reducer_->had_grad(i) ? 0 : 1;
+      raise_unused(mine);
+    }
   }
 
   nn::ParameterArena<T, S>& parameters() noexcept { return arena_; }
@@ -200,11 +211,43 @@ class DistributedDataParallel {
                        CollectiveTag{"ddp.buffer", i++});
   }
 
+  // Queues finalize for the end of the backward that reached parameter node `n`, once per backward. A leaf's
+  // visit_epoch names the backward visiting it, so only the first hook of each backward looks at the queue
+  // (which a backward that throws drops: the next one queues again).
+  void queue_finalize(Node<T, S> const& n) {
+    if (n.visit_epoch == queued_epoch_) return;
+    queued_epoch_ = n.visit_epoch;
+    if (!post_backward_queued(this)) queue_post_backward(this, [this] { finalize(); });
+  }
+
+  // One rank, no timeline: a gradient without a value here is one on every rank. Unused ones keep none
+  // (find_unused_parameters; the optimizers skip them) or are the error.
+  void finalize_single() {
+    auto const& es = arena_.entries();
+    std::vector<std::int32_t> missing;
+    for (std::size_t i = 0; i < es.size(); ++i) {
+      auto& n = *nodes_[i];
+      if (n.grad_defined) continue;
+      Kernels<S>::fill(es[i].numel, T(0), n.grad.data());
+      if (missing.empty()) missing.assign(es.size(), 0);
+      missing[i] = 1;
+    }
+    if (!missing.empty() && !opts_.find_unused_parameters) raise_unused(missing);
+  }
+
+  static void single_rank_ready(void* self, std::size_t, Node<T, S>& n) {
+    auto* d = static_cast<DistributedDataParallel*>(self);
+    if (d->sync_) d->queue_finalize(n);
+  }
+  static void ready_trampoline(void* self, std::size_t i, Node<T, S>& n) {
+    static_cast<DistributedDataParallel*>(self)->on_grad_ready(i, n);
+  }
+
   // Parameter i's gradient is final in this backward. Only a backward that reaches this model's parameters
   // queues the end-of-step synchronisation, so an unrelated backward on the same thread cannot consume it.
   void on_grad_ready(std::size_t i, Node<T, S>& n) {
     if (!sync_) return;
-    if (!post_backward_queued(this)) queue_post_backward(this, [this] { finalize(); });
+    queue_finalize(n);
     if (reducer_->is_ready(i)) return;  // a second backward into the same forward's graph (retain_graph)
     bool const has = n.grad_defined;
     if (!has) Kernels<S>::fill(n.value.numel(), T(0), n.grad.data());  // reached, but no gradient flowed into it
@@ -212,11 +255,11 @@ class DistributedDataParallel {
   }
 
   // Some rank had a parameter without a gradient: every rank learns which ones, from whom, and throws.
-  [[noreturn]] void raise_unused() {
+  // `mine[i]`: 1 where this rank had no gradient for parameter i.
+  [[noreturn]] void raise_unused(std::vector<std::int32_t> const& mine) {
     auto const& es = arena_.entries();
     int const n = comm_->world_size();
-    std::vector<std::int32_t> mine(es.size(), 0), all(es.size() * static_cast<std::size_t>(n));
-    for (std::size_t i = 0; i < es.size(); ++i) mine[i] = reducer_->had_grad(i) ? 0 : 1;
+    std::vector<std::int32_t> all(es.size() * static_cast<std::size_t>(n));
     if (n > 1) host_all_gather(*comm_, std::span<std::int32_t const>(mine), std::span<std::int32_t>(all), CollectiveTag{"ddp.unused"});
     else all = mine;
     std::string names, ranks;
@@ -243,6 +286,9 @@ class DistributedDataParallel {
   nn::ParameterArena<T, S> arena_;
   std::optional<TimelineObserver> timeline_;
   std::optional<reducer_t> reducer_;  // built once the arena exists; destroyed first (it waits for its buckets)
+  std::vector<Node<T, S>*> nodes_;     // the arena's parameters' nodes (registration order), kept alive by it
+  std::uint64_t queued_epoch_ = 0;    // the backward (Node::visit_epoch) that last queued finalize
+  bool single_ = false;               // one rank and no timeline: the reducer is not driven (finalize_single)
   bool sync_ = false;                 // a synchronised round is open (forward outside no_sync, not yet finalized)
   int no_sync_depth_ = 0;
 };
