@@ -88,14 +88,13 @@ void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_
 
 int main(int argc, char** argv) {
   examples::Flags flags("ddp_step", "DDP step time split into phases, vs plain training.");
-  flags.add("backend", "threads", "threads or mpi").add("world-size", "2", "ranks (threads backend)")
+  examples::add_launch_flags(flags)
       .add("models", "toy,mlp,wide", "comma-separated subset of toy,mlp,wide,cnn");
   try {
     if (!flags.parse(argc, argv)) return 0;
-    auto const backend = examples::parse_backend(flags.choice("backend", {"threads", "mpi"}));
-    int const ws = backend == examples::Backend::kMpi && !flags.is_set("world-size") ? 0 : int(flags.integer("world-size"));
+    auto const launch = examples::launch_choice(flags);
     std::string const models = "," + flags.str("models") + ",";
-    return examples::launch(backend, ws, argc, argv, [&](auto& comm) {
+    return examples::launch(launch, argc, argv, [&](auto& comm) {
       Generator g(1 + static_cast<std::uint64_t>(comm.rank()));
       if (comm.rank() == 0) std::printf("ddp_step: backend %s, world size %d\n", flags.str("backend").c_str(), comm.world_size());
       if (models.find(",toy,") != std::string::npos) {

@@ -25,17 +25,16 @@ Tensor<float> slice_rows(Tensor<float> const& t, std::int64_t from, std::int64_t
 
 int main(int argc, char** argv) {
   examples::Flags flags("equivalence", "N ranks on B/N samples == one process on B samples.");
-  flags.add("backend", "threads", "threads or mpi").add("world-size", "2", "ranks (threads backend)")
+  examples::add_launch_flags(flags)
       .add("batch", "32", "global batch B (divisible by the world size)").add("steps", "20", "SGD steps");
   try {
     if (!flags.parse(argc, argv)) return 0;
-    auto const backend = examples::parse_backend(flags.choice("backend", {"threads", "mpi"}));
-    int const ws = backend == examples::Backend::kMpi && !flags.is_set("world-size") ? 0 : int(flags.integer("world-size"));
+    auto const launch = examples::launch_choice(flags);
     std::int64_t const B = flags.integer("batch"), steps = flags.integer("steps");
     // The rank body shares nothing with main or with other ranks (with the threads backend they are threads
     // of this process): each rank checks the all-reduced result itself and reports a mismatch by throwing,
     // which launch() turns into the exit code on every backend.
-    return examples::launch(backend, ws, argc, argv, [&](auto& comm) {
+    return examples::launch(launch, argc, argv, [&](auto& comm) {
       int const n = comm.world_size(), r = comm.rank();
       if (B % n != 0) throw ArgumentError(detail::cat("--batch ", B, " must be divisible by the world size ", n));
       std::int64_t const local = B / n;

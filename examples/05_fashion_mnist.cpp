@@ -298,11 +298,9 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
 std::optional<Config> parse(int argc, char** argv) {
   examples::Flags f("fashion_mnist",
                     "Trains a CNN or an MLP on Fashion-MNIST with DistributedDataParallel and reports the test accuracy.");
-  f.add("model", "cnn", "cnn (BasicNet: 2 conv, max-pool, dropout, 2 fc) or mlp (784-256-128-10)")
-      .add("backend", "threads", "threads (N ranks as threads of this process) or mpi (run under mpirun -n N)")
+  examples::add_launch_flags(f).add("model", "cnn", "cnn (BasicNet: 2 conv, max-pool, dropout, 2 fc) or mlp (784-256-128-10)")
       .add("device", "cpu", "cpu (host tensors) or cuda (device tensors, NCCL, one GPU per rank, under mpirun; needs the "
                             "nvcc build //examples:fashion_mnist_cuda)")
-      .add("world-size", "2", "ranks for the threads backend; with mpi it must match mpirun -n (default: take it)")
       .add("epochs", "2", "epochs to train (a resumed run continues up to this many)")
       .add("batch-size", "64", "global batch: samples per step over all ranks (a multiple of the world size)")
       .add("lr", "", "learning rate (default: 0.001 for cnn, 0.002 for mlp)")
@@ -323,7 +321,7 @@ std::optional<Config> parse(int argc, char** argv) {
   if (!f.parse(argc, argv)) return std::nullopt;
   Config c;
   c.model = f.choice("model", {"cnn", "mlp"});
-  c.backend = examples::parse_backend(f.choice("backend", {"threads", "mpi"}));
+  c.backend = examples::launch_choice(f).backend;  // also validates --world-size
   c.optimizer = f.choice("optimizer", {"sgd", "adam", "adamw"});
   c.schedule = f.choice("schedule", {"none", "step", "cosine"});
   c.device = f.choice("device", {"cpu", "cuda"});
@@ -340,9 +338,7 @@ std::optional<Config> parse(int argc, char** argv) {
     if (v < lo) throw ArgumentError(detail::cat("fashion_mnist: --", name, " must be at least ", lo, ", got ", v));
     return v;
   };
-  std::int64_t const ws = positive("world-size", 1);
-  if (ws > 1024) throw ArgumentError(detail::cat("fashion_mnist: --world-size ", ws, " is more than 1024"));
-  c.world_size = c.backend == examples::Backend::kMpi && !f.is_set("world-size") ? 0 : static_cast<int>(ws);
+  c.world_size = c.backend == examples::Backend::kMpi && !f.is_set("world-size") ? 0 : static_cast<int>(f.integer("world-size"));
   c.epochs = positive("epochs", 1);
   c.global_batch = positive("batch-size", 1);
   c.limit_train = positive("limit-train", 0);

@@ -2,6 +2,8 @@
 // defaults, --help text; unknown flags and bad values are clear errors.
 #pragma once
 
+#include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -53,13 +55,16 @@ class Flags {
     return true;
   }
 
+  std::string const& program() const noexcept { return program_; }
   std::string str(std::string const& name) const { return get(name).value; }
   bool is_set(std::string const& name) const { return get(name).set; }
   std::int64_t integer(std::string const& name) const {
     std::string const& v = get(name).value;
     char* end = nullptr;
+    errno = 0;
     long long x = std::strtoll(v.c_str(), &end, 10);
     if (v.empty() || *end != '\0') throw ArgumentError(detail::cat(program_, ": --", name, " must be an integer, got '", v, "'"));
+    if (errno == ERANGE) throw ArgumentError(detail::cat(program_, ": --", name, " is out of range: '", v, "'"));
     return x;
   }
   double real(std::string const& name) const {
@@ -67,6 +72,7 @@ class Flags {
     char* end = nullptr;
     double x = std::strtod(v.c_str(), &end);
     if (v.empty() || *end != '\0') throw ArgumentError(detail::cat(program_, ": --", name, " must be a number, got '", v, "'"));
+    if (!std::isfinite(x)) throw ArgumentError(detail::cat(program_, ": --", name, " must be a finite number, got '", v, "'"));
     return x;
   }
   bool boolean(std::string const& name) const {

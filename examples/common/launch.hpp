@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "ddp/comm/mpi.hpp"
 #include "ddp/ddp.hpp"
+#include "examples/common/flags.hpp"
 
 namespace ddp::examples {
 
@@ -17,6 +19,28 @@ inline Backend parse_backend(std::string const& s) {
   if (s == "threads") return Backend::kThreads;
   if (s == "mpi") return Backend::kMpi;
   throw ArgumentError(detail::cat("--backend must be threads or mpi, got '", s, "'"));
+}
+
+// What --backend and --world-size chose. world_size 0: the MPI job's size (mpirun -n decides).
+struct LaunchChoice {
+  Backend backend = Backend::kThreads;
+  int world_size = 2;
+};
+
+// The one spelling of the launch flags for every example and benchmark: --backend threads|mpi and
+// --world-size (ranks on threads; with MPI it must match mpirun -n, and by default is taken from it).
+inline Flags& add_launch_flags(Flags& f, int default_world_size = 2) {
+  return f.add("backend", "threads", "threads (ranks are threads of this process) or mpi (one rank per process, under mpirun -n N)")
+      .add("world-size", std::to_string(default_world_size), "ranks for the threads backend; with mpi it must match mpirun -n (default: take it)");
+}
+inline LaunchChoice launch_choice(Flags const& f) {
+  LaunchChoice c;
+  c.backend = parse_backend(f.choice("backend", {"threads", "mpi"}));
+  std::int64_t const ws = f.integer("world-size");
+  if (ws < 1) throw ArgumentError(detail::cat(f.program(), ": --world-size must be at least 1, got ", ws));
+  if (ws > 4096) throw ArgumentError(detail::cat(f.program(), ": --world-size ", ws, " is more than 4096"));
+  c.world_size = c.backend == Backend::kMpi && !f.is_set("world-size") ? 0 : static_cast<int>(ws);
+  return c;
 }
 
 // fn(comm) runs once per rank with a ThreadsBackend& or an MpiBackend&. Returns the process exit code:
@@ -47,4 +71,11 @@ int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn) {
   return 0;
 }
 
+}  // namespace ddp::examples
+
+namespace ddp::examples {
+template <class F>
+int launch(LaunchChoice c, int& argc, char**& argv, F&& fn) {
+  return launch(c.backend, c.world_size, argc, argv, std::forward<F>(fn));
+}
 }  // namespace ddp::examples

@@ -1,6 +1,6 @@
-// 01_toy_ddp: the seed's ToyModel (Linear 10→10, ReLU, Linear 10→5, MSE, SGD) trained data-parallel with
+// 06_toy_trainer: the seed's ToyModel (Linear 10→10, ReLU, Linear 10→5, MSE, SGD) trained data-parallel with
 // basic_trainer. Threads backend by default (2 ranks in this process); under MPI:
-//   mpirun -n 4 toy_ddp --backend mpi
+//   mpirun -n 4 toy_trainer --backend mpi
 #include <cstdio>
 
 #include "examples/common/flags.hpp"
@@ -9,22 +9,20 @@
 using namespace ddp;
 
 int main(int argc, char** argv) {
-  examples::Flags flags("toy_ddp", "ToyModel with random data, data-parallel SGD.");
-  flags.add("backend", "threads", "threads or mpi")
-      .add("world-size", "2", "ranks (threads backend; with MPI, mpirun -n decides)")
+  examples::Flags flags("toy_trainer", "ToyModel with random data, data-parallel SGD.");
+  examples::add_launch_flags(flags)
       .add("epochs", "5", "passes over the data")
       .add("samples", "256", "random training samples")
       .add("batch-size", "16", "per-rank batch size");
   try {
     if (!flags.parse(argc, argv)) return 0;
-    auto const backend = examples::parse_backend(flags.choice("backend", {"threads", "mpi"}));
-    int const ws = backend == examples::Backend::kMpi && !flags.is_set("world-size") ? 0 : int(flags.integer("world-size"));
+    auto const launch = examples::launch_choice(flags);
     std::int64_t const n = flags.integer("samples"), epochs = flags.integer("epochs"), bs = flags.integer("batch-size");
     if (n < 1 || epochs < 1 || bs < 1) throw ArgumentError("--samples, --epochs and --batch-size must be positive");
     // The rank body shares nothing with main or with other ranks (with the threads backend they are threads
     // of this process): each rank checks the loss itself (mean_loss is averaged over ranks, so every rank sees
     // the same numbers) and reports a failure by throwing, which launch() turns into the exit code.
-    return examples::launch(backend, ws, argc, argv, [&](auto& comm) {
+    return examples::launch(launch, argc, argv, [&](auto& comm) {
       Generator data_gen(1234);  // the same dataset on every rank; the sampler splits it
       Tensor<float> x(Shape{n, 10}), y(Shape{n, 5});
       for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = data_gen.uniform(-1.0f, 1.0f);
