@@ -45,14 +45,16 @@ inline std::vector<std::int64_t> batch_sizes(BatchSplit s, int world) {
   return n;
 }
 
-// Global (N, C, H, W) data, the same on every rank (seeded): channel c has mean ≈ 2c - 1 and spread ≈ 1 + c/2.
-inline Tensor<double> global_input(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, std::uint64_t seed) {
+// Global (N, C, H, W) data, the same on every rank (seeded): channel c has mean ≈ 2c - 1 + offset and spread
+// ≈ 1 + c/2.
+inline Tensor<double> global_input(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, std::uint64_t seed,
+                                   double offset = 0) {
   Generator g(seed);
   Tensor<double> x(Shape{N, C, H, W});
   std::int64_t const HW = H * W;
   for (std::int64_t i = 0; i < x.numel(); ++i) {
     std::int64_t const c = (i / HW) % C;
-    x[i] = (2.0 * double(c) - 1.0) + (1.0 + 0.5 * double(c)) * double(g.uniform(-1.0f, 1.0f));
+    x[i] = offset + (2.0 * double(c) - 1.0) + (1.0 + 0.5 * double(c)) * double(g.uniform(-1.0f, 1.0f));
   }
   return x;
 }
@@ -112,9 +114,9 @@ inline std::size_t count_of(std::vector<CollectiveRecord> const& recs, Collectiv
 // Loss: Σ w ⊙ y / N over the global batch (each rank sums its own slice), so the input gradients are the
 // global loss's and the ranks' weight/bias gradients add up to it. Also checks the collectives: one all-gather
 // per training forward, one all-reduce per backward, nothing in evaluation; and that the running statistics
-// are bitwise identical on every rank.
+// are bitwise identical on every rank. `offset` shifts every value (a mean far from 0 relative to the spread).
 template <class T, Communicator Comm>
-LayerDiffs layer_equivalence(Comm& comm, BatchSplit split, int steps = 3) {
+LayerDiffs layer_equivalence(Comm& comm, BatchSplit split, int steps = 3, double offset = 0) {
   int const world = comm.world_size(), r = comm.rank();
   std::int64_t const C = 3, H = 2, W = 3;
   auto const n = batch_sizes(split, world);
@@ -134,7 +136,7 @@ LayerDiffs layer_equivalence(Comm& comm, BatchSplit split, int steps = 3) {
   Diff dy, dgx, dgw, dgb, drun;
   std::int64_t const slice = mine * C * H * W;
   for (int s = 0; s < steps; ++s) {
-    auto const xg = global_input(N, C, H, W, 100 + std::uint64_t(s));
+    auto const xg = global_input(N, C, H, W, 100 + std::uint64_t(s), offset);
     auto const wg = uniform(xg.shape(), 200 + std::uint64_t(s));
     // Reference: the global batch in double.
     Variable<double> xr(clone(xg), RequiresGrad::kYes);
@@ -178,7 +180,7 @@ LayerDiffs layer_equivalence(Comm& comm, BatchSplit split, int steps = 3) {
   // Evaluation: running statistics, no communication.
   layer.set_mode(Mode::kEval);
   ref.set_mode(Mode::kEval);
-  auto const xg = global_input(N, C, H, W, 300);
+  auto const xg = global_input(N, C, H, W, 300, offset);
   auto yr = ref(Variable<double>(clone(xg)));
   auto y = layer(Variable<T>(samples<T>(xg, off, mine)));
   expect(rec.records().empty(), "SyncBatchNorm2d communicated in evaluation mode");

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
       worst_double = std::max(worst_double, d.max());
       if (comm.rank() == 0) std::printf("split %s: float %s; double max %.3g\n", name(split).c_str(), f.str().c_str(), d.max());
     }
+    LayerDiffs const far = layer_equivalence<double>(comm, BatchSplit::kTwoRankPlusOne, 2, 1e6);
+    expect(far.max() <= 1e-9, "double layer, values around 1e6: " + far.str());
     for (BatchSplit split : {BatchSplit::kRankPlusOne, BatchSplit::kTwoRankPlusOne})
       for (bool broadcast : {true, false}) {
         DdpDiffs const d = ddp_equivalence(comm, split, {.broadcast_buffers = broadcast});

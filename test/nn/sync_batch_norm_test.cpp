@@ -45,6 +45,19 @@ TEST_CASE("SyncBatchNorm2d in double equals BatchNorm2d over the global batch to
   run_layer_equivalence<double>(1e-12);
 }
 
+TEST_CASE("statistics of values far from zero (mean 1e6, spread 1) stay exact: moments are merged, not sums of squares") {
+  // Σx² − N·mean² would lose about 1e12·1e-16 = 1e-4 of the variance here; the merged M2 keeps it to rounding.
+  for (int n : {2, 4}) {
+    test::sbn::LayerDiffs d;
+    spawn(n, [&](ThreadsBackend& comm) {
+      auto const mine = test::sbn::layer_equivalence<double>(comm, BatchSplit::kTwoRankPlusOne, 2, 1e6);
+      if (comm.rank() == 0) d = mine;
+    });
+    MESSAGE("world ", n, ", offset 1e6: ", d.str());
+    CHECK(d.max() <= 1e-9);
+  }
+}
+
 TEST_CASE("sync_batch_norm2d at one rank (the op itself, no fallback) equals batch_norm2d") {
   spawn(1, [](ThreadsBackend& comm) {
     auto const xs = test::sbn::global_input(5, 3, 2, 2, 7);
