@@ -101,15 +101,16 @@ Variable<T, S> sync_batch_norm2d(Variable<T, S> const& x, Variable<T, S> const& 
   int const world = exchange.world_size();
   auto const uC = static_cast<std::size_t>(C);
 
-  // This rank's moments: batchnorm_fwd_train's two double passes give the mean and the unbiased variance
+  // This rank's moments: batchnorm_fwd_train's two passes (in double) give the mean and the unbiased variance
   // (y is scratch here, overwritten below).
-  Tensor<T, S> y(xs), mean(cs), invstd(cs), var_unbiased(cs);
+  Tensor<T, S> y(xs);
   std::int64_t const count = N * HW;
-  K::batchnorm_fwd_train(N, C, HW, x.value().data(), static_cast<T const*>(nullptr), static_cast<T const*>(nullptr),
-                         T(args.eps), y.data(), mean.data(), invstd.data(), var_unbiased.data());
   std::vector<double> mine(1 + 2 * uC), all(static_cast<std::size_t>(world) * (1 + 2 * uC));
   {
-    auto const m = detail::host_copy(mean), v = detail::host_copy(var_unbiased);
+    Tensor<T, S> local_mean(cs), local_invstd(cs), local_var(cs);
+    K::batchnorm_fwd_train(N, C, HW, x.value().data(), static_cast<T const*>(nullptr), static_cast<T const*>(nullptr),
+                           T(args.eps), y.data(), local_mean.data(), local_invstd.data(), local_var.data());
+    auto const m = detail::host_copy(local_mean), v = detail::host_copy(local_var);
     mine[0] = double(count);
     for (std::size_t c = 0; c < uC; ++c) {
       mine[1 + c] = double(m[c]);
@@ -128,9 +129,8 @@ Variable<T, S> sync_batch_norm2d(Variable<T, S> const& x, Variable<T, S> const& 
     invstd_h[c] = T(1.0 / std::sqrt(g.m2[c] / g.count + args.eps));
     varu_h[c] = T(g.m2[c] / (g.count - 1));
   }
-  mean = detail::channel_tensor<T, S>(mean_h);
-  invstd = detail::channel_tensor<T, S>(invstd_h);
-  var_unbiased = detail::channel_tensor<T, S>(varu_h);
+  auto const mean = detail::channel_tensor<T, S>(mean_h), invstd = detail::channel_tensor<T, S>(invstd_h),
+             var_unbiased = detail::channel_tensor<T, S>(varu_h);
   K::batchnorm_fwd_eval(N, C, HW, x.value().data(), gamma.value().data(), beta.value().data(), mean.data(),
                         invstd.data(), y.data());
   T const mo = T(args.momentum);
