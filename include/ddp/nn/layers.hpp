@@ -104,6 +104,8 @@ class basic_batch_norm2d : public Module<T, S> {
     return batch_norm2d(x, weight, bias, running_mean, running_var, this->mode(), args_);
   }
   Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }
+  // The options it was built with (nn::convert_sync_batchnorm carries them over).
+  BatchNormOptions options() const noexcept { return {.momentum = args_.momentum, .eps = args_.eps}; }
 
   Variable<T, S> weight, bias;
   Tensor<T, S> running_mean, running_var;

@@ -6,3 +6,4 @@
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter_arena.hpp"
 #include "ddp/nn/sequential.hpp"
+#include "ddp/nn/sync_batch_norm.hpp"

@@ -101,6 +101,8 @@ class Sequential {
   auto& get() {
     return layer_of(std::get<I>(layers_));
   }
+  // The layers as stored (Named<M> or M), for type transformations such as nn::convert_sync_batchnorm.
+  std::tuple<Ls...> const& layers() const noexcept { return layers_; }
 
   // Whether layer I and the ReLU after it run fused.
   template <std::size_t I>
@@ -180,6 +182,12 @@ class AnyModel {
   void set_mode(Mode m) { p_->set_mode(m); }
   Mode mode() const { return p_->mode(); }
   // For AnySequential's fusion of a layer with forward_relu() (Conv2d) and a ReLU right after it.
+  // The wrapped model if it is an M (as std::function::target), else nullptr.
+  template <Model M>
+  M const* target() const noexcept {
+    auto const* impl = dynamic_cast<Impl<M> const*>(p_.get());
+    return impl ? &impl->m : nullptr;
+  }
   bool is_relu() const noexcept { return p_->is_relu(); }
   bool is_max_pool_2x2() const noexcept { return p_->is_max_pool_2x2(); }
   bool has_forward_relu() const noexcept { return p_->has_forward_relu(); }
@@ -251,6 +259,9 @@ class AnySequential {
     return push_back(std::to_string(layers_.size()), std::move(layer));
   }
   std::size_t size() const noexcept { return layers_.size(); }
+  // The i-th layer's name and (type-erased) layer.
+  std::string const& name_at(std::size_t i) const { return layers_.at(i).name; }
+  AnyModel<T, S> const& layer_at(std::size_t i) const { return layers_.at(i).layer; }
 
   // Layers in order; a Conv2d directly followed by a ReLU (and a 2×2 MaxPool2d) runs as one fused op, as in
   // Sequential.
