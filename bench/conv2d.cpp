@@ -45,19 +45,20 @@ int main(int argc, char** argv) {
     g.algorithm = algo;
     double const f = median_ms([&] { K::conv2d_fwd(g, x.data(), w.data(), b.data(), y.data()); });
     double const d = median_ms([&] {
-      K::conv2d_bwd(g, x.data(), w.data(), y.data(), gy.data(), 0.0f, gx.data(), 0.0f, static_cast<float*>(nullptr), 0.0f,
-                    static_cast<float*>(nullptr));
+      K::conv2d_bwd(g, x.data(), w.data(), y.data(), gy.data(), 0.0f, gx.data(), 0.0f, static_cast<float*>(nullptr),
+                    0.0f, static_cast<float*>(nullptr));
     });
     double const wg = median_ms([&] {
-      K::conv2d_bwd(g, x.data(), w.data(), y.data(), gy.data(), 0.0f, static_cast<float*>(nullptr), 0.0f, gw.data(), 0.0f,
-                    static_cast<float*>(nullptr));
+      K::conv2d_bwd(g, x.data(), w.data(), y.data(), gy.data(), 0.0f, static_cast<float*>(nullptr), 0.0f, gw.data(),
+                    0.0f, static_cast<float*>(nullptr));
     });
     double const both = median_ms([&] {
       K::conv2d_bwd(g, x.data(), w.data(), y.data(), gy.data(), 0.0f, gx.data(), 0.0f, gw.data(), 0.0f, gb.data());
     });
-    std::printf("%-9s forward %7.2f ms   data grad %7.2f ms   weight grad %7.2f ms   whole backward %7.2f ms   "
-                "forward + backward %7.2f ms\n",
-                algo == ConvAlgorithm::kIm2col ? "im2col" : "winograd", f, d, wg, both, f + both);
+    std::printf(
+        "%-9s forward %7.2f ms   data grad %7.2f ms   weight grad %7.2f ms   whole backward %7.2f ms   "
+        "forward + backward %7.2f ms\n",
+        algo == ConvAlgorithm::kIm2col ? "im2col" : "winograd", f, d, wg, both, f + both);
   }
   // Winograd parts: one pass of each transform over the whole batch, and the 36 GEMMs of one pass.
   namespace wd = detail::winograd;
@@ -69,9 +70,19 @@ int main(int argc, char** argv) {
   auto each_chunk = [&](auto&& fn) {
     for (std::int64_t n0 = 0; n0 < g.N; n0 += tl.images_per_chunk) fn(n0, std::min(tl.images_per_chunk, g.N - n0));
   };
-  double const it = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::input_transform(g, tl, x.data(), n0, cn, V.data(), s); }); });
-  double const ot = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::output_transform(g, tl, M.data(), b.data(), n0, cn, y.data(), static_cast<std::uint8_t*>(nullptr), s); }); });
-  double const oa = median_ms([&] { each_chunk([&](auto n0, auto cn) { wd::output_adjoint(g, tl, gy.data(), static_cast<float const*>(nullptr), static_cast<std::uint8_t const*>(nullptr), n0, cn, M.data(), static_cast<float*>(nullptr), s); }); });
+  double const it = median_ms(
+      [&] { each_chunk([&](auto n0, auto cn) { wd::input_transform(g, tl, x.data(), n0, cn, V.data(), s); }); });
+  double const ot = median_ms([&] {
+    each_chunk([&](auto n0, auto cn) {
+      wd::output_transform(g, tl, M.data(), b.data(), n0, cn, y.data(), static_cast<std::uint8_t*>(nullptr), s);
+    });
+  });
+  double const oa = median_ms([&] {
+    each_chunk([&](auto n0, auto cn) {
+      wd::output_adjoint(g, tl, gy.data(), static_cast<float const*>(nullptr),
+                         static_cast<std::uint8_t const*>(nullptr), n0, cn, M.data(), static_cast<float*>(nullptr), s);
+    });
+  });
   double const gm = median_ms([&] {
     each_chunk([&](auto, auto cn) {
       std::int64_t const tc = cn * tl.per_image;
@@ -82,8 +93,9 @@ int main(int argc, char** argv) {
     });
   });
   double const gemm_gflop = 2.0 * wd::kPos * g.O * g.C * tl.per_image * g.N / 1e9;
-  std::printf("winograd parts (one pass, %ld tiles in chunks of %ld images): input transform %.2f ms, output "
-              "transform %.2f ms, output adjoint %.2f ms, 36 GEMMs %.2f ms (%.1f GFLOP/s)\n",
-              tl.per_image * g.N, tl.images_per_chunk, it, ot, oa, gm, gemm_gflop / gm * 1e3);
+  std::printf(
+      "winograd parts (one pass, %ld tiles in chunks of %ld images): input transform %.2f ms, output "
+      "transform %.2f ms, output adjoint %.2f ms, 36 GEMMs %.2f ms (%.1f GFLOP/s)\n",
+      tl.per_image * g.N, tl.images_per_chunk, it, ot, oa, gm, gemm_gflop / gm * 1e3);
   return 0;
 }

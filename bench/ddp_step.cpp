@@ -53,8 +53,8 @@ Tensor<float> rnd(Shape s, Generator& g) {
 }
 
 template <class Comm, class MakeModel, class MakeOpt, class Loss>
-void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x, Loss&& loss,
-           int warmup, int iters, double target, char const* unit, std::size_t cap) {
+void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x,
+           Loss&& loss, int warmup, int iters, double target, char const* unit, std::size_t cap) {
   double const k = std::string(unit) == "us" ? 1e6 : 1e3;
   // Plain (no DDP) on every rank at once, so the machine is as loaded as in the DDP run.
   auto pm = make_model();
@@ -63,7 +63,8 @@ void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_
   comm.barrier();
   Phases plain = time_steps([&](Var const& v) { return pm(v); }, popt, x, loss, warmup, iters);
   auto dm = make_model();
-  DistributedDataParallel ddp(dm, comm, {}, SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
+  DistributedDataParallel ddp(
+      dm, comm, {}, SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
   auto dopt = make_opt(ddp.parameters());
   comm.barrier();
   Phases d = time_steps([&](Var const& v) { return ddp(v); }, dopt, x, loss, warmup, iters);
@@ -74,12 +75,13 @@ void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_
   if (plain2.step < plain.step) plain = plain2;
   if (comm.rank() == 0) {
     std::printf("[plain fwd %.3f bwd %.3f opt %.3f] ", plain.fwd * k, plain.bwd * k, plain.opt * k);
-    std::printf("%-5s ws=%d  plain %8.3f %s | ddp %8.3f %s (fwd %.3f, bwd+wait %.3f, opt %.3f) | exposed comm %8.3f %s | "
-                "ddp/plain %.3f | %zu buckets | target <= %g %s %s\n",
-                name, comm.world_size(), plain.step * k, unit, d.step * k, unit, d.fwd * k, d.bwd * k, d.opt * k,
-                (d.step - plain.step) * k, unit, d.step / plain.step, ddp.plan().buckets.size(), target, unit,
-                comm.world_size() == 1 ? (d.step <= 1.03 * plain.step ? "(ws1: within 3%: OK)" : "(ws1: within 3%: MISS)")
-                                       : (d.step * k <= target ? "OK" : "MISS"));
+    std::printf(
+        "%-5s ws=%d  plain %8.3f %s | ddp %8.3f %s (fwd %.3f, bwd+wait %.3f, opt %.3f) | exposed comm %8.3f %s | "
+        "ddp/plain %.3f | %zu buckets | target <= %g %s %s\n",
+        name, comm.world_size(), plain.step * k, unit, d.step * k, unit, d.fwd * k, d.bwd * k, d.opt * k,
+        (d.step - plain.step) * k, unit, d.step / plain.step, ddp.plan().buckets.size(), target, unit,
+        comm.world_size() == 1 ? (d.step <= 1.03 * plain.step ? "(ws1: within 3%: OK)" : "(ws1: within 3%: MISS)")
+                               : (d.step * k <= target ? "OK" : "MISS"));
     std::fflush(stdout);
   }
 }
@@ -88,51 +90,67 @@ void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_
 
 int main(int argc, char** argv) {
   examples::Flags flags("ddp_step", "DDP step time split into phases, vs plain training.");
-  examples::add_launch_flags(flags)
-      .add("models", "toy,mlp,wide", "comma-separated subset of toy,mlp,wide,cnn");
+  examples::add_launch_flags(flags).add("models", "toy,mlp,wide", "comma-separated subset of toy,mlp,wide,cnn");
   try {
     if (!flags.parse(argc, argv)) return 0;
     auto const launch = examples::launch_choice(flags);
     std::string const models = "," + flags.str("models") + ",";
     return examples::launch(launch, argc, argv, [&](auto& comm) {
       Generator g(1 + static_cast<std::uint64_t>(comm.rank()));
-      if (comm.rank() == 0) std::printf("ddp_step: backend %s, world size %d\n", flags.str("backend").c_str(), comm.world_size());
+      if (comm.rank() == 0)
+        std::printf("ddp_step: backend %s, world size %d\n", flags.str("backend").c_str(), comm.world_size());
       if (models.find(",toy,") != std::string::npos) {
         auto x = rnd({5, 10}, g), y = rnd({5, 5}, g);
-        bench(comm, "toy", [] { Generator i(0); return nn::Sequential(nn::Linear(10, 10, i), nn::ReLU(), nn::Linear(10, 5, i)); },
-              [](auto& p) { return optim::SGD(p, {.lr = 0.001}); }, x, [&](Var const& o) { return mse_loss(o, y); }, 2000,
-              20000, 20, "us", kDefaultBucketCapBytes);
+        bench(
+            comm, "toy",
+            [] {
+              Generator i(0);
+              return nn::Sequential(nn::Linear(10, 10, i), nn::ReLU(), nn::Linear(10, 5, i));
+            },
+            [](auto& p) { return optim::SGD(p, {.lr = 0.001}); }, x, [&](Var const& o) { return mse_loss(o, y); }, 2000,
+            20000, 20, "us", kDefaultBucketCapBytes);
       }
       if (models.find(",mlp,") != std::string::npos) {
         auto x = rnd({32, 1, 28, 28}, g);
         Tensor<std::int32_t> y(Shape{32});
         for (int i = 0; i < 32; ++i) y[i] = static_cast<std::int32_t>(g.below(10));
-        bench(comm, "mlp",
-              [] { Generator i(0); return nn::Sequential(nn::Flatten(), nn::Linear(784, 256, i), nn::ReLU(), nn::Linear(256, 128, i), nn::ReLU(), nn::Linear(128, 10, i)); },
-              [](auto& p) { return optim::SGD(p, {.lr = 0.01, .momentum = 0.9}); }, x,
-              [&](Var const& o) { return cross_entropy(o, y); }, 50, 500, 0.6, "ms", kDefaultBucketCapBytes);
+        bench(
+            comm, "mlp",
+            [] {
+              Generator i(0);
+              return nn::Sequential(nn::Flatten(), nn::Linear(784, 256, i), nn::ReLU(), nn::Linear(256, 128, i),
+                                    nn::ReLU(), nn::Linear(128, 10, i));
+            },
+            [](auto& p) { return optim::SGD(p, {.lr = 0.01, .momentum = 0.9}); }, x,
+            [&](Var const& o) { return cross_entropy(o, y); }, 50, 500, 0.6, "ms", kDefaultBucketCapBytes);
       }
       if (models.find(",cnn,") != std::string::npos) {  // BasicNet, 32 samples per rank (64 global at ws 2)
         auto x = rnd({32, 1, 28, 28}, g);
         Tensor<std::int32_t> y(Shape{32});
         for (int i = 0; i < 32; ++i) y[i] = static_cast<std::int32_t>(g.below(10));
         auto const seed = 7 + static_cast<std::uint64_t>(comm.rank());
-        bench(comm, "cnn",
-              [seed] {
-                Generator i(0);
-                return nn::Sequential(nn::Conv2d(1, 32, 3, i), nn::ReLU(), nn::Conv2d(32, 64, 3, i), nn::ReLU(),
-                                      nn::MaxPool2d(2), nn::Dropout(0.25, seed), nn::Flatten(), nn::Linear(9216, 128, i),
-                                      nn::ReLU(), nn::Dropout(0.5, seed + 100), nn::Linear(128, 10, i));
-              },
-              [](auto& p) { return optim::AdamW(p, {.lr = 1e-3}); }, x, [&](Var const& o) { return cross_entropy(o, y); },
-              10, 100, 22, "ms", kDefaultBucketCapBytes);
+        bench(
+            comm, "cnn",
+            [seed] {
+              Generator i(0);
+              return nn::Sequential(nn::Conv2d(1, 32, 3, i), nn::ReLU(), nn::Conv2d(32, 64, 3, i), nn::ReLU(),
+                                    nn::MaxPool2d(2), nn::Dropout(0.25, seed), nn::Flatten(), nn::Linear(9216, 128, i),
+                                    nn::ReLU(), nn::Dropout(0.5, seed + 100), nn::Linear(128, 10, i));
+            },
+            [](auto& p) { return optim::AdamW(p, {.lr = 1e-3}); }, x, [&](Var const& o) { return cross_entropy(o, y); },
+            10, 100, 22, "ms", kDefaultBucketCapBytes);
       }
       if (models.find(",wide,") != std::string::npos) {
         auto x = rnd({2, 10}, g), y = rnd({2, 5}, g);
-        bench(comm, "wide",
-              [] { Generator i(0); return nn::Sequential(nn::Linear(10, 10000, i), nn::ReLU(), nn::Linear(10000, 10000, i), nn::ReLU(), nn::Linear(10000, 5, i)); },
-              [](auto& p) { return optim::SGD(p, {.lr = 0.001}); }, x, [&](Var const& o) { return mse_loss(o, y); }, 2, 9,
-              300, "ms", std::size_t{1} << 20);
+        bench(
+            comm, "wide",
+            [] {
+              Generator i(0);
+              return nn::Sequential(nn::Linear(10, 10000, i), nn::ReLU(), nn::Linear(10000, 10000, i), nn::ReLU(),
+                                    nn::Linear(10000, 5, i));
+            },
+            [](auto& p) { return optim::SGD(p, {.lr = 0.001}); }, x, [&](Var const& o) { return mse_loss(o, y); }, 2, 9,
+            300, "ms", std::size_t{1} << 20);
       }
     });
   } catch (std::exception const& e) {

@@ -62,8 +62,8 @@ void report(char const* name, double sec, double target, char const* unit) {
 int main(int argc, char** argv) {
   std::vector<std::string> which(argv + 1, argv + argc);
   if (which.empty()) which = {"toy", "mlp", "wide", "cnn"};
-  std::printf("ddp train_step benchmark: 1 thread, Eigen %d.%d.%d, SIMD: %s\n", EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION,
-              EIGEN_MINOR_VERSION, Eigen::SimdInstructionSetsInUse());
+  std::printf("ddp train_step benchmark: 1 thread, Eigen %d.%d.%d, SIMD: %s\n", EIGEN_WORLD_VERSION,
+              EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, Eigen::SimdInstructionSetsInUse());
   Generator g(0);
   for (auto const& w : which) {
     if (w == "toy") {
@@ -71,7 +71,10 @@ int main(int argc, char** argv) {
       nn::ParameterArena p(m);
       optim::SGD opt(p, {.lr = 0.001});
       auto x = random_tensor({5, 10}, g), y = random_tensor({5, 5}, g);
-      report("toy", time_model(m, opt, x, [&](Var const& o) { return mse_loss(o, y); }, 2000, 20000), 5, "us");
+      report("toy",
+             time_model(
+                 m, opt, x, [&](Var const& o) { return mse_loss(o, y); }, 2000, 20000),
+             5, "us");
     } else if (w == "mlp") {
       nn::Sequential m(nn::Flatten(), nn::Linear(784, 256, g), nn::ReLU(), nn::Linear(256, 128, g), nn::ReLU(),
                        nn::Linear(128, 10, g));
@@ -79,14 +82,20 @@ int main(int argc, char** argv) {
       optim::SGD opt(p, {.lr = 0.01, .momentum = 0.9});
       auto x = random_tensor({64, 1, 28, 28}, g);
       auto y = random_labels(64, 10, g);
-      report("mlp", time_model(m, opt, x, [&](Var const& o) { return cross_entropy(o, y); }, 50, 400), 0.6, "ms");
+      report("mlp",
+             time_model(
+                 m, opt, x, [&](Var const& o) { return cross_entropy(o, y); }, 50, 400),
+             0.6, "ms");
     } else if (w == "wide") {
       nn::Sequential m(nn::Linear(10, 10000, g), nn::ReLU(), nn::Linear(10000, 10000, g), nn::ReLU(),
                        nn::Linear(10000, 5, g));
       nn::ParameterArena p(m);
       optim::SGD opt(p, {.lr = 0.001});
       auto x = random_tensor({2, 10}, g), y = random_tensor({2, 5}, g);
-      report("wide", time_model(m, opt, x, [&](Var const& o) { return mse_loss(o, y); }, 3, 15), 120, "ms");
+      report("wide",
+             time_model(
+                 m, opt, x, [&](Var const& o) { return mse_loss(o, y); }, 3, 15),
+             120, "ms");
     } else if (w == "cnn") {
       nn::Sequential m(nn::Conv2d(1, 32, 3, g), nn::ReLU(), nn::Conv2d(32, 64, 3, g), nn::ReLU(), nn::MaxPool2d(2),
                        nn::Dropout(0.25, 1), nn::Flatten(), nn::Linear(9216, 128, g), nn::ReLU(), nn::Dropout(0.5, 2),
@@ -95,7 +104,10 @@ int main(int argc, char** argv) {
       optim::AdamW opt(p, {.lr = 1e-3});
       auto x = random_tensor({64, 1, 28, 28}, g);
       auto y = random_labels(64, 10, g);
-      report("cnn", time_model(m, opt, x, [&](Var const& o) { return cross_entropy(o, y); }, 5, 40), 40, "ms");
+      report("cnn",
+             time_model(
+                 m, opt, x, [&](Var const& o) { return cross_entropy(o, y); }, 5, 40),
+             40, "ms");
     } else {
       std::fprintf(stderr, "unknown model '%s' (toy, mlp, wide, cnn)\n", w.c_str());
       return 2;

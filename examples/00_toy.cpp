@@ -7,11 +7,12 @@
 int main() {
   using namespace ddp;
   Generator gen(0);
-  nn::Sequential model(nn::named("net1", nn::Linear(10, 10, gen)), nn::ReLU(), nn::named("net2", nn::Linear(10, 5, gen)));
-  nn::ParameterArena params(model);                       // flat parameter/grad buffers
+  nn::Sequential model(nn::named("net1", nn::Linear(10, 10, gen)), nn::ReLU(),
+                       nn::named("net2", nn::Linear(10, 5, gen)));
+  nn::ParameterArena params(model);  // flat parameter/grad buffers
   optim::SGD opt(params, {.lr = 0.05, .momentum = 0.9});
 
-  Tensor<float> x(Shape{20, 10}), y(Shape{20, 5});        // a fixed random batch
+  Tensor<float> x(Shape{20, 10}), y(Shape{20, 5});  // a fixed random batch
   for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = gen.uniform(-1.0f, 1.0f);
   for (std::int64_t i = 0; i < y.numel(); ++i) y[i] = gen.uniform(-1.0f, 1.0f);
 

@@ -26,7 +26,8 @@ Tensor<float> slice_rows(Tensor<float> const& t, std::int64_t from, std::int64_t
 int main(int argc, char** argv) {
   examples::Flags flags("equivalence", "N ranks on B/N samples == one process on B samples.");
   examples::add_launch_flags(flags)
-      .add("batch", "32", "global batch B (divisible by the world size)").add("steps", "20", "SGD steps");
+      .add("batch", "32", "global batch B (divisible by the world size)")
+      .add("steps", "20", "SGD steps");
   try {
     if (!flags.parse(argc, argv)) return 0;
     auto const launch = examples::launch_choice(flags);
@@ -68,8 +69,8 @@ int main(int argc, char** argv) {
       }
       comm.all_reduce(m, ReduceOp::kMax);  // every rank now holds the same verdict
       if (r == 0) {
-        std::printf("world size %d, %lld samples per rank, %lld steps: max |w_ddp - w_single| = %.3g (max|w| = %.3g)\n", n,
-                    (long long)local, (long long)steps, m[0], m[1]);
+        std::printf("world size %d, %lld samples per rank, %lld steps: max |w_ddp - w_single| = %.3g (max|w| = %.3g)\n",
+                    n, (long long)local, (long long)steps, m[0], m[1]);
       }
       if (m[0] / std::max(1.0, m[1]) > 1e-6) {
         throw Error(detail::cat("DDP weights differ from single-process weights by ", m[0], " (max|w| = ", m[1],

@@ -13,19 +13,23 @@ using namespace ddp;
 int main(int argc, char** argv) {
   examples::Flags flags("wide", "The wide model (about 100M parameters) under DDP with 1 MiB buckets.");
   examples::add_launch_flags(flags)
-      .add("steps", "3", "training steps").add("hidden", "10000", "hidden width").add("bucket-cap-mb", "1", "bucket cap in MiB");
+      .add("steps", "3", "training steps")
+      .add("hidden", "10000", "hidden width")
+      .add("bucket-cap-mb", "1", "bucket cap in MiB");
   try {
     if (!flags.parse(argc, argv)) return 0;
     auto const launch = examples::launch_choice(flags);
     std::int64_t const steps = flags.integer("steps"), h = flags.integer("hidden");
     double const cap_mb = flags.real("bucket-cap-mb");
-    if (steps < 1 || h < 1 || cap_mb < 0) throw ArgumentError("--steps and --hidden must be positive, --bucket-cap-mb >= 0");
+    if (steps < 1 || h < 1 || cap_mb < 0)
+      throw ArgumentError("--steps and --hidden must be positive, --bucket-cap-mb >= 0");
     auto const cap = static_cast<std::size_t>(cap_mb * (1 << 20));
     return examples::launch(launch, argc, argv, [&](auto& comm) {
       Generator g(0);
       nn::Sequential model(nn::named("net1", nn::Linear(10, h, g)), nn::ReLU(), nn::named("net2", nn::Linear(h, h, g)),
                            nn::ReLU(), nn::named("net3", nn::Linear(h, 5, g)));
-      DistributedDataParallel ddp(model, comm, {}, SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
+      DistributedDataParallel ddp(
+          model, comm, {}, SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
       optim::SGD opt(ddp.parameters(), {.lr = 0.001});
       if (comm.rank() == 0) {
         std::printf("%s\n", ddp.describe().c_str());

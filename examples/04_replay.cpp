@@ -3,9 +3,9 @@
 // ddp-fixture-v2 format, on host tensors or on device tensors (the same model, optimizer and DDP code; this
 // build's device system is Thrust's CPU system). Exit 0 when within the fixture's tolerance, 1 past it, 2 on bad
 // input.
-//   replay --fixture test/data/mlp --run ws2                 (threads backend, 2 ranks, host tensors)
-//   replay --fixture test/data/mlp --run ws2 --tensors device
-//   mpirun -n 4 replay --fixture test/data/mlp --run ws4 --backend mpi [--tensors device: through HostStaging]
+//   replay --fixture test/fixtures/mlp --run ws2                 (threads backend, 2 ranks, host tensors)
+//   replay --fixture test/fixtures/mlp --run ws2 --tensors device
+//   mpirun -n 4 replay --fixture test/fixtures/mlp --run ws4 --backend mpi [--tensors device: through HostStaging]
 #include <cmath>
 #include <cstdio>
 
@@ -24,8 +24,8 @@ struct Outcome {
 };
 
 template <MemorySpace S, class Fwd>
-std::vector<double> train(fixture::Fixture const& f, fixture::RunInfo const& run, int rank, nn::ParameterArena<float, S>& params,
-                          Fwd&& forward) {
+std::vector<double> train(fixture::Fixture const& f, fixture::RunInfo const& run, int rank,
+                          nn::ParameterArena<float, S>& params, Fwd&& forward) {
   auto opt = f.make_optimizer(params);
   auto const idx = f.batch_indices(run);
   std::vector<double> losses;
@@ -67,16 +67,18 @@ Outcome replay_rank(Comm& comm, fixture::Fixture const& f, fixture::RunInfo cons
   Outcome out;
   if (!run.losses_per_rank.empty())
     for (std::size_t s = 0; s < losses.size(); ++s)
-      out.max_loss_diff = std::max(out.max_loss_diff, std::abs(losses[s] - run.losses_per_rank.at(static_cast<std::size_t>(r)).at(s)));
+      out.max_loss_diff =
+          std::max(out.max_loss_diff, std::abs(losses[s] - run.losses_per_rank.at(static_cast<std::size_t>(r)).at(s)));
   std::vector<double> summary{0, 0, 0, out.max_loss_diff};
   if (r == 0) {
     auto c = f.compare(weights, run);
     summary = {c.max_abs_diff, c.ok() ? 1.0 : 0.0, c.max_abs_final, out.max_loss_diff};
-    std::printf("fixture %s run %s (world size %d, %s, %s tensors): max|final - ours| = %.3g (max|w| %.3g, max change %.3g; "
-                "tolerance %.3g·max(1,max|w|) and %.3g·max change); max loss difference %.3g -> %s\n",
-                f.name().c_str(), run.name.c_str(), run.world_size, run.ddp ? "DDP" : "plain",
-                std::same_as<S, HostSpace> ? "host" : "device", c.max_abs_diff,
-                c.max_abs_final, c.max_abs_change, c.tol_weight, c.tol_change, out.max_loss_diff, c.ok() ? "OK" : "MISMATCH");
+    std::printf(
+        "fixture %s run %s (world size %d, %s, %s tensors): max|final - ours| = %.3g (max|w| %.3g, max change %.3g; "
+        "tolerance %.3g·max(1,max|w|) and %.3g·max change); max loss difference %.3g -> %s\n",
+        f.name().c_str(), run.name.c_str(), run.world_size, run.ddp ? "DDP" : "plain",
+        std::same_as<S, HostSpace> ? "host" : "device", c.max_abs_diff, c.max_abs_final, c.max_abs_change, c.tol_weight,
+        c.tol_change, out.max_loss_diff, c.ok() ? "OK" : "MISMATCH");
   }
   host_broadcast(comm, std::span<double>(summary), 0);
   out.max_abs_diff = summary[0];

@@ -54,9 +54,9 @@ fs::path user_path(std::string const& s) {
   return p;
 }
 
-using examples::Net;
 using examples::make_cnn;
 using examples::make_mlp;
+using examples::Net;
 using examples::reseed_dropouts;
 
 std::string thousands(std::int64_t v) {
@@ -102,8 +102,9 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
   Net<S> net = cfg.model == "cnn" ? make_cnn<S>(init) : make_mlp<S>(init);
   Timeline timeline(rank);
   auto const cap = static_cast<std::size_t>(cfg.bucket_cap_mb * double(1 << 20));
-  DistributedDataParallel ddp(net.seq, comm, DdpOptions{.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
-                              SizeCapped{BucketConfig{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
+  DistributedDataParallel ddp(
+      net.seq, comm, DdpOptions{.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
+      SizeCapped{BucketConfig{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
 
   auto body = [&](auto& opt) {
     DistributedSampler sampler(static_cast<std::int64_t>(train_set.size()), comm,
@@ -123,18 +124,20 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
     TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
 
     if (leader) {
-      std::printf("fashion_mnist: model %s (%s parameters), %s backend, %s tensors, world size %d, global batch %lld (%lld per rank)\n",
-                  cfg.model.c_str(), thousands(ddp.parameters().parameter_numel()).c_str(),
-                  cfg.device == "cuda" ? "nccl" : cfg.backend == examples::Backend::kThreads ? "threads" : "mpi",
-                  std::same_as<S, HostSpace> ? "host" : "device (cuda)", world,
-                  static_cast<long long>(cfg.global_batch), static_cast<long long>(local_batch));
+      std::printf(
+          "fashion_mnist: model %s (%s parameters), %s backend, %s tensors, world size %d, global batch %lld (%lld per "
+          "rank)\n",
+          cfg.model.c_str(), thousands(ddp.parameters().parameter_numel()).c_str(),
+          cfg.device == "cuda"                         ? "nccl"
+          : cfg.backend == examples::Backend::kThreads ? "threads"
+                                                       : "mpi",
+          std::same_as<S, HostSpace> ? "host" : "device (cuda)", world, static_cast<long long>(cfg.global_batch),
+          static_cast<long long>(local_batch));
       std::printf("optimizer %s lr %g, schedule %s, %lld epoch%s of %lld steps, seed %lld\n", cfg.optimizer.c_str(),
                   cfg.lr, cfg.schedule.c_str(), static_cast<long long>(cfg.epochs), cfg.epochs == 1 ? "" : "s",
-                  static_cast<long long>(steps_per_epoch),
-                  static_cast<long long>(cfg.seed));
+                  static_cast<long long>(steps_per_epoch), static_cast<long long>(cfg.seed));
       std::printf("data: %lld train / %lld test images from %s\n", static_cast<long long>(train_set.size()),
-                  static_cast<long long>(test_set.size()),
-                  cfg.data_dir.string().c_str());
+                  static_cast<long long>(test_set.size()), cfg.data_dir.string().c_str());
       std::printf("%s\n", ddp.describe().c_str());
       std::fflush(stdout);
     }
@@ -160,9 +163,9 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
       pos.global_batch = cfg.global_batch;
       pos.seed = cfg.seed;
       if (leader)
-        std::printf("resumed from %s: epoch %lld, step %lld (%lld optimizer steps so far)\n", cfg.resume.string().c_str(),
-                    static_cast<long long>(pos.epoch + 1), static_cast<long long>(pos.step),
-                    static_cast<long long>(pos.global_step));
+        std::printf("resumed from %s: epoch %lld, step %lld (%lld optimizer steps so far)\n",
+                    cfg.resume.string().c_str(), static_cast<long long>(pos.epoch + 1),
+                    static_cast<long long>(pos.step), static_cast<long long>(pos.global_step));
     }
     set_schedule(pos.scheduler_epoch);
 
@@ -216,8 +219,8 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         if (leader)
           std::printf("stopped after %lld optimizer steps (--max-steps) at epoch %lld, step %lld%s%s\n",
                       static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1),
-                      static_cast<long long>(step), cfg.checkpoint.empty() ? "" : "; checkpoint: ",
-                      cfg.checkpoint.string().c_str());
+                      static_cast<long long>(step),
+                      cfg.checkpoint.empty() ? "" : "; checkpoint: ", cfg.checkpoint.string().c_str());
         break;
       }
       std::int64_t const steps_done = step - pos.step;
@@ -245,7 +248,9 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
       pos.scheduler_epoch = schedule_counter();
       if (!cfg.checkpoint.empty()) {
         save_checkpoint(cfg.checkpoint, comm, ddp.module(), opt, pos, log.csv());
-        if (leader) std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoint.string().c_str(), static_cast<long long>(epoch + 1));
+        if (leader)
+          std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoint.string().c_str(),
+                      static_cast<long long>(epoch + 1));
       }
       if (stopped) {
         if (leader)
@@ -265,7 +270,8 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
     if (leader) {
       if (!cfg.out_dir.empty() && !log.empty()) {
         log.write_csv(cfg.out_dir / "metrics.csv");
-        log.write_svg(cfg.out_dir / "metrics.svg", detail::cat("Fashion-MNIST, ", cfg.model, ", ", cfg.optimizer, ", world size ", world));
+        log.write_svg(cfg.out_dir / "metrics.svg",
+                      detail::cat("Fashion-MNIST, ", cfg.model, ", ", cfg.optimizer, ", world size ", world));
         std::printf("metrics: %s, %s\n", (cfg.out_dir / "metrics.csv").string().c_str(),
                     (cfg.out_dir / "metrics.svg").string().c_str());
       }
@@ -296,24 +302,30 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
 
 // Parses and checks the flags; throws ArgumentError. Returns nullopt after --help.
 std::optional<Config> parse(int argc, char** argv) {
-  examples::Flags f("fashion_mnist",
-                    "Trains a CNN or an MLP on Fashion-MNIST with DistributedDataParallel and reports the test accuracy.");
-  examples::add_launch_flags(f).add("model", "cnn", "cnn (BasicNet: 2 conv, max-pool, dropout, 2 fc) or mlp (784-256-128-10)")
-      .add("device", "cpu", "cpu (host tensors) or cuda (device tensors, NCCL, one GPU per rank, under mpirun; needs the "
-                            "nvcc build //examples:fashion_mnist_cuda)")
+  examples::Flags f(
+      "fashion_mnist",
+      "Trains a CNN or an MLP on Fashion-MNIST with DistributedDataParallel and reports the test accuracy.");
+  examples::add_launch_flags(f)
+      .add("model", "cnn", "cnn (BasicNet: 2 conv, max-pool, dropout, 2 fc) or mlp (784-256-128-10)")
+      .add("device", "cpu",
+           "cpu (host tensors) or cuda (device tensors, NCCL, one GPU per rank, under mpirun; needs the "
+           "nvcc build //examples:fashion_mnist_cuda)")
       .add("epochs", "2", "epochs to train (a resumed run continues up to this many)")
       .add("batch-size", "64", "global batch: samples per step over all ranks (a multiple of the world size)")
       .add("lr", "", "learning rate (default: 0.001 for cnn, 0.002 for mlp)")
       .add("optimizer", "adamw", "sgd (momentum 0.9), adam or adamw (weight decay 0.01)")
-      .add("schedule", "cosine", "learning rate schedule: none, step (x0.7 each epoch) or cosine (to 0 over all steps, per step)")
+      .add("schedule", "cosine",
+           "learning rate schedule: none, step (x0.7 each epoch) or cosine (to 0 over all steps, per step)")
       .add("bucket-cap-mb", "25", "DDP gradient bucket size cap in MiB (the first bucket is at most 1 MiB)")
       .add("seed", "1", "seed of the initial weights, the shuffle order and (plus the rank) dropout")
       .add("data-dir", std::string(kFashionMnistDefaultDir), "directory with the four Fashion-MNIST IDX files (.gz)")
       .add("checkpoint", "", "write a checkpoint to this file at the end of every epoch (atomically)")
-      .add("checkpoint-every", "0", "also write the checkpoint every N optimizer steps, mid-epoch included (0: epoch ends only)")
+      .add("checkpoint-every", "0",
+           "also write the checkpoint every N optimizer steps, mid-epoch included (0: epoch ends only)")
       .add("max-steps", "0", "stop after this many optimizer steps in total (0: no limit), writing --checkpoint there")
-      .add("resume", "", "resume from this checkpoint (weights, buffers, optimizer, schedule, epoch and step); the "
-                         "world size and bucket cap may differ from the run that wrote it")
+      .add("resume", "",
+           "resume from this checkpoint (weights, buffers, optimizer, schedule, epoch and step); the "
+           "world size and bucket cap may differ from the run that wrote it")
       .add("trace", "", "write a Chrome/Perfetto timeline per rank into this directory (trace_rank<r>.json)")
       .add("out", "", "write metrics.csv and metrics.svg (loss and accuracy per epoch) into this directory")
       .add("limit-train", "0", "use only the first N training images (0: all 60000)")
@@ -327,18 +339,21 @@ std::optional<Config> parse(int argc, char** argv) {
   c.device = f.choice("device", {"cpu", "cuda"});
 #if !defined(__CUDACC__)
   if (c.device == "cuda")
-    throw ArgumentError("fashion_mnist: --device cuda needs the CUDA build: bazel build //examples:fashion_mnist_cuda "
-                        "(nvcc), then mpirun -n <GPUs> bazel-bin/examples/fashion_mnist_cuda --device cuda");
+    throw ArgumentError(
+        "fashion_mnist: --device cuda needs the CUDA build: bazel build //examples:fashion_mnist_cuda "
+        "(nvcc), then mpirun -n <GPUs> bazel-bin/examples/fashion_mnist_cuda --device cuda");
 #endif
   if (c.device == "cuda" && f.is_set("backend") && c.backend != examples::Backend::kMpi)
-    throw ArgumentError("fashion_mnist: --device cuda uses NcclBackend under mpirun (one rank per GPU); drop --backend threads");
+    throw ArgumentError(
+        "fashion_mnist: --device cuda uses NcclBackend under mpirun (one rank per GPU); drop --backend threads");
   if (c.device == "cuda") c.backend = examples::Backend::kMpi;
   auto positive = [&](char const* name, std::int64_t lo) {
     std::int64_t const v = f.integer(name);
     if (v < lo) throw ArgumentError(detail::cat("fashion_mnist: --", name, " must be at least ", lo, ", got ", v));
     return v;
   };
-  c.world_size = c.backend == examples::Backend::kMpi && !f.is_set("world-size") ? 0 : static_cast<int>(f.integer("world-size"));
+  c.world_size =
+      c.backend == examples::Backend::kMpi && !f.is_set("world-size") ? 0 : static_cast<int>(f.integer("world-size"));
   c.epochs = positive("epochs", 1);
   c.global_batch = positive("batch-size", 1);
   c.limit_train = positive("limit-train", 0);
@@ -347,13 +362,15 @@ std::optional<Config> parse(int argc, char** argv) {
   c.checkpoint_every = positive("checkpoint-every", 0);
   c.max_steps = positive("max-steps", 0);
   c.lr = f.str("lr").empty() ? (c.model == "cnn" ? 1e-3 : 2e-3) : f.real("lr");
-  if (!(c.lr > 0 && c.lr < 100)) throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
+  if (!(c.lr > 0 && c.lr < 100))
+    throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
   c.bucket_cap_mb = f.real("bucket-cap-mb");
   if (!(c.bucket_cap_mb >= 0 && c.bucket_cap_mb <= 4096))
-    throw ArgumentError(detail::cat("fashion_mnist: --bucket-cap-mb must be in [0, 4096], got ", f.str("bucket-cap-mb")));
+    throw ArgumentError(
+        detail::cat("fashion_mnist: --bucket-cap-mb must be in [0, 4096], got ", f.str("bucket-cap-mb")));
   if (c.backend == examples::Backend::kThreads && c.global_batch % c.world_size != 0)
-    throw ArgumentError(detail::cat("fashion_mnist: --batch-size ", c.global_batch, " must be a multiple of --world-size ",
-                                    c.world_size, " (it is the global batch)"));
+    throw ArgumentError(detail::cat("fashion_mnist: --batch-size ", c.global_batch,
+                                    " must be a multiple of --world-size ", c.world_size, " (it is the global batch)"));
   c.data_dir = user_path(f.str("data-dir"));
   c.checkpoint = user_path(f.str("checkpoint"));
   c.resume = user_path(f.str("resume"));

@@ -30,17 +30,19 @@ int main(int argc, char** argv) {
       TensorDataset<float> data(x, y);
 
       Generator init(0);
-      nn::Sequential model(nn::named("net1", nn::Linear(10, 10, init)), nn::ReLU(), nn::named("net2", nn::Linear(10, 5, init)));
+      nn::Sequential model(nn::named("net1", nn::Linear(10, 10, init)), nn::ReLU(),
+                           nn::named("net2", nn::Linear(10, 5, init)));
       trainer<decltype(model), std::remove_reference_t<decltype(comm)>> t(model, comm, {.lr = 0.05, .momentum = 0.9},
-                                                                             {.batch_size = bs});
+                                                                          {.batch_size = bs});
       if (comm.rank() == 0) std::printf("%s\n", t.ddp().describe().c_str());
       double first = 0, last = 0;
       for (std::int64_t e = 0; e < epochs; ++e) {
         auto r = t.fit_epoch(data, e, [](Var const& out, auto const& batch) { return mse_loss(out, batch.y); });
         if (e == 0) first = r.mean_loss;
         last = r.mean_loss;
-        if (comm.rank() == 0) std::printf("epoch %lld  mean loss %.6f  (%lld steps, %.1f ms)\n", (long long)e, r.mean_loss,
-                                          (long long)r.steps, r.seconds * 1e3);
+        if (comm.rank() == 0)
+          std::printf("epoch %lld  mean loss %.6f  (%lld steps, %.1f ms)\n", (long long)e, r.mean_loss,
+                      (long long)r.steps, r.seconds * 1e3);
       }
       if (!(last < first)) throw Error(detail::cat("the mean loss did not decrease: ", first, " -> ", last));
     });

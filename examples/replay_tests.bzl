@@ -5,7 +5,7 @@ def replay_tests(fixtures):
         for run, world in runs.items():
             for tensors in ["host", "device"]:
                 suffix = "" if tensors == "host" else "_device"
-                args = ["--fixture", "test/data/" + fixture, "--run", run, "--tensors", tensors]
+                args = ["--fixture", "test/fixtures/" + fixture, "--run", run, "--tensors", tensors]
                 native.sh_test(
                     name = "replay_%s_%s_threads%s" % (fixture, run, suffix),
                     size = "small",

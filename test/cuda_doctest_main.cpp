@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   if (rc != cudaSuccess || devices == 0) {
     char const* req = std::getenv("DDP_REQUIRE_GPU");
     bool const require = req != nullptr && std::strcmp(req, "1") == 0;
-    std::printf("no usable CUDA device (%s): GPU tests skipped%s\n", rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices",
+    std::printf("no usable CUDA device (%s): GPU tests skipped%s\n",
+                rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices",
                 require ? " (DDP_REQUIRE_GPU=1: failing)" : "");
     return require ? 1 : 0;
   }

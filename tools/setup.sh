@@ -11,6 +11,7 @@ PKGS=(
   zlib1g-dev           # gzip IDX reader
   nlohmann-json3-dev   # JSON (fixture meta.json, trace files)
   dataset-fashion-mnist  # the main job's data under /usr/share/datasets/fashion-mnist
+  clang-format         # //test/tools:format_test (the tree follows .clang-format)
   cmake                # the CMake package test (test/cmake): add_subdirectory and find_package consumers
 )
 

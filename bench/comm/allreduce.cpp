@@ -211,10 +211,14 @@ void idle_barrier() {
 
 std::string human(std::size_t b) {
   char buf[32];
-  if (b % 1'000'000 == 0) std::snprintf(buf, sizeof buf, "%zu MB", b / 1'000'000);
-  else if (b % (1u << 20) == 0) std::snprintf(buf, sizeof buf, "%zu MiB", b >> 20);
-  else if (b % 1024 == 0) std::snprintf(buf, sizeof buf, "%zu KiB", b >> 10);
-  else std::snprintf(buf, sizeof buf, "%zu B", b);
+  if (b % 1'000'000 == 0)
+    std::snprintf(buf, sizeof buf, "%zu MB", b / 1'000'000);
+  else if (b % (1u << 20) == 0)
+    std::snprintf(buf, sizeof buf, "%zu MiB", b >> 20);
+  else if (b % 1024 == 0)
+    std::snprintf(buf, sizeof buf, "%zu KiB", b >> 10);
+  else
+    std::snprintf(buf, sizeof buf, "%zu B", b);
   return buf;
 }
 
@@ -248,13 +252,15 @@ int main(int argc, char** argv) {
     if (session.rank() != 0) return 0;
     if (a.threads_world > 0 && a.threads_world != p) std::printf("threads world size %d; ", a.threads_world);
     std::printf("world size %d; busbw in GB/s (median iteration, slowest rank), float32 sum\n\n", p);
-    std::printf("| size | threads | threads async | plain loop | threads / loop | MpiBackend | MpiBackend async | raw MPI_Allreduce | MpiBackend / raw |\n");
+    std::printf(
+        "| size | threads | threads async | plain loop | threads / loop | MpiBackend | MpiBackend async | raw "
+        "MPI_Allreduce | MpiBackend / raw |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (Row const& row : rows) {
       auto bw = [&](double t) { return busbw_gbs(row.bytes, t, p); };
-      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", human(row.bytes).c_str(), bw(row.threads),
-                  bw(row.threads_async), bw(row.loop), row.threads > 0 ? row.loop / row.threads : 0.0, bw(row.mpi),
-                  bw(row.mpi_async), bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0);
+      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", human(row.bytes).c_str(),
+                  bw(row.threads), bw(row.threads_async), bw(row.loop), row.threads > 0 ? row.loop / row.threads : 0.0,
+                  bw(row.mpi), bw(row.mpi_async), bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0);
     }
     std::printf("\nlatency: threads all_reduce 4 B %.2f us, 4 KiB %.2f us; MpiBackend 4 B %.2f us\n", lat4 * 1e6,
                 lat4k * 1e6, mpi_lat * 1e6);

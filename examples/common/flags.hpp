@@ -17,7 +17,8 @@ namespace ddp::examples {
 
 class Flags {
  public:
-  explicit Flags(std::string program, std::string summary) : program_(std::move(program)), summary_(std::move(summary)) {}
+  explicit Flags(std::string program, std::string summary)
+      : program_(std::move(program)), summary_(std::move(summary)) {}
 
   Flags& add(std::string name, std::string default_value, std::string help) {
     order_.push_back(name);
@@ -32,7 +33,8 @@ class Flags {
         print_usage();
         return false;
       }
-      if (a.rfind("--", 0) != 0) throw ArgumentError(detail::cat(program_, ": unexpected argument '", a, "' (flags start with --; see --help)"));
+      if (a.rfind("--", 0) != 0)
+        throw ArgumentError(detail::cat(program_, ": unexpected argument '", a, "' (flags start with --; see --help)"));
       std::string name = a.substr(2), value;
       if (auto eq = name.find('='); eq != std::string::npos) {
         value = name.substr(eq + 1);
@@ -63,7 +65,8 @@ class Flags {
     char* end = nullptr;
     errno = 0;
     long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0') throw ArgumentError(detail::cat(program_, ": --", name, " must be an integer, got '", v, "'"));
+    if (v.empty() || *end != '\0')
+      throw ArgumentError(detail::cat(program_, ": --", name, " must be an integer, got '", v, "'"));
     if (errno == ERANGE) throw ArgumentError(detail::cat(program_, ": --", name, " is out of range: '", v, "'"));
     return x;
   }
@@ -71,8 +74,10 @@ class Flags {
     std::string const& v = get(name).value;
     char* end = nullptr;
     double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0') throw ArgumentError(detail::cat(program_, ": --", name, " must be a number, got '", v, "'"));
-    if (!std::isfinite(x)) throw ArgumentError(detail::cat(program_, ": --", name, " must be a finite number, got '", v, "'"));
+    if (v.empty() || *end != '\0')
+      throw ArgumentError(detail::cat(program_, ": --", name, " must be a number, got '", v, "'"));
+    if (!std::isfinite(x))
+      throw ArgumentError(detail::cat(program_, ": --", name, " must be a finite number, got '", v, "'"));
     return x;
   }
   bool boolean(std::string const& name) const {
@@ -107,7 +112,8 @@ class Flags {
   };
   Flag const& get(std::string const& name) const {
     auto it = flags_.find(name);
-    if (it == flags_.end()) throw ArgumentError(detail::cat(program_, ": internal: flag --", name, " was never declared"));
+    if (it == flags_.end())
+      throw ArgumentError(detail::cat(program_, ": internal: flag --", name, " was never declared"));
     return it->second;
   }
   std::string program_, summary_;

@@ -30,8 +30,11 @@ struct LaunchChoice {
 // The one spelling of the launch flags for every example and benchmark: --backend threads|mpi and
 // --world-size (ranks on threads; with MPI it must match mpirun -n, and by default is taken from it).
 inline Flags& add_launch_flags(Flags& f, int default_world_size = 2) {
-  return f.add("backend", "threads", "threads (ranks are threads of this process) or mpi (one rank per process, under mpirun -n N)")
-      .add("world-size", std::to_string(default_world_size), "ranks for the threads backend; with mpi it must match mpirun -n (default: take it)");
+  return f
+      .add("backend", "threads",
+           "threads (ranks are threads of this process) or mpi (one rank per process, under mpirun -n N)")
+      .add("world-size", std::to_string(default_world_size),
+           "ranks for the threads backend; with mpi it must match mpirun -n (default: take it)");
 }
 inline LaunchChoice launch_choice(Flags const& f) {
   LaunchChoice c;
@@ -61,8 +64,8 @@ int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn) {
   MpiSession session(argc, argv);
   try {
     if (world_size != 0 && world_size != session.world_size())
-      throw ArgumentError(detail::cat("--world-size ", world_size, " does not match the MPI job's ", session.world_size(),
-                                      " ranks (set it with mpirun -n)"));
+      throw ArgumentError(detail::cat("--world-size ", world_size, " does not match the MPI job's ",
+                                      session.world_size(), " ranks (set it with mpirun -n)"));
     MpiBackend comm(session);
     fn(comm);
   } catch (std::exception const& e) {

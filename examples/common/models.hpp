@@ -25,7 +25,9 @@ Net<S> make_cnn(Generator& gen) {
   n.seq.push_back("conv1", nn::basic_conv2d<float, S>(1, 32, 3, gen)).push_back(nn::basic_relu<float, S>());
   n.seq.push_back("conv2", nn::basic_conv2d<float, S>(32, 64, 3, gen)).push_back(nn::basic_relu<float, S>());
   n.seq.push_back(nn::basic_max_pool2d<float, S>(2)).push_back(n.dropouts[0]).push_back(nn::basic_flatten<float, S>());
-  n.seq.push_back("fc1", nn::basic_linear<float, S>(9216, 128, gen)).push_back(nn::basic_relu<float, S>()).push_back(n.dropouts[1]);
+  n.seq.push_back("fc1", nn::basic_linear<float, S>(9216, 128, gen))
+      .push_back(nn::basic_relu<float, S>())
+      .push_back(n.dropouts[1]);
   n.seq.push_back("fc2", nn::basic_linear<float, S>(128, 10, gen));
   return n;
 }
@@ -54,8 +56,9 @@ inline std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
 template <MemorySpace S>
 void reseed_dropouts(Net<S>& net, std::int64_t seed, int rank, std::int64_t epoch, std::int64_t step) {
   for (std::size_t k = 0; k < net.dropouts.size(); ++k)
-    net.dropouts[k].generator().seed(static_cast<std::uint64_t>(seed + rank),
-                                     mix(mix(static_cast<std::uint64_t>(epoch)) ^ static_cast<std::uint64_t>(step) * 131 ^ k));
+    net.dropouts[k].generator().seed(
+        static_cast<std::uint64_t>(seed + rank),
+        mix(mix(static_cast<std::uint64_t>(epoch)) ^ static_cast<std::uint64_t>(step) * 131 ^ k));
 }
 
 }  // namespace ddp::examples

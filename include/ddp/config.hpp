@@ -26,8 +26,7 @@
 #if defined(DDP_NO_ASSERT)
 #define DDP_ASSERT(cond, msg) ((void)0)
 #else
-#define DDP_ASSERT(cond, msg) \
-  ((cond) ? (void)0 : ::ddp::detail::assert_fail(#cond, msg, __FILE__, __LINE__))
+#define DDP_ASSERT(cond, msg) ((cond) ? (void)0 : ::ddp::detail::assert_fail(#cond, msg, __FILE__, __LINE__))
 #endif
 
 namespace ddp::detail {

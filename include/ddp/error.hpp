@@ -1,4 +1,5 @@
-// ddp::Error, the one base of every exception ddp throws, and its families.
+// ddp::Error, the one base of every exception ddp throws (besides std::bad_alloc when memory runs out), and
+// its families: every exception class ddp defines is in this header.
 #pragma once
 
 #include <sstream>
@@ -47,6 +48,13 @@ class CommError : public Error {
 // A data-parallel invariant broken across ranks (different models, bucket plans or collective orders, a
 // parameter without a gradient): DistributedDataParallel raises it on every rank for the same cause.
 class DdpError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A CUDA runtime, cuBLAS or cuDNN call failed (names the call and the library's message). Raised only by the
+// CUDA builds (device_buffer.hpp, device_blas.hpp, device_conv_kernels.hpp).
+class CudaError : public Error {
  public:
   using Error::Error;
 };

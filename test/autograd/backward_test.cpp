@@ -41,7 +41,8 @@ TEST_CASE("grad hook: diamond x -> a, b -> a + b fires once, after both branches
     x.set_grad_hook([&log, xv = x.value()](NodeD& n) {
       ++log.calls;
       log.grad.assign(n.grad.data(), n.grad.data() + n.grad.numel());
-      for (std::int64_t i = 0; i < n.grad.numel(); ++i) CHECK(n.grad[i] == doctest::Approx(2 + 2 * xv[i]).epsilon(1e-14));
+      for (std::int64_t i = 0; i < n.grad.numel(); ++i)
+        CHECK(n.grad[i] == doctest::Approx(2 + 2 * xv[i]).epsilon(1e-14));
     });
     VarD a = scale(x, 2.0);
     VarD b = mul(x, x);
@@ -154,9 +155,11 @@ TEST_CASE("gradients accumulate across backward() calls until zero_grad; zero_gr
   backward(loss());
   std::vector<double> const g1 = values(clone(w.grad()));
   backward(loss());
-  for (std::size_t i = 0; i < g1.size(); ++i) CHECK(w.grad()[static_cast<std::int64_t>(i)] == doctest::Approx(2 * g1[i]).epsilon(1e-14));
+  for (std::size_t i = 0; i < g1.size(); ++i)
+    CHECK(w.grad()[static_cast<std::int64_t>(i)] == doctest::Approx(2 * g1[i]).epsilon(1e-14));
   backward(loss());
-  for (std::size_t i = 0; i < g1.size(); ++i) CHECK(w.grad()[static_cast<std::int64_t>(i)] == doctest::Approx(3 * g1[i]).epsilon(1e-14));
+  for (std::size_t i = 0; i < g1.size(); ++i)
+    CHECK(w.grad()[static_cast<std::int64_t>(i)] == doctest::Approx(3 * g1[i]).epsilon(1e-14));
 
   w.zero_grad();
   CHECK_FALSE(w.has_grad());
@@ -327,7 +330,12 @@ void on_small_stack(F f) {
   REQUIRE(pthread_attr_setstacksize(&attr, 256 * 1024) == 0);
   pthread_t t;
   REQUIRE(pthread_create(
-              &t, &attr, [](void* arg) -> void* { (*static_cast<F*>(arg))(); return nullptr; }, &f) == 0);
+              &t, &attr,
+              [](void* arg) -> void* {
+                (*static_cast<F*>(arg))();
+                return nullptr;
+              },
+              &f) == 0);
   REQUIRE(pthread_join(t, nullptr) == 0);
   pthread_attr_destroy(&attr);
 }

@@ -29,7 +29,10 @@ struct Both {
   explicit Both(Tensor<T> h) : host(std::move(h)), device(to_space<DeviceSpace>(host)) {}
   template <MemorySpace S>
   Tensor<T, S> const& in() const {
-    if constexpr (std::same_as<S, HostSpace>) return host; else return device;
+    if constexpr (std::same_as<S, HostSpace>)
+      return host;
+    else
+      return device;
   }
 };
 
@@ -50,7 +53,8 @@ double max_rel_diff(std::vector<double> const& a, std::vector<double> const& b) 
 // The op `f` (generic over the variables' space) on device inputs: gradient check, and values and gradients
 // equal to the host run's to 1e-12. `trainable[i]` says whether input i requires grad.
 template <class F>
-void check_device(std::string const& label, F f, std::vector<Tensor<double>> const& values, std::vector<bool> trainable = {}) {
+void check_device(std::string const& label, F f, std::vector<Tensor<double>> const& values,
+                  std::vector<bool> trainable = {}) {
   INFO(label);
   std::vector<VarD> hin;
   std::vector<VarDev> din;
@@ -77,7 +81,8 @@ void check_device(std::string const& label, F f, std::vector<Tensor<double>> con
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (!hin[i].requires_grad()) continue;
     REQUIRE(hin[i].has_grad() == din[i].has_grad());
-    if (hin[i].has_grad()) CHECK_MESSAGE(max_rel_diff(host_values(hin[i].grad()), host_values(din[i].grad())) < 1e-12, "input " << i);
+    if (hin[i].has_grad())
+      CHECK_MESSAGE(max_rel_diff(host_values(hin[i].grad()), host_values(din[i].grad())) < 1e-12, "input " << i);
   }
 }
 
@@ -85,12 +90,14 @@ void check_device(std::string const& label, F f, std::vector<Tensor<double>> con
 
 TEST_CASE("device: matmul and linear (with and without bias, 2-D and 3-D input)") {
   Generator gen(1);
-  check_device("matmul", [](auto const& in) { return matmul(in[0], in[1]); }, {uniform({3, 4}, gen), uniform({4, 5}, gen)});
+  check_device("matmul", [](auto const& in) { return matmul(in[0], in[1]); },
+               {uniform({3, 4}, gen), uniform({4, 5}, gen)});
   check_device("matmul, b constant", [](auto const& in) { return matmul(in[0], in[1]); },
                {uniform({3, 4}, gen), uniform({4, 5}, gen)}, {true, false});
   check_device("linear+bias", [](auto const& in) { return linear(in[0], in[1], in[2]); },
                {uniform({2, 3, 4}, gen), uniform({5, 4}, gen), uniform({5}, gen)});
-  check_device("linear", [](auto const& in) { return linear(in[0], in[1]); }, {uniform({6, 4}, gen), uniform({3, 4}, gen)});
+  check_device("linear", [](auto const& in) { return linear(in[0], in[1]); },
+               {uniform({6, 4}, gen), uniform({3, 4}, gen)});
 }
 
 TEST_CASE("device: add, sub (same shape, trailing-dims and scalar broadcast), mul, scale") {
@@ -129,7 +136,8 @@ TEST_CASE("device: log_softmax, mse_loss, cross_entropy, nll_loss") {
   check_device("mse_loss", [&](auto const& in) { return mse_loss(in[0], target.in<space_of<decltype(in[0])>>()); },
                {uniform({4, 6}, gen)});
   Both<std::int32_t> const ids(random_targets(5, 7, gen));
-  check_device("cross_entropy", [&](auto const& in) { return cross_entropy(in[0], ids.in<space_of<decltype(in[0])>>()); },
+  check_device("cross_entropy",
+               [&](auto const& in) { return cross_entropy(in[0], ids.in<space_of<decltype(in[0])>>()); },
                {uniform({5, 7}, gen, -3, 3)});
   check_device("nll_loss(log_softmax)",
                [&](auto const& in) { return nll_loss(log_softmax(in[0]), ids.in<space_of<decltype(in[0])>>()); },
@@ -160,9 +168,12 @@ TEST_CASE("device: conv2d (strides, padding, no bias), conv2d+relu, conv2d+relu+
   // 8 → 8 channels, 3×3, stride 1: the Winograd kernels, with relu and the fused 2×2 pooling. Distinct inputs
   // keep the pooling windows and the relu away from ties and kinks at the finite-difference step.
   Conv2dArgs const relu{.relu = true}, pool{.relu = true, .max_pool = 2};
-  std::vector<Tensor<double>> const in{distinct({1, 8, 6, 6}, gen), uniform({8, 8, 3, 3}, gen, -0.3, 0.3), uniform({8}, gen)};
-  check_device("conv2d+relu", [relu](auto const& v) { return conv2d(v[0], v[1], v[2], relu); }, in);
-  check_device("conv2d+relu+max_pool2d", [pool](auto const& v) { return conv2d(v[0], v[1], v[2], pool); }, in);
+  std::vector<Tensor<double>> const in{distinct({1, 8, 6, 6}, gen), uniform({8, 8, 3, 3}, gen, -0.3, 0.3),
+                                       uniform({8}, gen)};
+  check_device(
+      "conv2d+relu", [relu](auto const& v) { return conv2d(v[0], v[1], v[2], relu); }, in);
+  check_device(
+      "conv2d+relu+max_pool2d", [pool](auto const& v) { return conv2d(v[0], v[1], v[2], pool); }, in);
 }
 
 TEST_CASE("device: max_pool2d (kernel 2 and 3, overlapping windows)") {
@@ -192,7 +203,12 @@ TEST_CASE("device: batch_norm2d in training (batch statistics) and evaluation (r
 TEST_CASE("device: dropout in training (mask from the re-seeded generator, drawn on the host), eval is the identity") {
   Generator gen(10);
   for (Mode mode : {Mode::kTrain, Mode::kEval})
-    check_device("dropout", [mode](auto const& in) { Generator g(3); return dropout(in[0], 0.4, mode, g); }, {uniform({5, 6}, gen)});
+    check_device("dropout",
+                 [mode](auto const& in) {
+                   Generator g(3);
+                   return dropout(in[0], 0.4, mode, g);
+                 },
+                 {uniform({5, 6}, gen)});
 }
 
 TEST_CASE("device: a small CNN end to end (conv, batch_norm, relu, max_pool, flatten, linear, cross_entropy)") {

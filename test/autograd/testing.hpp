@@ -46,7 +46,9 @@ inline Tensor<double> distinct(Shape s, Generator& gen) {
   for (std::int64_t i = 0; i < n; ++i) perm[static_cast<std::size_t>(i)] = i;
   gen.shuffle(perm.begin(), perm.end());
   for (std::int64_t i = 0; i < n; ++i)
-    t[i] = (static_cast<double>(perm[static_cast<std::size_t>(i)]) + 0.25 + 0.5 * gen.uniform_double()) / double(n) * 4.0 - 2.0;
+    t[i] =
+        (static_cast<double>(perm[static_cast<std::size_t>(i)]) + 0.25 + 0.5 * gen.uniform_double()) / double(n) * 4.0 -
+        2.0;
   return t;
 }
 
@@ -60,7 +62,8 @@ inline std::int64_t dim(Generator& gen, std::int64_t lo, std::int64_t hi) {
 
 inline Tensor<std::int32_t> random_targets(std::int64_t rows, std::int64_t classes, Generator& gen) {
   Tensor<std::int32_t> t(Shape{rows});
-  for (std::int64_t i = 0; i < rows; ++i) t[i] = static_cast<std::int32_t>(gen.below(static_cast<std::uint32_t>(classes)));
+  for (std::int64_t i = 0; i < rows; ++i)
+    t[i] = static_cast<std::int32_t>(gen.below(static_cast<std::uint32_t>(classes)));
   return t;
 }
 
@@ -83,13 +86,14 @@ inline Tensor<float> to_float(Tensor<double> const& t) {
 inline double float_vs_double(Tensor<float> const& f, Tensor<double> const& d) {
   if (!(f.shape() == d.shape())) return INFINITY;
   double m = 0;
-  for (std::int64_t i = 0; i < d.numel(); ++i) m = std::max(m, std::abs(double(f[i]) - d[i]) / std::max(1.0, std::abs(d[i])));
+  for (std::int64_t i = 0; i < d.numel(); ++i)
+    m = std::max(m, std::abs(double(f[i]) - d[i]) / std::max(1.0, std::abs(d[i])));
   return m;
 }
 
 // Direct 7-loop cross-correlation with zero padding: y[n,o,i,j] = b[o] + Σ_c,ki,kj x[n,c,i·s-p+ki,j·s-p+kj] w[o,c,ki,kj].
 inline Tensor<double> conv2d_reference(Tensor<double> const& x, Tensor<double> const& w, Tensor<double> const* b,
-                                std::int64_t stride, std::int64_t pad) {
+                                       std::int64_t stride, std::int64_t pad) {
   std::int64_t const N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), O = w.size(0), k = w.size(2);
   std::int64_t const OH = (H + 2 * pad - k) / stride + 1, OW = (W + 2 * pad - k) / stride + 1;
   Tensor<double> y(Shape{N, O, OH, OW});
@@ -129,7 +133,8 @@ void check_throws_with(F&& f, std::initializer_list<std::string> parts) {
     f();
   } catch (Exc const& e) {
     std::string const what = e.what();
-    for (auto const& part : parts) CHECK_MESSAGE(contains(what, part), "message '" << what << "' lacks '" << part << "'");
+    for (auto const& part : parts)
+      CHECK_MESSAGE(contains(what, part), "message '" << what << "' lacks '" << part << "'");
     return;
   } catch (std::exception const& e) {
     FAIL_CHECK("threw the wrong exception type: " << e.what());

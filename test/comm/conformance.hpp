@@ -82,7 +82,8 @@ void expect_equal(std::vector<T> const& got, std::vector<T> const& want, std::st
     if constexpr (std::is_floating_point_v<T>) {
       ok = ok || std::abs(got[i] - want[i]) <= 4 * std::numeric_limits<T>::epsilon() * std::abs(want[i]);
     }
-    if (!ok) err = "index " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", want " + std::to_string(want[i]);
+    if (!ok)
+      err = "index " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", want " + std::to_string(want[i]);
   }
   CHECK_MESSAGE(err.empty(), what, ": ", err);
 }
@@ -153,7 +154,8 @@ TEST_CASE_TEMPLATE_DEFINE("all_gather, gather and scatter place rank r's block a
 
       // In place: rank r's input is already its block of the output.
       std::vector<T> mine(m * n, T(-99));
-      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(r * m), m, mine.begin() + static_cast<std::ptrdiff_t>(r * m));
+      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(r * m), m,
+                  mine.begin() + static_cast<std::ptrdiff_t>(r * m));
       auto inplace = make_buffer<Comm, T>(mine);
       comm.all_gather(inplace.sub(r * m, m), inplace.span());
       expect_equal(inplace.host(), all, where(r, n, "all_gather in place" + ctx));

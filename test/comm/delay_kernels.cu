@@ -4,8 +4,7 @@
 namespace {
 __global__ void delayed_fill_kernel(float* p, long long n, float value, long long spin_cycles) {
   long long const start = clock64();
-  while (clock64() - start < spin_cycles) {
-  }
+  while (clock64() - start < spin_cycles) {}
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x)
     p[i] = value;

@@ -40,7 +40,8 @@ TEST_CASE("nothing set: a single process") {
 }
 
 TEST_CASE("torchrun-style variables") {
-  auto const e = ddp::launch_env(fake({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}}));
+  auto const e =
+      ddp::launch_env(fake({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}}));
   CHECK(e.rank == 5);
   CHECK(e.world_size == 8);
   CHECK(e.local_rank == 1);
@@ -49,7 +50,8 @@ TEST_CASE("torchrun-style variables") {
 }
 
 TEST_CASE("MPICH/Hydra and Open MPI variables") {
-  auto const m = ddp::launch_env(fake({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}}));
+  auto const m =
+      ddp::launch_env(fake({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}}));
   CHECK(m.rank == 3);
   CHECK(m.local_rank == 1);
   CHECK(m.local_size == 2);
@@ -153,20 +155,24 @@ TEST_CASE("only the chosen launcher's variables are validated") {
 TEST_CASE("the chosen launcher's errors name its variables") {
   CHECK(contains(error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}}),
                  "(RANK=4, WORLD_SIZE=4)"));
-  CHECK(contains(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "2"}}),
-                 "launch environment (mpich): local rank 2 is not below local size 2 (MPI_LOCALRANKID=2, MPI_LOCALNRANKS=2)"));
+  CHECK(contains(
+      error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "2"}}),
+      "launch environment (mpich): local rank 2 is not below local size 2 (MPI_LOCALRANKID=2, MPI_LOCALNRANKS=2)"));
   CHECK(contains(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}), "set MPI_LOCALRANKID and MPI_LOCALNRANKS"));
   CHECK(contains(error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "0"}}),
                  "world size is 0, must be >= 1 (OMPI_COMM_WORLD_SIZE=0)"));
-  CHECK(contains(error_of({{"SLURM_PROCID", "3"},
-                           {"SLURM_NTASKS", "4"},
-                           {"SLURM_LOCALID", "1"},
-                           {"SLURM_NODEID", "1"},
-                           {"SLURM_TASKS_PER_NODE", "3,1"}}),
-                 "local rank 1 is not below local size 1 (SLURM_LOCALID=1, SLURM_TASKS_PER_NODE=3,1 at SLURM_NODEID=1)"));
-  CHECK(contains(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}), "set SLURM_LOCALID and SLURM_NTASKS_PER_NODE"));
+  CHECK(
+      contains(error_of({{"SLURM_PROCID", "3"},
+                         {"SLURM_NTASKS", "4"},
+                         {"SLURM_LOCALID", "1"},
+                         {"SLURM_NODEID", "1"},
+                         {"SLURM_TASKS_PER_NODE", "3,1"}}),
+               "local rank 1 is not below local size 1 (SLURM_LOCALID=1, SLURM_TASKS_PER_NODE=3,1 at SLURM_NODEID=1)"));
+  CHECK(contains(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}),
+                 "set SLURM_LOCALID and SLURM_NTASKS_PER_NODE"));
   // With nothing complete, a partial launcher is still an error naming what is missing.
-  CHECK(contains(error_of({{"SLURM_PROCID", "0"}, {"PMI_RANK", "0"}}), "(mpich) is partial: PMI_SIZE not set but PMI_RANK=0 is"));
+  CHECK(contains(error_of({{"SLURM_PROCID", "0"}, {"PMI_RANK", "0"}}),
+                 "(mpich) is partial: PMI_SIZE not set but PMI_RANK=0 is"));
 }
 
 TEST_CASE("launch_env() reads the real process environment (setenv)") {

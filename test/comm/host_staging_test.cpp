@@ -42,7 +42,8 @@ using Far = Kernels<FarSpace>;
 static_assert(!host_accessible_v<FarSpace>);
 static_assert(AsyncCommunicator<HostStaging<ThreadsBackend, FarSpace>>);
 
-TEST_CASE("HostStaging: all_reduce, async all_reduce, broadcast, all_gather of staged buffers; host buffers pass through") {
+TEST_CASE(
+    "HostStaging: all_reduce, async all_reduce, broadcast, all_gather of staged buffers; host buffers pass through") {
   spawn(3, [](ThreadsBackend& comm) {
     HostStaging<ThreadsBackend, FarSpace> st(comm);
     int const r = comm.rank(), n = comm.world_size();
@@ -64,7 +65,8 @@ TEST_CASE("HostStaging: all_reduce, async all_reduce, broadcast, all_gather of s
     for (auto v : b) CHECK(v == 42);
 
     std::vector<std::int32_t> in{r, 10 * r}, out(2 * static_cast<std::size_t>(n), -1);
-    st.all_gather(SpaceSpan<std::int32_t const, FarSpace>(in.data(), in.size()), SpaceSpan<std::int32_t, FarSpace>(out.data(), out.size()));
+    st.all_gather(SpaceSpan<std::int32_t const, FarSpace>(in.data(), in.size()),
+                  SpaceSpan<std::int32_t, FarSpace>(out.data(), out.size()));
     for (int k = 0; k < n; ++k) CHECK((out[2 * k] == k && out[2 * k + 1] == 10 * k));
 
     int const before = Far::copies();

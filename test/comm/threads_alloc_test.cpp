@@ -37,8 +37,8 @@ TEST_CASE("async bucket all-reduces and blocking collectives allocate nothing af
       std::vector<ddp::Work> works(edges.size() - 1);
       auto step = [&] {
         for (std::size_t b = 0; b + 1 < edges.size(); ++b) {
-          works[b] = comm.all_reduce_async(std::span(arena).subspan(edges[b], edges[b + 1] - edges[b]), ddp::ReduceOp::kAvg,
-                                           {"bucket", static_cast<std::int64_t>(b)});
+          works[b] = comm.all_reduce_async(std::span(arena).subspan(edges[b], edges[b + 1] - edges[b]),
+                                           ddp::ReduceOp::kAvg, {"bucket", static_cast<std::int64_t>(b)});
         }
         for (auto& w : works) w.wait();
         comm.all_reduce(std::span(arena).first(7), ddp::ReduceOp::kMax);

@@ -29,7 +29,7 @@ std::vector<float> replay_single(fixture::Fixture const& f, fixture::RunInfo con
 TEST_CASE("plain single-process runs reproduce PyTorch's final weights") {
   for (char const* name : {"toy", "mlp"}) {
     CAPTURE(name);
-    auto f = fixture::Fixture::load(std::string("test/data/") + name);
+    auto f = fixture::Fixture::load(std::string("test/fixtures/") + name);
     for (char const* run : {"plain", "ws1"}) {
       CAPTURE(run);
       auto const& r = f.run(run);
@@ -37,18 +37,20 @@ TEST_CASE("plain single-process runs reproduce PyTorch's final weights") {
       std::vector<double> losses;
       auto w = replay_single(f, r, &losses);
       auto c = f.compare(w, r);
-      MESSAGE((std::string(name) + "/" + run + ": max|d| = " + std::to_string(c.max_abs_diff) + " (max|w| " + std::to_string(c.max_abs_final) + ", max change " + std::to_string(c.max_abs_change) + ")"));
+      MESSAGE((std::string(name) + "/" + run + ": max|d| = " + std::to_string(c.max_abs_diff) + " (max|w| " +
+               std::to_string(c.max_abs_final) + ", max change " + std::to_string(c.max_abs_change) + ")"));
       CHECK(c.ok());
       CHECK(c.max_abs_diff <= 1e-5 * std::max(1.0, c.max_abs_final));
       // Each step's loss matches PyTorch's recorded loss too.
       REQUIRE(losses.size() == r.losses_per_rank.at(0).size());
-      for (std::size_t s = 0; s < losses.size(); ++s) CHECK(losses[s] == doctest::Approx(r.losses_per_rank[0][s]).epsilon(1e-5));
+      for (std::size_t s = 0; s < losses.size(); ++s)
+        CHECK(losses[s] == doctest::Approx(r.losses_per_rank[0][s]).epsilon(1e-5));
     }
   }
 }
 
 TEST_CASE("a wrong learning rate is caught by the fixture comparison") {
-  auto f = fixture::Fixture::load("test/data/toy");
+  auto f = fixture::Fixture::load("test/fixtures/toy");
   auto const& r = f.run("plain");
   Generator gen(0);
   auto model = f.build_model(gen);
@@ -66,5 +68,6 @@ TEST_CASE("a wrong learning rate is caught by the fixture comparison") {
 }
 
 TEST_CASE("fixture errors name the file") {
-  CHECK_THROWS_WITH_AS(fixture::Fixture::load("test/data/does-not-exist"), doctest::Contains("does-not-exist/meta.json"), IoError);
+  CHECK_THROWS_WITH_AS(fixture::Fixture::load("test/fixtures/does-not-exist"),
+                       doctest::Contains("does-not-exist/meta.json"), IoError);
 }

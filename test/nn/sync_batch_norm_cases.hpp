@@ -32,9 +32,12 @@ inline std::string num(double v) {
 enum class BatchSplit { kRankPlusOne, kTwoRankPlusOne, kNoneOnRankOne };
 inline std::string name(BatchSplit s) {
   switch (s) {
-    case BatchSplit::kRankPlusOne: return "r+1";
-    case BatchSplit::kTwoRankPlusOne: return "2r+1";
-    case BatchSplit::kNoneOnRankOne: return "r+2, none on rank 1";
+    case BatchSplit::kRankPlusOne:
+      return "r+1";
+    case BatchSplit::kTwoRankPlusOne:
+      return "2r+1";
+    case BatchSplit::kNoneOnRankOne:
+      return "r+2, none on rank 1";
   }
   return "?";
 }
@@ -104,9 +107,8 @@ struct LayerDiffs {
 };
 
 inline std::size_t count_of(std::vector<CollectiveRecord> const& recs, CollectiveKind k, std::string_view label) {
-  return static_cast<std::size_t>(std::count_if(recs.begin(), recs.end(), [&](CollectiveRecord const& r) {
-    return r.op == k && r.tag.label == label;
-  }));
+  return static_cast<std::size_t>(std::count_if(
+      recs.begin(), recs.end(), [&](CollectiveRecord const& r) { return r.op == k && r.tag.label == label; }));
 }
 
 // SyncBatchNorm2d<T> on each rank's slice vs BatchNorm2d<double> on the global batch, `steps` training steps
@@ -155,8 +157,9 @@ LayerDiffs layer_equivalence(Comm& comm, BatchSplit split, int steps = 3, double
            "one all-gather of the statistics per training forward");
     expect(count_of(rec.records(), CollectiveKind::kAllReduce, "sync_batch_norm.grad") == (world > 1 ? 1u : 0u),
            "one all-reduce of the gradient sums per backward");
-    expect(rec.records().size() == (world > 1 ? (s == 0 ? 3u : 2u) : 0u),
-           "SyncBatchNorm issued " + std::to_string(rec.records().size()) + " collectives in step " + std::to_string(s));
+    expect(
+        rec.records().size() == (world > 1 ? (s == 0 ? 3u : 2u) : 0u),
+        "SyncBatchNorm issued " + std::to_string(rec.records().size()) + " collectives in step " + std::to_string(s));
     rec.clear();
     dy.add(y.value().data(), yr.value().data() + off * C * H * W, slice);
     if (mine > 0) dgx.add(x.grad().data(), xr.grad().data() + off * C * H * W, slice);
@@ -175,7 +178,8 @@ LayerDiffs layer_equivalence(Comm& comm, BatchSplit split, int steps = 3, double
   host_all_gather(comm, std::span<double const>(run), std::span<double>(all_run));
   for (int q = 1; q < world; ++q)
     for (std::int64_t i = 0; i < 2 * C; ++i)
-      expect(all_run[q * 2 * C + i] == all_run[i], "running statistics differ between rank 0 and rank " + std::to_string(q));
+      expect(all_run[q * 2 * C + i] == all_run[i],
+             "running statistics differ between rank 0 and rank " + std::to_string(q));
 
   // Evaluation: running statistics, no communication.
   layer.set_mode(Mode::kEval);
@@ -188,19 +192,22 @@ LayerDiffs layer_equivalence(Comm& comm, BatchSplit split, int steps = 3, double
   de.add(y.value().data(), yr.value().data() + off * C * H * W, slice);
 
   // The relative differences, each rank's maximum reported everywhere.
-  std::vector<double> d{dy.abs / std::max(dy.ref, 1e-30), dgx.abs / std::max(dgx.ref, 1e-30), dgw.rel(), dgb.rel(),
-                        drun.rel(), de.abs / std::max(de.ref, 1e-30)};
+  std::vector<double> d{
+      dy.abs / std::max(dy.ref, 1e-30), dgx.abs / std::max(dgx.ref, 1e-30), dgw.rel(), dgb.rel(), drun.rel(),
+      de.abs / std::max(de.ref, 1e-30)};
   host_all_reduce(comm, std::span<double>(d), ReduceOp::kMax);
   return {d[0], d[1], d[2], d[3], d[4], d[5]};
 }
 
 // ---- DistributedDataParallel with a converted model ----
 
-using Cnn = nn::Sequential<nn::Named<nn::Conv2d>, nn::Named<nn::BatchNorm2d>, nn::ReLU, nn::Flatten, nn::Named<nn::Linear>>;
+using Cnn =
+    nn::Sequential<nn::Named<nn::Conv2d>, nn::Named<nn::BatchNorm2d>, nn::ReLU, nn::Flatten, nn::Named<nn::Linear>>;
 inline Cnn make_cnn(std::uint64_t seed) {
   Generator g(seed);
-  return Cnn(nn::named("conv", nn::Conv2d(2, 4, 3, g, {.padding = 1})), nn::named("bn", nn::BatchNorm2d(4, {.momentum = 0.3})),
-             nn::ReLU(), nn::Flatten(), nn::named("fc", nn::Linear(4 * 4 * 4, 3, g)));
+  return Cnn(nn::named("conv", nn::Conv2d(2, 4, 3, g, {.padding = 1})),
+             nn::named("bn", nn::BatchNorm2d(4, {.momentum = 0.3})), nn::ReLU(), nn::Flatten(),
+             nn::named("fc", nn::Linear(4 * 4 * 4, 3, g)));
 }
 
 struct DdpDiffs {
@@ -268,7 +275,8 @@ DdpDiffs ddp_equivalence(Comm& comm, BatchSplit split, DdpOptions opts = {}, int
   host_all_gather(comm, std::span<double const>(run), std::span<double>(all_run));
   for (int q = 1; q < world; ++q)
     for (std::size_t i = 0; i < run.size(); ++i)
-      expect(all_run[q * run.size() + i] == all_run[i], "running statistics differ between rank 0 and rank " + std::to_string(q));
+      expect(all_run[q * run.size() + i] == all_run[i],
+             "running statistics differ between rank 0 and rank " + std::to_string(q));
   out.weights = dw.rel();
   out.running = drun.rel();
   std::vector<double> d{out.grads, out.weights, out.running};

@@ -37,9 +37,10 @@ Out run(ThreadsBackend& comm, int steps) {
     auto y = layer(x);
     layer.weight.zero_grad();
     layer.bias.zero_grad();
-    backward(scale(sum(mul(y, Variable<float, S>(to_space<S>(test::sbn::samples<float>(wg, off, n[r]))))), 1.0f / float(N)));
-    out = {values(y.value()), values(x.grad()), values(layer.weight.grad()), values(layer.bias.grad()),
-           values(layer.running_mean), values(layer.running_var)};
+    backward(
+        scale(sum(mul(y, Variable<float, S>(to_space<S>(test::sbn::samples<float>(wg, off, n[r]))))), 1.0f / float(N)));
+    out = {values(y.value()),         values(x.grad()),           values(layer.weight.grad()),
+           values(layer.bias.grad()), values(layer.running_mean), values(layer.running_var)};
   }
   return out;
 }
@@ -52,7 +53,8 @@ TEST_CASE("SyncBatchNorm2d over device tensors equals the host layer (threads ba
     spawn(world, [&](ThreadsBackend& comm) {
       Out const h = run<HostSpace>(comm, 2), d = run<Dev>(comm, 2);
       test::sbn::Diff df;
-      for (auto [a, b] : {std::pair{&d.y, &h.y}, {&d.gx, &h.gx}, {&d.gw, &h.gw}, {&d.gb, &h.gb}, {&d.rm, &h.rm}, {&d.rv, &h.rv}}) {
+      for (auto [a, b] :
+           {std::pair{&d.y, &h.y}, {&d.gx, &h.gx}, {&d.gw, &h.gw}, {&d.gb, &h.gb}, {&d.rm, &h.rm}, {&d.rv, &h.rv}}) {
         test::sbn::expect(a->size() == b->size(), "sizes differ");
         df.add(a->data(), b->data(), std::int64_t(a->size()));
       }

@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
       expect(d.max() <= 1e-12, "double layer vs reference (" + name(split) + "): " + d.str());
       worst_float = std::max(worst_float, f.max());
       worst_double = std::max(worst_double, d.max());
-      if (comm.rank() == 0) std::printf("split %s: float %s; double max %.3g\n", name(split).c_str(), f.str().c_str(), d.max());
+      if (comm.rank() == 0)
+        std::printf("split %s: float %s; double max %.3g\n", name(split).c_str(), f.str().c_str(), d.max());
     }
     LayerDiffs const far = layer_equivalence<double>(comm, BatchSplit::kTwoRankPlusOne, 2, 1e6);
     expect(far.max() <= 1e-9, "double layer, values around 1e6: " + far.str());
@@ -36,9 +37,10 @@ int main(int argc, char** argv) {
     too_few_values(comm);
     bad_input_shapes(comm);
     if (comm.rank() == 0)
-      std::printf("sync batch norm mpi tests passed on %d ranks (max relative differences: float %.3g, double %.3g, "
-                  "DDP %.3g)\n",
-                  comm.world_size(), worst_float, worst_double, worst_ddp);
+      std::printf(
+          "sync batch norm mpi tests passed on %d ranks (max relative differences: float %.3g, double %.3g, "
+          "DDP %.3g)\n",
+          comm.world_size(), worst_float, worst_double, worst_ddp);
   } catch (std::exception const& e) {
     session.abort(e.what());
   }

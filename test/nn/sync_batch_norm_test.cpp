@@ -13,12 +13,14 @@ static_assert(nn::Model<nn::SyncBatchNorm2d<ThreadsBackend>>);
 static_assert(nn::Model<nn::basic_sync_batch_norm2d<Recording<ThreadsBackend>, double>>);
 static_assert(BatchStatsExchange<nn::detail::CommStatsExchange<ThreadsBackend>>);
 static_assert(!BatchStatsExchange<ThreadsBackend>);  // a communicator is bound through the layer, not passed raw
-static_assert(std::same_as<nn::with_sync_batchnorm_t<nn::BatchNorm2d, ThreadsBackend>, nn::SyncBatchNorm2d<ThreadsBackend>>);
+static_assert(
+    std::same_as<nn::with_sync_batchnorm_t<nn::BatchNorm2d, ThreadsBackend>, nn::SyncBatchNorm2d<ThreadsBackend>>);
 static_assert(std::same_as<nn::with_sync_batchnorm_t<nn::Linear, ThreadsBackend>, nn::Linear>);
 
 namespace {
 std::vector<int> const kWorlds{1, 2, 3, 4};
-std::vector<BatchSplit> const kSplits{BatchSplit::kRankPlusOne, BatchSplit::kTwoRankPlusOne, BatchSplit::kNoneOnRankOne};
+std::vector<BatchSplit> const kSplits{BatchSplit::kRankPlusOne, BatchSplit::kTwoRankPlusOne,
+                                      BatchSplit::kNoneOnRankOne};
 
 template <class T>
 void run_layer_equivalence(double bound) {
@@ -37,7 +39,9 @@ void run_layer_equivalence(double bound) {
 }
 }  // namespace
 
-TEST_CASE("SyncBatchNorm2d (float) with r+1, 2r+1 or no samples on rank 1 equals BatchNorm2d over the global batch in double") {
+TEST_CASE(
+    "SyncBatchNorm2d (float) with r+1, 2r+1 or no samples on rank 1 equals BatchNorm2d over the global batch in "
+    "double") {
   run_layer_equivalence<float>(2e-6);
 }
 
@@ -45,7 +49,8 @@ TEST_CASE("SyncBatchNorm2d in double equals BatchNorm2d over the global batch to
   run_layer_equivalence<double>(1e-12);
 }
 
-TEST_CASE("statistics of values far from zero (mean 1e6, spread 1) stay exact: moments are merged, not sums of squares") {
+TEST_CASE(
+    "statistics of values far from zero (mean 1e6, spread 1) stay exact: moments are merged, not sums of squares") {
   // Σx² − N·mean² would lose about 1e12·1e-16 = 1e-4 of the variance here; the merged M2 keeps it to rounding.
   for (int n : {2, 4}) {
     test::sbn::LayerDiffs d;
@@ -93,14 +98,16 @@ TEST_CASE("DDP over a converted model with a different batch size per rank equal
       }
 }
 
-TEST_CASE("convert_sync_batchnorm: Sequential becomes the Sequential of converted types, names kept, parameters shared") {
+TEST_CASE(
+    "convert_sync_batchnorm: Sequential becomes the Sequential of converted types, names kept, parameters shared") {
   spawn(2, [](ThreadsBackend& comm) {
     using test::sbn::expect;
     Generator g(3);
     using Block = nn::Sequential<nn::BatchNorm2d, nn::ReLU>;
     nn::Sequential<nn::Named<nn::Conv2d>, nn::Named<nn::BatchNorm2d>, nn::ReLU, nn::Named<Block>> model(
-        nn::named("conv", nn::Conv2d(2, 3, 3, g, {.padding = 1})), nn::named("bn", nn::BatchNorm2d(3, {.momentum = 0.3, .eps = 1e-3})),
-        nn::ReLU(), nn::named("block", Block(nn::BatchNorm2d(3), nn::ReLU())));
+        nn::named("conv", nn::Conv2d(2, 3, 3, g, {.padding = 1})),
+        nn::named("bn", nn::BatchNorm2d(3, {.momentum = 0.3, .eps = 1e-3})), nn::ReLU(),
+        nn::named("block", Block(nn::BatchNorm2d(3), nn::ReLU())));
     auto synced = nn::convert_sync_batchnorm(model, comm);
     using Sbn = nn::SyncBatchNorm2d<ThreadsBackend>;
     static_assert(std::same_as<decltype(synced), nn::Sequential<nn::Named<nn::Conv2d>, nn::Named<Sbn>, nn::ReLU,
@@ -109,11 +116,13 @@ TEST_CASE("convert_sync_batchnorm: Sequential becomes the Sequential of converte
     auto const pa = model.named_parameters(), pb = synced.named_parameters();
     expect(pa.size() == pb.size() && pa.size() == 6, "parameter count");
     for (std::size_t i = 0; i < pa.size(); ++i)
-      expect(pa[i].name == pb[i].name && pa[i].var.node_ptr() == pb[i].var.node_ptr(), "parameter " + pa[i].name + " not shared");
+      expect(pa[i].name == pb[i].name && pa[i].var.node_ptr() == pb[i].var.node_ptr(),
+             "parameter " + pa[i].name + " not shared");
     auto const ba = model.named_buffers(), bb = synced.named_buffers();
     expect(ba.size() == 4 && bb.size() == 4, "buffer count");
     for (std::size_t i = 0; i < ba.size(); ++i)
-      expect(ba[i].name == bb[i].name && ba[i].tensor.data() == bb[i].tensor.data(), "buffer " + ba[i].name + " not shared");
+      expect(ba[i].name == bb[i].name && ba[i].tensor.data() == bb[i].tensor.data(),
+             "buffer " + ba[i].name + " not shared");
     expect(bb[0].name == "bn.running_mean" && bb[2].name == "block.0.running_mean", "buffer names");
     // The same batch on both ranks: the global statistics are each rank's, so outputs equal the original's.
     auto const xs = test::sbn::converted<float>(test::sbn::global_input(3, 2, 4, 4, 11));
@@ -154,7 +163,8 @@ TEST_CASE("convert_sync_batchnorm looks into AnySequential and type-erased layer
     auto const pa = model.named_parameters(), pb = synced.named_parameters();
     expect(pa.size() == pb.size(), "parameter count");
     for (std::size_t i = 0; i < pa.size(); ++i)
-      expect(pa[i].name == pb[i].name && pa[i].var.node_ptr() == pb[i].var.node_ptr(), "parameter " + pa[i].name + " not shared");
+      expect(pa[i].name == pb[i].name && pa[i].var.node_ptr() == pb[i].var.node_ptr(),
+             "parameter " + pa[i].name + " not shared");
     auto const xs = test::sbn::converted<float>(test::sbn::global_input(3, 2, 4, 4, 12));
     auto const y1 = synced(Var(xs)), y0 = model(Var(xs));
     test::sbn::Diff d;

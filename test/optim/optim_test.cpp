@@ -63,11 +63,17 @@ TEST_CASE("Adam (L2) and AdamW (decoupled) match PyTorch's rules with bias corre
     double w[4] = {0.5, -1.0, 2.0, 0.25}, m[4] = {}, v[4] = {};
     for (int step = 0; step < 6; ++step) {
       s.set_grad(step);
-      if (decoupled) adamw.step(); else adam.step();
+      if (decoupled)
+        adamw.step();
+      else
+        adam.step();
       int const t = step + 1;
       for (int i = 0; i < 4; ++i) {
         double g = grad_ref(w[i], i, step);
-        if (decoupled) w[i] *= 1 - lr * wd; else g += wd * w[i];
+        if (decoupled)
+          w[i] *= 1 - lr * wd;
+        else
+          g += wd * w[i];
         m[i] = b1 * m[i] + (1 - b1) * g;
         v[i] = b2 * v[i] + (1 - b2) * g * g;
         double const denom = std::sqrt(v[i]) / std::sqrt(1 - std::pow(b2, t)) + eps;
@@ -124,15 +130,16 @@ TEST_CASE("the fused kernels give each element the same bits wherever its slice 
     std::copy(m0.begin(), m0.end(), M.begin() + shift);
     std::copy(v0.begin(), v0.end(), Vv.begin() + shift);
     for (auto [from, to] : {std::pair<std::int64_t, std::int64_t>{0, shift}, {shift, n}})
-      Kernels<HostSpace>::adam_update(to - from, W.data() + shift + from, G.data() + shift + from, M.data() + shift + from,
-                                      Vv.data() + shift + from, adam);
+      Kernels<HostSpace>::adam_update(to - from, W.data() + shift + from, G.data() + shift + from,
+                                      M.data() + shift + from, Vv.data() + shift + from, adam);
     CHECK(std::memcmp(W.data() + shift, w.data(), sizeof(float) * n) == 0);
     CHECK(std::memcmp(M.data() + shift, m.data(), sizeof(float) * n) == 0);
     CHECK(std::memcmp(Vv.data() + shift, v.data(), sizeof(float) * n) == 0);
     std::copy(w0.begin(), w0.end(), W.begin() + shift);
     std::copy(m0.begin(), m0.end(), M.begin() + shift);
     for (auto [from, to] : {std::pair<std::int64_t, std::int64_t>{0, shift}, {shift, n}})
-      Kernels<HostSpace>::sgd_update(to - from, W.data() + shift + from, G.data() + shift + from, M.data() + shift + from, sgd);
+      Kernels<HostSpace>::sgd_update(to - from, W.data() + shift + from, G.data() + shift + from,
+                                     M.data() + shift + from, sgd);
     CHECK(std::memcmp(W.data() + shift, ws.data(), sizeof(float) * n) == 0);
     CHECK(std::memcmp(M.data() + shift, bs.data(), sizeof(float) * n) == 0);
   }
@@ -197,7 +204,8 @@ std::vector<std::string> const kAbcd{"a", "b", "c", "d"};
 // Trains `from` (3 steps, 'b' without a gradient in one), moves its state into an optimizer over `to` (the
 // same parameters in another layout, with `from`'s values), then 3 more steps on both: the same bits.
 template <class O>
-void check_moves(typename O::options_type opts, std::vector<std::string> const& order, std::vector<std::int64_t> const& reserve) {
+void check_moves(typename O::options_type opts, std::vector<std::string> const& order,
+                 std::vector<std::int64_t> const& reserve) {
   Net src = make_net(kAbcd);
   O a(src.arena, opts);
   steps(src, a, 0, 3, "b");
@@ -217,7 +225,8 @@ TEST_CASE("optimizer state moves between arenas of different layout (gaps, regis
     std::vector<std::string> order;
     std::vector<std::int64_t> reserve;
   };
-  for (auto const& l : {Layout{kAbcd, {2, 0, 3, 1}}, Layout{{"c", "a", "d", "b"}, {}}, Layout{{"d", "c", "b", "a"}, {0, 2, 0, 2}}}) {
+  for (auto const& l :
+       {Layout{kAbcd, {2, 0, 3, 1}}, Layout{{"c", "a", "d", "b"}, {}}, Layout{{"d", "c", "b", "a"}, {0, 2, 0, 2}}}) {
     CAPTURE(l.order[0]);
     CAPTURE(l.reserve.size());
     check_moves<optim::SGD>({.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01}, l.order, l.reserve);
@@ -270,7 +279,8 @@ TEST_CASE("load_state rejects a mismatched state naming the parameter, and chang
   auto const before = sgd.state();
   CHECK_THROWS_WITH_AS(sgd.load_state(adam.state()), doctest::Contains("'adam', not 'sgd'"), ArgumentError);
   CHECK_THROWS_WITH_AS(sgd.load_state(optim::SGD(n.arena, {.lr = 0.1}).state()),
-                       doctest::Contains("sgd state has buffers {}, this optimizer keeps {momentum_buffer}"), ArgumentError);
+                       doctest::Contains("sgd state has buffers {}, this optimizer keeps {momentum_buffer}"),
+                       ArgumentError);
   auto st = sgd.state();
   st.parameters[1].buffers[0].pop_back();
   CHECK_THROWS_WITH_AS(sgd.load_state(st), doctest::Contains("buffer 'momentum_buffer' of parameter 'b' has 3 values"),
@@ -281,11 +291,13 @@ TEST_CASE("load_state rejects a mismatched state naming the parameter, and chang
   st = sgd.state();
   st.parameters.push_back(st.parameters[0]);
   st.parameters.back().name = "extra.weight";
-  CHECK_THROWS_WITH_AS(sgd.load_state(st), doctest::Contains("holds parameter 'extra.weight' (3,), which this optimizer does not have"),
+  CHECK_THROWS_WITH_AS(sgd.load_state(st),
+                       doctest::Contains("holds parameter 'extra.weight' (3,), which this optimizer does not have"),
                        ArgumentError);
   st = sgd.state();
   st.parameters[1].shape = {4};
-  CHECK_THROWS_WITH_AS(sgd.load_state(st), doctest::Contains("state of parameter 'b' is for shape (4,), the parameter has shape (2, 2)"),
+  CHECK_THROWS_WITH_AS(sgd.load_state(st),
+                       doctest::Contains("state of parameter 'b' is for shape (4,), the parameter has shape (2, 2)"),
                        ArgumentError);
   st = sgd.state();
   st.parameters.push_back(st.parameters[0]);

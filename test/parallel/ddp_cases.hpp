@@ -3,9 +3,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <optional>
-#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -162,7 +162,9 @@ double no_sync_accumulation(C& comm) {
   float const weight = 1.0f / float(k + 1);
   for (int m = 0; m <= k; ++m) {
     std::int64_t const base = (static_cast<std::int64_t>(m) * n + r) * micro;
-    auto step = [&] { backward(scale(mse_loss(ddp(Var(rows(data.x, base, micro))), rows(data.y, base, micro)), weight)); };
+    auto step = [&] {
+      backward(scale(mse_loss(ddp(Var(rows(data.x, base, micro))), rows(data.y, base, micro)), weight));
+    };
     if (m < k) {
       auto guard = ddp.no_sync();
       step();
@@ -177,7 +179,8 @@ double no_sync_accumulation(C& comm) {
   for (std::size_t i = 0; i < p.entries().size(); ++i) {
     auto const& a = p.entries()[i];
     auto const& b = rp.entries()[i];
-    for (std::int64_t j = 0; j < a.numel; ++j) diff = std::max(diff, double(std::abs(a.var.grad()[j] - b.var.grad()[j])));
+    for (std::int64_t j = 0; j < a.numel; ++j)
+      diff = std::max(diff, double(std::abs(a.var.grad()[j] - b.var.grad()[j])));
   }
   return diff;
 }
@@ -358,7 +361,7 @@ template <AsyncCommunicator C>
 class SwapFirstBuckets : public Recording<C> {
  public:
   using inner_work = decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<float, HostSpace>>(),
-                                                                   ReduceOp::kAvg, CollectiveTag{}));
+                                                                  ReduceOp::kAvg, CollectiveTag{}));
   struct Work {
     std::shared_ptr<std::optional<inner_work>> w;
     void wait() {

@@ -17,7 +17,8 @@ namespace ddp::test::device {
 using Dev = DeviceSpace;
 
 template <MemorySpace S>
-using Mlp = nn::Sequential<nn::Named<nn::basic_linear<float, S>>, nn::basic_relu<float, S>, nn::Named<nn::basic_linear<float, S>>>;
+using Mlp = nn::Sequential<nn::Named<nn::basic_linear<float, S>>, nn::basic_relu<float, S>,
+                           nn::Named<nn::basic_linear<float, S>>>;
 
 template <MemorySpace S>
 Mlp<S> make_mlp(std::int64_t in, std::int64_t hidden, std::int64_t out, std::uint64_t seed) {
@@ -62,7 +63,8 @@ inline std::vector<float> host_reference(Data const& data, std::int64_t global_b
   optim::SGD opt(p, {.lr = 0.05, .momentum = 0.9});
   for (int s = 0; s < steps; ++s) {
     opt.zero_grad();
-    backward(mse_loss(ref(Var(rows(data.x, s * global_batch, global_batch))), rows(data.y, s * global_batch, global_batch)));
+    backward(
+        mse_loss(ref(Var(rows(data.x, s * global_batch, global_batch))), rows(data.y, s * global_batch, global_batch)));
     opt.step();
   }
   return weights(p);
@@ -70,7 +72,8 @@ inline std::vector<float> host_reference(Data const& data, std::int64_t global_b
 
 // N ranks, each on its B/N rows, training a device model under DDP (SGD with momentum). Returns the weights.
 template <AsyncCommunicator C>
-std::vector<float> device_ddp(C& comm, Data const& data, std::int64_t global_batch, int steps, BucketConfig buckets = {}) {
+std::vector<float> device_ddp(C& comm, Data const& data, std::int64_t global_batch, int steps,
+                              BucketConfig buckets = {}) {
   int const n = comm.world_size(), r = comm.rank();
   std::int64_t const local = global_batch / n;
   auto model = make_mlp<Dev>(8, 32, 4, 1 + static_cast<std::uint64_t>(r));  // rank 0's weights are broadcast

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "ddp/ddp.hpp"
-#include "ddp/train/checkpoint.hpp"
 #include "ddp/tensor/device.hpp"
+#include "ddp/train/checkpoint.hpp"
 #include "test/parallel/ddp_device_cases.hpp"
 
 using namespace ddp;
@@ -167,7 +167,9 @@ TEST_CASE("device tensors: basic_trainer trains a device model as it trains the 
   spawn(2, [&](ThreadsBackend& comm) {
     auto dm = make_mlp<Dev>(4, 16, 3, 11);
     trainer<decltype(dm), ThreadsBackend> t(dm, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8, .seed = 3});
-    auto ce = [](Variable<float, Dev> const& out, auto const& batch) { return cross_entropy(out, to_space<Dev>(batch.y)); };
+    auto ce = [](Variable<float, Dev> const& out, auto const& batch) {
+      return cross_entropy(out, to_space<Dev>(batch.y));
+    };
     for (int e = 0; e < 2; ++e) t.fit_epoch(data, e, ce);
     w[comm.rank()] = weights(t.ddp().parameters());
     counts[comm.rank()] = t.evaluate(data);

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   if (rc != cudaSuccess || devices == 0) {
     if (session.rank() == 0)
       std::printf("no usable CUDA device (%s): DDP-over-NCCL tests skipped%s\n",
-                  rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices", require_gpu ? " (--require-gpu: failing)" : "");
+                  rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices",
+                  require_gpu ? " (--require-gpu: failing)" : "");
     return require_gpu ? 1 : 0;
   }
   try {
@@ -30,15 +31,18 @@ int main(int argc, char** argv) {
     auto data = ddp::test::make_data(B * steps, 8, 4, 99);
     auto const host = dt::host_reference(data, B, steps);
     double const mlp = dt::rel_diff(dt::device_ddp(comm, data, B, steps), host);
-    double const mlp_small = dt::rel_diff(dt::device_ddp(comm, data, B, steps, {.cap_bytes = 256, .first_cap_bytes = 64}), host);
+    double const mlp_small =
+        dt::rel_diff(dt::device_ddp(comm, data, B, steps, {.cap_bytes = 256, .first_cap_bytes = 64}), host);
     double const cnn = dt::cnn_equivalence(comm);
     // cuBLAS/cuDNN sum in other orders than Eigen: agreement to float rounding, not bitwise.
     ddp::test::expect(mlp <= 1e-5, "MLP: device DDP vs host differs by " + std::to_string(mlp));
-    ddp::test::expect(mlp_small <= 1e-5, "MLP, small buckets: device DDP vs host differs by " + std::to_string(mlp_small));
+    ddp::test::expect(mlp_small <= 1e-5,
+                      "MLP, small buckets: device DDP vs host differs by " + std::to_string(mlp_small));
     ddp::test::expect(cnn <= 1e-4, "CNN: device DDP vs host differs by " + std::to_string(cnn));
     if (comm.rank() == 0)
-      std::printf("ddp nccl tests passed on %d rank(s), device %d: MLP %.3g, %.3g; CNN %.3g (relative to the host run)\n",
-                  comm.world_size(), comm.device(), mlp, mlp_small, cnn);
+      std::printf(
+          "ddp nccl tests passed on %d rank(s), device %d: MLP %.3g, %.3g; CNN %.3g (relative to the host run)\n",
+          comm.world_size(), comm.device(), mlp, mlp_small, cnn);
   } catch (std::exception const& e) {
     session.abort(e.what());
   }

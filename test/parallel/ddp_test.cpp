@@ -10,7 +10,8 @@ using namespace ddp;
 
 TEST_CASE("N ranks on B/N equal one process on B after 20 SGD-momentum steps") {
   for (int n : {1, 2, 4}) {
-    for (BucketConfig cfg : {BucketConfig{}, BucketConfig{.cap_bytes = 256, .first_cap_bytes = 64}, BucketConfig{.cap_bytes = 0, .first_cap_bytes = 0}}) {
+    for (BucketConfig cfg : {BucketConfig{}, BucketConfig{.cap_bytes = 256, .first_cap_bytes = 64},
+                             BucketConfig{.cap_bytes = 0, .first_cap_bytes = 0}}) {
       CAPTURE(n);
       CAPTURE(cfg.cap_bytes);
       std::vector<double> rel(n);
@@ -41,7 +42,8 @@ TEST_CASE("buffers are broadcast from rank 0 at construction and before each for
 }
 
 TEST_CASE("collectives: one broadcast per parameter, one all-reduce per bucket per step, same order on every rank") {
-  for (BucketConfig cfg : {BucketConfig{.cap_bytes = 0, .first_cap_bytes = 0}, BucketConfig{.cap_bytes = 1024, .first_cap_bytes = 256}}) {
+  for (BucketConfig cfg :
+       {BucketConfig{.cap_bytes = 0, .first_cap_bytes = 0}, BucketConfig{.cap_bytes = 1024, .first_cap_bytes = 256}}) {
     std::vector<std::vector<CollectiveRecord>> recs(2);
     spawn(2, [&](ThreadsBackend& comm) { recs[comm.rank()] = test::collective_order(comm, cfg); });
     auto const& a = recs[0];
@@ -58,7 +60,7 @@ TEST_CASE("collectives: one broadcast per parameter, one all-reduce per bucket p
     for (auto const& r : a) {
       if (r.op == CollectiveKind::kBroadcast && r.tag.label == std::string_view("ddp.param")) ++bcast;
       if (r.op == CollectiveKind::kAllReduce && r.tag.label == std::string_view("bucket")) {
-        CHECK(r.tag.id == expect_bucket);  // plan order
+        CHECK(r.tag.id == expect_bucket);        // plan order
         auto const& b = plan.buckets[r.tag.id];  // gradients, then 2 flags per parameter and one slot per rank
         CHECK(r.count == std::size_t(b.numel + 2 * std::int64_t(b.params.size()) + 2));
         expect_bucket = (expect_bucket + 1) % std::int64_t(plan.buckets.size());
@@ -115,7 +117,8 @@ TEST_CASE("a backward that throws does not leave the next step unsynchronised") 
     CHECK_FALSE(post_backward_queued(&ddp));
     // Synchronised: both ranks hold the same (averaged) gradient.
     std::vector<float> g(ddp.parameters().entries()[0].var.grad().data(),
-                         ddp.parameters().entries()[0].var.grad().data() + 8), all(16);
+                         ddp.parameters().entries()[0].var.grad().data() + 8),
+        all(16);
     comm.all_gather(g, all);
     for (int i = 0; i < 8; ++i) CHECK(all[i] == all[8 + i]);
   });
@@ -128,7 +131,8 @@ TEST_CASE("world size 1: an unused parameter is still an error naming it; find_u
     model.use_extra = false;
     {
       DistributedDataParallel ddp(model, comm);
-      CHECK_THROWS_WITH_AS(backward(sum(ddp(Var(full<float>({2, 4}, 1.0f))))), doctest::Contains("'extra.weight'"), DdpError);
+      CHECK_THROWS_WITH_AS(backward(sum(ddp(Var(full<float>({2, 4}, 1.0f))))), doctest::Contains("'extra.weight'"),
+                           DdpError);
     }
     DistributedDataParallel ddp(model, comm, {.find_unused_parameters = true});
     ddp.parameters().zero_grad();

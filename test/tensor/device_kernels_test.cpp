@@ -121,26 +121,39 @@ TEST_CASE_TEMPLATE("element-wise kernels equal the host's bitwise", T, float, do
     dev_op(dy.data());
     expect_close(name, hy, down(dy), exact<T>());
   };
-  run("fill", [&](T* y) { H::fill(n, T(0.25), y); }, [&](T* y) { D::fill(n, T(0.25), y); });
-  run("copy", [&](T* y) { H::copy(n, x.data(), y); }, [&](T* y) { D::copy(n, dx.data(), y); });
+  run(
+      "fill", [&](T* y) { H::fill(n, T(0.25), y); }, [&](T* y) { D::fill(n, T(0.25), y); });
+  run(
+      "copy", [&](T* y) { H::copy(n, x.data(), y); }, [&](T* y) { D::copy(n, dx.data(), y); });
   for (T a : {T(1), T(0.3)})
     for (T beta : {T(0), T(1), T(0.5)}) {
-      run("axpby", [&](T* y) { H::axpby(n, a, x.data(), beta, y); }, [&](T* y) { D::axpby(n, a, dx.data(), beta, y); });
-      run("mul", [&](T* y) { H::mul(n, x.data(), b.data(), beta, y); }, [&](T* y) { D::mul(n, dx.data(), db.data(), beta, y); });
-      run("add_scalar", [&](T* y) { H::add_scalar(n, a, beta, y); }, [&](T* y) { D::add_scalar(n, a, beta, y); });
+      run(
+          "axpby", [&](T* y) { H::axpby(n, a, x.data(), beta, y); }, [&](T* y) { D::axpby(n, a, dx.data(), beta, y); });
+      run(
+          "mul", [&](T* y) { H::mul(n, x.data(), b.data(), beta, y); },
+          [&](T* y) { D::mul(n, dx.data(), db.data(), beta, y); });
+      run(
+          "add_scalar", [&](T* y) { H::add_scalar(n, a, beta, y); }, [&](T* y) { D::add_scalar(n, a, beta, y); });
     }
-  run("add", [&](T* y) { H::add(n, T(1), x.data(), T(-0.5), b.data(), y); },
+  run(
+      "add", [&](T* y) { H::add(n, T(1), x.data(), T(-0.5), b.data(), y); },
       [&](T* y) { D::add(n, T(1), dx.data(), T(-0.5), db.data(), y); });
   i64 const cols = 17, rows = 61;  // 1037 = 61 · 17
-  run("add_row_broadcast", [&](T* y) { H::add_row_broadcast(rows, cols, b.data(), y); },
+  run(
+      "add_row_broadcast", [&](T* y) { H::add_row_broadcast(rows, cols, b.data(), y); },
       [&](T* y) { D::add_row_broadcast(rows, cols, db.data(), y); });
-  run("add_channel_broadcast", [&](T* y) { H::add_channel_broadcast(1, 61, 17, b.data(), y); },
+  run(
+      "add_channel_broadcast", [&](T* y) { H::add_channel_broadcast(1, 61, 17, b.data(), y); },
       [&](T* y) { D::add_channel_broadcast(1, 61, 17, db.data(), y); });
-  run("relu_fwd", [&](T* y) { H::relu_fwd(n, x.data(), y); }, [&](T* y) { D::relu_fwd(n, dx.data(), y); });
+  run(
+      "relu_fwd", [&](T* y) { H::relu_fwd(n, x.data(), y); }, [&](T* y) { D::relu_fwd(n, dx.data(), y); });
   for (T beta : {T(0), T(1)})
-    run("relu_bwd", [&](T* y) { H::relu_bwd(n, x.data(), b.data(), beta, y); },
+    run(
+        "relu_bwd", [&](T* y) { H::relu_bwd(n, x.data(), b.data(), beta, y); },
         [&](T* y) { D::relu_bwd(n, dx.data(), db.data(), beta, y); });
-  run("rsqrt_eps", [&](T* y) { H::rsqrt_eps(n, b.data(), T(2), y); }, [&](T* y) { D::rsqrt_eps(n, db.data(), T(2), y); });
+  run(
+      "rsqrt_eps", [&](T* y) { H::rsqrt_eps(n, b.data(), T(2), y); },
+      [&](T* y) { D::rsqrt_eps(n, db.data(), T(2), y); });
 }
 
 TEST_CASE_TEMPLATE("reductions and transcendental activations agree to a few ulps", T, float, double) {
@@ -176,9 +189,11 @@ TEST_CASE_TEMPLATE("reductions and transcendental activations agree to a few ulp
       expect_close(std::string(name) + " bwd", hg, down(dg), tol);
     }
   };
-  act("tanh", [](auto... a) { H::tanh_fwd(a...); }, [](auto... a) { D::tanh_fwd(a...); }, [](auto... a) { H::tanh_bwd(a...); },
-      [](auto... a) { D::tanh_bwd(a...); });
-  act("sigmoid", [](auto... a) { H::sigmoid_fwd(a...); }, [](auto... a) { D::sigmoid_fwd(a...); },
+  act(
+      "tanh", [](auto... a) { H::tanh_fwd(a...); }, [](auto... a) { D::tanh_fwd(a...); },
+      [](auto... a) { H::tanh_bwd(a...); }, [](auto... a) { D::tanh_bwd(a...); });
+  act(
+      "sigmoid", [](auto... a) { H::sigmoid_fwd(a...); }, [](auto... a) { D::sigmoid_fwd(a...); },
       [](auto... a) { H::sigmoid_bwd(a...); }, [](auto... a) { D::sigmoid_bwd(a...); });
 }
 
@@ -219,7 +234,8 @@ TEST_CASE_TEMPLATE("softmax family and losses agree with the host to a few ulps"
     expect_close("cross_entropy_bwd", hg, down(dg), tol);
   }
 
-  expect_close("nll_fwd", H::nll_fwd(rows, cols, hy.data(), target.data()), D::nll_fwd(rows, cols, dy.data(), dtarget.data()), tol);
+  expect_close("nll_fwd", H::nll_fwd(rows, cols, hy.data(), target.data()),
+               D::nll_fwd(rows, cols, dy.data(), dtarget.data()), tol);
   for (T beta : {T(0), T(1)}) {
     auto hg = y0;
     auto dg = up(y0);
@@ -255,13 +271,15 @@ TEST_CASE_TEMPLATE("gemm: every transpose, beta 0 (C holds NaN) and 1, equals th
           auto dc = up(hc);
           H::gemm(ta, tb, c.M, c.N, c.K, T(0.5), A.data(), B.data(), beta, hc.data());
           D::gemm(ta, tb, c.M, c.N, c.K, T(0.5), up(A).data(), up(B).data(), beta, dc.data());
-          expect_close(detail::cat("gemm ", c.M, "x", c.N, "x", c.K, " ta ", int(ta), " tb ", int(tb), " beta ", double(beta)),
-                       hc, down(dc), blas<T>());
+          expect_close(
+              detail::cat("gemm ", c.M, "x", c.N, "x", c.K, " ta ", int(ta), " tb ", int(tb), " beta ", double(beta)),
+              hc, down(dc), blas<T>());
         }
   }
 }
 
-TEST_CASE_TEMPLATE("conv2d forward and backward equal the host's (Winograd, im2col, relu, fused pooling)", T, float, double) {
+TEST_CASE_TEMPLATE("conv2d forward and backward equal the host's (Winograd, im2col, relu, fused pooling)", T, float,
+                   double) {
   Generator g(6);
   std::vector<ConvGeometry> cases{
       {.N = 2, .C = 3, .H = 9, .W = 8, .O = 4, .k = 3, .stride = 1, .pad = 1},
@@ -289,8 +307,8 @@ TEST_CASE_TEMPLATE("conv2d forward and backward equal the host's (Winograd, im2c
       auto dgx = up(hgx), dgw = up(hgw), dgb = up(hgb);
       H::conv2d_bwd(geo, x.data(), w.data(), hy.data(), gy.data(), beta, hgx.data(), beta, hgw.data(), beta, hgb.data(),
                     geo.pool2 ? hcodes.data() : nullptr);
-      D::conv2d_bwd(geo, dx.data(), dw.data(), dy.data(), dgy.data(), beta, dgx.data(), beta, dgw.data(), beta, dgb.data(),
-                    geo.pool2 ? dcodes.data() : nullptr);
+      D::conv2d_bwd(geo, dx.data(), dw.data(), dy.data(), dgy.data(), beta, dgx.data(), beta, dgw.data(), beta,
+                    dgb.data(), geo.pool2 ? dcodes.data() : nullptr);
       expect_close(label + " gx", hgx, down(dgx), blas<T>());
       expect_close(label + " gw", hgw, down(dgw), blas<T>());
       // The host's bias gradient sums planes with Eigen, whose vectorised sum depends on the buffer's alignment.
@@ -299,14 +317,14 @@ TEST_CASE_TEMPLATE("conv2d forward and backward equal the host's (Winograd, im2c
   }
 }
 
-TEST_CASE_TEMPLATE("max-pool forward (values, argmax, NaN) and backward (overlapping windows) equal the host bitwise", T, float,
-                   double) {
+TEST_CASE_TEMPLATE("max-pool forward (values, argmax, NaN) and backward (overlapping windows) equal the host bitwise",
+                   T, float, double) {
   Generator g(7);
   for (auto [k, s] : {std::pair<i64, i64>{2, 2}, {3, 2}, {3, 1}, {2, 1}}) {
     ConvGeometry geo{.N = 2, .C = 3, .H = 9, .W = 11, .O = 3, .k = k, .stride = s, .pad = 0};
     i64 const nx = geo.N * geo.C * geo.H * geo.W, ny = geo.N * geo.C * geo.L();
     auto x = random<T>(nx, g), gy = random<T>(ny, g), gx0 = random<T>(nx, g);
-    x[5] = x[6];                                   // a tie
+    x[5] = x[6];                                  // a tie
     x[40] = std::numeric_limits<T>::quiet_NaN();  // NaN propagates
     std::vector<T> hy(ny);
     std::vector<std::int32_t> hidx(ny);
@@ -354,10 +372,10 @@ TEST_CASE_TEMPLATE("batch-norm: training and evaluation forward, backward, equal
       for (T b : {T(0), T(1)}) {
         auto hgx = random<T>(n, g), hgg = random<T>(C, g), hgb = random<T>(C, g);
         auto dgx = up(hgx), dgg = up(hgg), dgb = up(hgb);
-        H::batchnorm_bwd(training, N, C, HW, x.data(), hgm, hm.data(), hs.data(), gy.data(), b, hgx.data(), b, hgg.data(), b,
-                         hgb.data());
-        D::batchnorm_bwd(training, N, C, HW, dx.data(), dgm, dm.data(), ds.data(), dgy.data(), b, dgx.data(), b, dgg.data(), b,
-                         dgb.data());
+        H::batchnorm_bwd(training, N, C, HW, x.data(), hgm, hm.data(), hs.data(), gy.data(), b, hgx.data(), b,
+                         hgg.data(), b, hgb.data());
+        D::batchnorm_bwd(training, N, C, HW, dx.data(), dgm, dm.data(), ds.data(), dgy.data(), b, dgx.data(), b,
+                         dgg.data(), b, dgb.data());
         expect_close("bn bwd gx", hgx, down(dgx), exact<T>());
         expect_close("bn bwd ggamma", hgg, down(dgg), exact<T>());
         expect_close("bn bwd gbeta", hgb, down(dgb), exact<T>());
@@ -369,9 +387,10 @@ TEST_CASE_TEMPLATE("optimizer updates (SGD variants, Adam, AdamW) equal the host
   Generator g(9);
   i64 const n = 5000;  // more than one host chunk
   auto w = random<T>(n, g), gr = random<T>(n, g), buf = random<T>(n, g), m = random<T>(n, g), v = random<T>(n, g, 0, 1);
-  for (SgdStep<T> p : {SgdStep<T>{T(0.1), T(0), T(0), T(0), false, false}, SgdStep<T>{T(0.1), T(0), T(0), T(0.01), false, false},
-                       SgdStep<T>{T(0.1), T(0.9), T(0), T(0.01), false, true}, SgdStep<T>{T(0.1), T(0.9), T(0.1), T(0), false, false},
-                       SgdStep<T>{T(0.1), T(0.9), T(0), T(0.01), true, false}}) {
+  for (SgdStep<T> p :
+       {SgdStep<T>{T(0.1), T(0), T(0), T(0), false, false}, SgdStep<T>{T(0.1), T(0), T(0), T(0.01), false, false},
+        SgdStep<T>{T(0.1), T(0.9), T(0), T(0.01), false, true}, SgdStep<T>{T(0.1), T(0.9), T(0.1), T(0), false, false},
+        SgdStep<T>{T(0.1), T(0.9), T(0), T(0.01), true, false}}) {
     auto hw = w, hb = buf;
     auto dw = up(w), db = up(buf);
     H::sgd_update(n, hw.data(), gr.data(), hb.data(), p);
@@ -381,7 +400,8 @@ TEST_CASE_TEMPLATE("optimizer updates (SGD variants, Adam, AdamW) equal the host
   }
   for (bool decoupled : {false, true})
     for (T wd : {T(0), T(0.01)}) {
-      AdamStep<T> p{T(1e-3), T(0.9), T(0.999), T(1e-8), wd, decoupled, T(1e-3) / (T(1) - T(0.9)), std::sqrt(T(1) - T(0.999))};
+      AdamStep<T> p{
+          T(1e-3), T(0.9), T(0.999), T(1e-8), wd, decoupled, T(1e-3) / (T(1) - T(0.9)), std::sqrt(T(1) - T(0.999))};
       auto hw = w, hm = m, hv = v;
       auto dw = up(w), dm = up(m), dv = up(v);
       H::adam_update(n, hw.data(), gr.data(), hm.data(), hv.data(), p);

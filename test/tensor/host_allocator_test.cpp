@@ -41,8 +41,8 @@ TEST_CASE("each thread has its own cache; a block freed on another thread joins 
   void* mine = HostBlockCache::allocate(big);
   void* theirs = nullptr;
   std::thread t([&] {
-    HostBlockCache::deallocate(mine, big);        // joins the worker's cache
-    theirs = HostBlockCache::allocate(big);       // and is handed back there
+    HostBlockCache::deallocate(mine, big);   // joins the worker's cache
+    theirs = HostBlockCache::allocate(big);  // and is handed back there
   });
   t.join();
   CHECK(theirs == mine);

@@ -42,8 +42,9 @@ TEST_CASE("gemm: every path, every transpose, beta 0 (C holds NaN) and 1, alpha 
     std::int64_t M, N, K;
   };
   // tiny (coefficient-based), skinny rows (M <= 4), outer products (K <= 4), regular blocked GEMM, transposed A·Bᵀ
-  for (Case c : {Case{3, 4, 5}, Case{2, 300, 200}, Case{1, 70, 90}, Case{4, 65, 300}, Case{200, 150, 2}, Case{120, 80, 3},
-                 Case{64, 96, 128}, Case{33, 17, 65}, Case{9, 40, 1100}}) {  // the last: A·Bᵀ computed as (B·Aᵀ)ᵀ
+  for (Case c :
+       {Case{3, 4, 5}, Case{2, 300, 200}, Case{1, 70, 90}, Case{4, 65, 300}, Case{200, 150, 2}, Case{120, 80, 3},
+        Case{64, 96, 128}, Case{33, 17, 65}, Case{9, 40, 1100}}) {  // the last: A·Bᵀ computed as (B·Aᵀ)ᵀ
     for (Trans ta : {Trans::kNo, Trans::kYes})
       for (Trans tb : {Trans::kNo, Trans::kYes})
         for (float beta : {0.0f, 1.0f}) {

@@ -31,7 +31,9 @@ double rel_diff(Tensor<T> const& a, Tensor<T> const& b) {
   return m / std::max(s, 1e-30);
 }
 
-constexpr Conv2dArgs winograd(std::int64_t pad) { return {.stride = 1, .padding = pad, .algorithm = ConvAlgorithm::kWinograd}; }
+constexpr Conv2dArgs winograd(std::int64_t pad) {
+  return {.stride = 1, .padding = pad, .algorithm = ConvAlgorithm::kWinograd};
+}
 
 }  // namespace
 
@@ -64,7 +66,8 @@ TEST_CASE("Winograd gradients of input, weight and bias (double, central differe
   for (Case const& cc : cases) {
     Generator gen(++seed);
     Shape const xs{cc.N, cc.C, cc.H, cc.W};
-    VarD x = param(uniform(xs, gen)), w = param(uniform(Shape{cc.O, cc.C, 3, 3}, gen)), b = param(uniform(Shape{cc.O}, gen));
+    VarD x = param(uniform(xs, gen)), w = param(uniform(Shape{cc.O, cc.C, 3, 3}, gen)),
+         b = param(uniform(Shape{cc.O}, gen));
     Conv2dArgs const args = winograd(cc.pad);
     std::string const what = detail::cat("winograd x ", xs, " O ", cc.O, " pad ", cc.pad);
     check_grad(what, [args](Inputs const& v) { return conv2d(v[0], v[1], v[2], args); }, {x, w, b});
@@ -73,7 +76,8 @@ TEST_CASE("Winograd gradients of input, weight and bias (double, central differe
     check_grad(what + " w constant", [args](Inputs const& v) { return conv2d(v[0], v[1], VarD{}, args); },
                {x, constant(w.value())});
     // x and w each feed two convolutions: their gradients accumulate (beta = 1 in the kernels).
-    check_grad(what + " used twice", [args](Inputs const& v) { return conv2d(v[0], v[1], VarD{}, args) + conv2d(v[0], v[1], v[2], args); },
+    check_grad(what + " used twice",
+               [args](Inputs const& v) { return conv2d(v[0], v[1], VarD{}, args) + conv2d(v[0], v[1], v[2], args); },
                {x, w, b});
   }
 }
@@ -86,7 +90,9 @@ TEST_CASE("Winograd in float agrees with im2col at a BasicNet layer and at odd s
   for (Case const cc : {Case{3, 32, 64, 26, 26, 0}, Case{2, 9, 11, 13, 10, 1}, Case{1, 16, 8, 31, 17, 2}}) {
     Shape const xs{cc.N, cc.C, cc.H, cc.W};
     Tensor<float> const x = to_float(uniform(xs, gen)), w = to_float(uniform(Shape{cc.O, cc.C, 3, 3}, gen, -0.2, 0.2)),
-                        b = to_float(uniform(Shape{cc.O}, gen)), gy_dir = to_float(uniform(Shape{cc.N, cc.O, cc.H + 2 * cc.pad - 2, cc.W + 2 * cc.pad - 2}, gen));
+                        b = to_float(uniform(Shape{cc.O}, gen)),
+                        gy_dir =
+                            to_float(uniform(Shape{cc.N, cc.O, cc.H + 2 * cc.pad - 2, cc.W + 2 * cc.pad - 2}, gen));
     auto run = [&](ConvAlgorithm a) {
       Var xv(x, RequiresGrad::kYes), wv(w, RequiresGrad::kYes), bv(b, RequiresGrad::kYes);
       Var y = conv2d(xv, wv, bv, Conv2dArgs{.stride = 1, .padding = cc.pad, .algorithm = a});
@@ -102,7 +108,8 @@ TEST_CASE("Winograd in float agrees with im2col at a BasicNet layer and at odd s
   }
 }
 
-TEST_CASE("kAuto runs 3x3 stride-1 layers with >= 8 input and output channels through Winograd, others through im2col") {
+TEST_CASE(
+    "kAuto runs 3x3 stride-1 layers with >= 8 input and output channels through Winograd, others through im2col") {
   Generator gen(7300);
   auto forward = [&](std::int64_t C, std::int64_t O, std::int64_t k, std::int64_t stride, ConvAlgorithm a) {
     Generator g2(42);
@@ -122,7 +129,10 @@ TEST_CASE("kWinograd on a layer it cannot run is an error naming the kernel and 
   Generator gen(7400);
   VarD x = param(uniform(Shape{1, 2, 8, 8}, gen));
   check_throws_with<ArgumentError>(
-      [&] { (void)conv2d(x, param(uniform(Shape{2, 2, 5, 5}, gen)), VarD{}, winograd(0)); }, {"kWinograd", "kernel 5"});
+      [&] {
+        (void)conv2d(x, param(uniform(Shape{2, 2, 5, 5}, gen)), VarD{}, winograd(0));
+      },
+      {"kWinograd", "kernel 5"});
   check_throws_with<ArgumentError>(
       [&] {
         (void)conv2d(x, param(uniform(Shape{2, 2, 3, 3}, gen)), VarD{},
@@ -134,13 +144,15 @@ TEST_CASE("kWinograd on a layer it cannot run is an error naming the kernel and 
 TEST_CASE("conv2d with a fused ReLU: gradients (double) on both algorithms, and bitwise the unfused result (float)") {
   Generator gen(7500);
   for (ConvAlgorithm a : {ConvAlgorithm::kWinograd, ConvAlgorithm::kIm2col}) {
-    VarD x = param(uniform(Shape{2, 3, 7, 6}, gen)), w = param(uniform(Shape{4, 3, 3, 3}, gen)), b = param(uniform(Shape{4}, gen));
+    VarD x = param(uniform(Shape{2, 3, 7, 6}, gen)), w = param(uniform(Shape{4, 3, 3, 3}, gen)),
+         b = param(uniform(Shape{4}, gen));
     Conv2dArgs const args{.stride = 1, .padding = 1, .algorithm = a, .relu = true};
-    check_grad(detail::cat("conv2d+relu algorithm ", int(a)), [args](Inputs const& v) { return conv2d(v[0], v[1], v[2], args); },
-               {x, w, b});
+    check_grad(detail::cat("conv2d+relu algorithm ", int(a)),
+               [args](Inputs const& v) { return conv2d(v[0], v[1], v[2], args); }, {x, w, b});
   }
   for (std::int64_t C : {3, 16}) {  // im2col and Winograd under kAuto
-    Tensor<float> const xt = to_float(uniform(Shape{2, C, 13, 11}, gen)), wt = to_float(uniform(Shape{16, C, 3, 3}, gen, -0.3, 0.3)),
+    Tensor<float> const xt = to_float(uniform(Shape{2, C, 13, 11}, gen)),
+                        wt = to_float(uniform(Shape{16, C, 3, 3}, gen, -0.3, 0.3)),
                         bt = to_float(uniform(Shape{16}, gen)), dir = to_float(uniform(Shape{2, 16, 13, 11}, gen));
     auto run = [&](bool fused) {
       Var x(xt, RequiresGrad::kYes), w(wt, RequiresGrad::kYes), b(bt, RequiresGrad::kYes);
@@ -162,12 +174,14 @@ TEST_CASE("conv2d with a fused ReLU and 2x2 max-pool: bitwise the composed ops (
     std::int64_t C, O, H, W, pad;
     char const* op;
   };
-  for (Case2 const cc : {Case2{16, 8, 13, 11, 1, "conv2d+relu+max_pool2d"},  // 13x11 output: a row and a column uncovered
-                         Case2{9, 8, 10, 12, 0, "conv2d+relu+max_pool2d"},
-                         Case2{8, 264, 6, 7, 0, "conv2d+relu+max_pool2d"},  // more channels than one pooling block
-                         Case2{3, 8, 10, 12, 1, "max_pool2d"}}) {
+  for (Case2 const cc :
+       {Case2{16, 8, 13, 11, 1, "conv2d+relu+max_pool2d"},  // 13x11 output: a row and a column uncovered
+        Case2{9, 8, 10, 12, 0, "conv2d+relu+max_pool2d"},
+        Case2{8, 264, 6, 7, 0, "conv2d+relu+max_pool2d"},  // more channels than one pooling block
+        Case2{3, 8, 10, 12, 1, "max_pool2d"}}) {
     Tensor<float> const xt = to_float(uniform(Shape{3, cc.C, cc.H, cc.W}, gen)),
-                        wt = to_float(uniform(Shape{cc.O, cc.C, 3, 3}, gen, -0.3, 0.3)), bt = to_float(uniform(Shape{cc.O}, gen));
+                        wt = to_float(uniform(Shape{cc.O, cc.C, 3, 3}, gen, -0.3, 0.3)),
+                        bt = to_float(uniform(Shape{cc.O}, gen));
     std::int64_t const PH = (cc.H + 2 * cc.pad - 2) / 2, PW = (cc.W + 2 * cc.pad - 2) / 2;
     Tensor<float> const dir = to_float(uniform(Shape{3, cc.O, PH, PW}, gen));
     auto run = [&](bool fused) {
@@ -182,9 +196,11 @@ TEST_CASE("conv2d with a fused ReLU and 2x2 max-pool: bitwise the composed ops (
     INFO("C ", cc.C, " O ", cc.O, " H ", cc.H, " W ", cc.W, " pad ", cc.pad);
     for (int i = 0; i < 4; ++i) CHECK(max_abs_diff(f[i], u[i]) == 0.0);
   }
-  VarD x = param(uniform(Shape{2, 3, 9, 8}, gen)), w = param(uniform(Shape{4, 3, 3, 3}, gen)), b = param(uniform(Shape{4}, gen));
+  VarD x = param(uniform(Shape{2, 3, 9, 8}, gen)), w = param(uniform(Shape{4, 3, 3, 3}, gen)),
+       b = param(uniform(Shape{4}, gen));
   Conv2dArgs const args{.padding = 1, .algorithm = ConvAlgorithm::kWinograd, .relu = true, .max_pool = 2};
   check_grad("conv2d+relu+max_pool2d", [args](Inputs const& v) { return conv2d(v[0], v[1], v[2], args); }, {x, w, b});
-  check_throws_with<ArgumentError>([&] { (void)conv2d(x, w, b, Conv2dArgs{.relu = true, .max_pool = 3}); }, {"max_pool", "3"});
+  check_throws_with<ArgumentError>([&] { (void)conv2d(x, w, b, Conv2dArgs{.relu = true, .max_pool = 3}); },
+                                   {"max_pool", "3"});
   check_throws_with<ArgumentError>([&] { (void)conv2d(x, w, b, Conv2dArgs{.max_pool = 2}); }, {"max_pool", "relu"});
 }

@@ -39,7 +39,8 @@ void dump(fs::path const& p, std::string const& bytes) {
 
 auto small_model(std::uint64_t seed, std::int64_t hidden = 3) {
   Generator g(seed);
-  return nn::Sequential(nn::named("fc1", nn::Linear(4, hidden, g)), nn::ReLU(), nn::named("fc2", nn::Linear(hidden, 2, g)));
+  return nn::Sequential(nn::named("fc1", nn::Linear(4, hidden, g)), nn::ReLU(),
+                        nn::named("fc2", nn::Linear(hidden, 2, g)));
 }
 
 template <class M, class O>
@@ -66,8 +67,13 @@ bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-TrainPosition const kPos{.epoch = 3, .step = 17, .global_step = 1234, .scheduler_epoch = 2, .world_size = 4,
-                         .global_batch = 256, .seed = 99};
+TrainPosition const kPos{.epoch = 3,
+                         .step = 17,
+                         .global_step = 1234,
+                         .scheduler_epoch = 2,
+                         .world_size = 4,
+                         .global_batch = 256,
+                         .seed = 99};
 
 // A valid checkpoint of small_model after 3 AdamW steps, written to dir/name.
 fs::path write_valid(fs::path const& dir, std::string const& name = "ckpt.bin") {
@@ -207,7 +213,8 @@ TEST_CASE("a corrupted checkpoint (one flipped byte) is a checksum error naming 
   auto bad = good;
   bad[16] = static_cast<char>(bad[16] ^ 0x04);
   dump(path, bad);
-  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path), doctest::Contains("header's checksum does not match"), IoError);
+  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path), doctest::Contains("header's checksum does not match"),
+                       IoError);
 }
 
 TEST_CASE("a truncated checkpoint is an error naming the file and the sizes") {
@@ -217,21 +224,21 @@ TEST_CASE("a truncated checkpoint is an error naming the file and the sizes") {
   for (std::size_t n : {std::size_t{0}, std::size_t{7}, kCheckpointHeaderBytes - 1}) {
     CAPTURE(n);
     dump(path, good.substr(0, n));
-    CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path),
-                         doctest::Contains(("checkpoint " + path.string() + ": truncated: the file has " +
-                                            std::to_string(n) + " bytes")
-                                               .c_str()),
-                         IoError);
+    CHECK_THROWS_WITH_AS(
+        read_checkpoint_file<float>(path),
+        doctest::Contains(
+            ("checkpoint " + path.string() + ": truncated: the file has " + std::to_string(n) + " bytes").c_str()),
+        IoError);
   }
   for (std::size_t n : {kCheckpointHeaderBytes, good.size() / 2, good.size() - 1}) {
     CAPTURE(n);
     dump(path, good.substr(0, n));
-    CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path),
-                         doctest::Contains(("truncated: the header announces " +
-                                            std::to_string(good.size() - kCheckpointHeaderBytes) + " payload bytes but only " +
-                                            std::to_string(n - kCheckpointHeaderBytes) + " follow it")
-                                               .c_str()),
-                         IoError);
+    CHECK_THROWS_WITH_AS(
+        read_checkpoint_file<float>(path),
+        doctest::Contains(("truncated: the header announces " + std::to_string(good.size() - kCheckpointHeaderBytes) +
+                           " payload bytes but only " + std::to_string(n - kCheckpointHeaderBytes) + " follow it")
+                              .c_str()),
+        IoError);
   }
   dump(path, good + "junk");
   CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path), doctest::Contains("4 unexpected bytes after"), IoError);
@@ -246,9 +253,9 @@ TEST_CASE("wrong magic or version is an error naming the file") {
   auto bad = good;
   bad[0] = 'X';
   dump(path, bad);
-  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path),
-                       doctest::Contains((path.string() + ": wrong magic number: this is not a ddp checkpoint").c_str()),
-                       IoError);
+  CHECK_THROWS_WITH_AS(
+      read_checkpoint_file<float>(path),
+      doctest::Contains((path.string() + ": wrong magic number: this is not a ddp checkpoint").c_str()), IoError);
   dump(path, std::string(100, 'a'));
   CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path), doctest::Contains("wrong magic number"), IoError);
   // Version 3 with a consistent header checksum: refused as unsupported.
@@ -258,9 +265,9 @@ TEST_CASE("wrong magic or version is an error naming the file") {
   std::uint32_t const crc = detail::crc32_of(bad.data(), kCheckpointHeaderBytes - 4);
   std::memcpy(bad.data() + kCheckpointHeaderBytes - 4, &crc, 4);
   dump(path, bad);
-  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(path),
-                       doctest::Contains((path.string() + ": unsupported version 3 (this build reads version 2)").c_str()),
-                       IoError);
+  CHECK_THROWS_WITH_AS(
+      read_checkpoint_file<float>(path),
+      doctest::Contains((path.string() + ": unsupported version 3 (this build reads version 2)").c_str()), IoError);
   // Double-precision parameters are not float parameters.
   CHECK_THROWS_WITH_AS(read_checkpoint_file<double>(write_valid(dir, "f.bin")),
                        doctest::Contains("4-byte elements, this model uses 8-byte elements"), IoError);
@@ -284,7 +291,8 @@ TEST_CASE("a checkpoint of another model or optimizer is an ArgumentError on eve
     CHECK(errs[0].find("reported by rank 1") != std::string::npos);
   }
   SUBCASE("wrong optimizer kind on rank 1") {
-    auto const errs = load_on_ranks(2, path, [](int) { return small_model(1); }, /*sgd_on_rank1=*/true);
+    auto const errs = load_on_ranks(
+        2, path, [](int) { return small_model(1); }, /*sgd_on_rank1=*/true);
     for (auto const& e : errs)
       CHECK(e.find("its optimizer state does not fit: the optimizer state is for 'adamw', not 'sgd'") !=
             std::string::npos);
@@ -330,7 +338,8 @@ TEST_CASE("a failed save is an IoError on every rank") {
     std::lock_guard lock(mu);
     errs[static_cast<std::size_t>(comm.rank())] = err;
   });
-  for (auto const& e : errs) CHECK(e.find("cannot write checkpoint " + (dir / "no/such/dir.bin").string()) != std::string::npos);
+  for (auto const& e : errs)
+    CHECK(e.find("cannot write checkpoint " + (dir / "no/such/dir.bin").string()) != std::string::npos);
   CHECK(errs[1].find("reported by rank 0") != std::string::npos);
 }
 
@@ -338,10 +347,11 @@ TEST_CASE("a version-1 checkpoint (optimizer state in bucket layout) is refused,
   // Written by the version-1 code (git 6530216) for small_model(1) after 3 AdamW steps.
   fs::path const v1 = "test/train/testdata/checkpoint_v1.bin";
   REQUIRE(fs::exists(v1));
-  CHECK_THROWS_WITH_AS(read_checkpoint_file<float>(v1),
-                       doctest::Contains("checkpoint test/train/testdata/checkpoint_v1.bin: format version 1 is no longer "
-                                         "read (this build reads version 2)"),
-                       IoError);
+  CHECK_THROWS_WITH_AS(
+      read_checkpoint_file<float>(v1),
+      doctest::Contains("checkpoint test/train/testdata/checkpoint_v1.bin: format version 1 is no longer "
+                        "read (this build reads version 2)"),
+      IoError);
   auto const errs = load_on_ranks(2, v1, [](int) { return small_model(1); });
   for (auto const& e : errs) CHECK(e.find("checkpoint_v1.bin: format version 1") != std::string::npos);
 }
@@ -385,7 +395,8 @@ void take_image_steps(M& model, O& opt, int from, int to) {
 template <class M>
 std::vector<float> everything_of(M const& model) {  // parameters and buffers, in the model's order
   std::vector<float> v;
-  for (auto const& p : model.named_parameters()) v.insert(v.end(), p.var.value().data(), p.var.value().data() + p.var.numel());
+  for (auto const& p : model.named_parameters())
+    v.insert(v.end(), p.var.value().data(), p.var.value().data() + p.var.numel());
   for (auto const& b : model.named_buffers()) v.insert(v.end(), b.tensor.data(), b.tensor.data() + b.tensor.numel());
   return v;
 }
@@ -440,7 +451,7 @@ TEST_CASE("frozen parameters are saved and restored; the optimizer keeps no stat
   auto const path = dir / "ckpt.bin";
   write_checkpoint_file(path, capture_checkpoint(m, opt, kPos));
   auto const c = read_checkpoint_file<float>(path);
-  CHECK(c.parameters.size() == 4);          // the frozen one included
+  CHECK(c.parameters.size() == 4);            // the frozen one included
   CHECK(c.optimizer.parameters.size() == 3);  // not in the optimizer
   auto m2 = make(9);
   auto arena2 = trainable(m2);
@@ -467,21 +478,25 @@ TEST_CASE("parameters, buffers and generators are matched by name: a missing or 
   CHECK_NOTHROW(fits(d));
   d = c;
   d.buffers.pop_back();
-  CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("checkpoint f.bin does not fit this model/optimizer: the model's buffer "
-                                                  "'bn.running_var' (2,) is not in the file"),
+  CHECK_THROWS_WITH_AS(fits(d),
+                       doctest::Contains("checkpoint f.bin does not fit this model/optimizer: the model's buffer "
+                                         "'bn.running_var' (2,) is not in the file"),
                        ArgumentError);
   d = c;
   d.parameters[2].name = "bn.scale";
-  CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("the model's parameter 'bn.weight' (2,) is not in the file"), ArgumentError);
+  CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("the model's parameter 'bn.weight' (2,) is not in the file"),
+                       ArgumentError);
   d = c;
   d.parameters.push_back(d.parameters[0]);
   d.parameters.back().name = "head.weight";
-  CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("it holds parameter 'head.weight' (2, 1, 3, 3), which the model does not have"),
-                       ArgumentError);
+  CHECK_THROWS_WITH_AS(
+      fits(d), doctest::Contains("it holds parameter 'head.weight' (2, 1, 3, 3), which the model does not have"),
+      ArgumentError);
   d = c;
   d.optimizer.parameters.pop_back();
-  CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("its optimizer state does not fit: sgd state has no entry for parameter 'fc.bias'"),
-                       ArgumentError);
+  CHECK_THROWS_WITH_AS(
+      fits(d), doctest::Contains("its optimizer state does not fit: sgd state has no entry for parameter 'fc.bias'"),
+      ArgumentError);
   d = c;
   d.generators.names[0] = "dropout.generator";
   CHECK_THROWS_WITH_AS(fits(d), doctest::Contains("the model's random generator 'drop.generator' is not in the file"),
@@ -502,7 +517,8 @@ std::vector<float> train_mlp(TensorDataset<std::int32_t> const& data, std::int64
   spawn(2, [&](ThreadsBackend& comm) {
     Generator g(init_seed);
     nn::Sequential model(nn::Flatten(), nn::named("fc1", nn::Linear(784, 256, g)), nn::ReLU(),
-                         nn::named("fc2", nn::Linear(256, 128, g)), nn::ReLU(), nn::named("fc3", nn::Linear(128, 10, g)));
+                         nn::named("fc2", nn::Linear(256, 128, g)), nn::ReLU(),
+                         nn::named("fc3", nn::Linear(128, 10, g)));
     DistributedDataParallel ddp(model, comm);
     optim::AdamW opt(ddp.parameters(), {.lr = 2e-3});
     optim::StepLR sched(opt, {.step_size = 1, .gamma = 0.5});
@@ -521,8 +537,13 @@ std::vector<float> train_mlp(TensorDataset<std::int32_t> const& data, std::int64
         ++step;
         if (++pos.global_step == stop_at) {
           save_checkpoint(save, comm, ddp.module(), opt,
-                          {.epoch = epoch, .step = step, .global_step = pos.global_step,
-                           .scheduler_epoch = sched.epoch(), .world_size = 2, .global_batch = 64, .seed = 5});
+                          {.epoch = epoch,
+                           .step = step,
+                           .global_step = pos.global_step,
+                           .scheduler_epoch = sched.epoch(),
+                           .world_size = 2,
+                           .global_batch = 64,
+                           .seed = 5});
           out[static_cast<std::size_t>(comm.rank())] = values_of(ddp.parameters());
           return;
         }

@@ -33,17 +33,38 @@ std::size_t count(std::string const& s, std::string const& what) {
 
 MetricsLog two_epochs() {
   MetricsLog log;
-  log.add({.epoch = 1, .train_loss = 0.5123, .test_loss = 0.4012, .test_accuracy = 0.8571, .test_correct = 8571,
-           .test_total = 10000, .seconds = 20.5, .steps = 938, .samples = 60000, .lr = 1e-3});
-  log.add({.epoch = 2, .train_loss = 0.3311, .test_loss = 0.3456, .test_accuracy = 0.8802, .test_correct = 8802,
-           .test_total = 10000, .seconds = 19.5, .steps = 938, .samples = 60000, .lr = 7e-4});
+  log.add({.epoch = 1,
+           .train_loss = 0.5123,
+           .test_loss = 0.4012,
+           .test_accuracy = 0.8571,
+           .test_correct = 8571,
+           .test_total = 10000,
+           .seconds = 20.5,
+           .steps = 938,
+           .samples = 60000,
+           .lr = 1e-3});
+  log.add({.epoch = 2,
+           .train_loss = 0.3311,
+           .test_loss = 0.3456,
+           .test_accuracy = 0.8802,
+           .test_correct = 8802,
+           .test_total = 10000,
+           .seconds = 19.5,
+           .steps = 938,
+           .samples = 60000,
+           .lr = 7e-4});
   return log;
 }
 
 }  // namespace
 
 TEST_CASE("format_progress: step/total, loss, samples/s, ETA; the bar in interactive mode") {
-  ProgressStatus const s{.epoch = 1, .epochs = 2, .step = 10, .total = 938, .loss = 0.5, .samples_per_second = 2950.4,
+  ProgressStatus const s{.epoch = 1,
+                         .epochs = 2,
+                         .step = 10,
+                         .total = 938,
+                         .loss = 0.5,
+                         .samples_per_second = 2950.4,
                          .eta_seconds = 65.4};
   CHECK(format_progress(s) == "epoch 1/2  step  10/938  loss 0.5000  2950 samples/s  ETA 1:05");
   ProgressStatus half = s;
@@ -142,8 +163,8 @@ TEST_CASE("MetricsLog writes a CSV with a header and one row per epoch") {
                        doctest::Contains("ckpt.bin: the first line is not the metrics CSV header"), IoError);
   auto broken = log.csv();
   broken.insert(broken.find("\n2,") + 3, "x");
-  CHECK_THROWS_WITH_AS(MetricsLog::from_csv(broken, "ckpt.bin"), doctest::Contains("ckpt.bin: line 3 is not a metrics row"),
-                       IoError);
+  CHECK_THROWS_WITH_AS(MetricsLog::from_csv(broken, "ckpt.bin"),
+                       doctest::Contains("ckpt.bin: line 3 is not a metrics row"), IoError);
 }
 
 TEST_CASE("MetricsLog's SVG is well-formed with axes, labels, both curves and a legend") {

@@ -26,8 +26,8 @@ inline void expect(bool ok, std::string const& what) {
   if (!ok) throw std::runtime_error(what);
 }
 
-inline constexpr int kSteps = 6;        // the uninterrupted run
-inline constexpr int kStop = 3;         // the interrupted run checkpoints after this many steps
+inline constexpr int kSteps = 6;           // the uninterrupted run
+inline constexpr int kStop = 3;            // the interrupted run checkpoints after this many steps
 inline constexpr std::int64_t kBatch = 8;  // global batch: every world size 1, 2, 4 takes an equal share
 
 // One stretch of training: optimizer steps [from, to), after loading `load` (if set), then saving to `save`
@@ -50,9 +50,10 @@ inline constexpr BucketConfig kSmallBuckets{.cap_bytes = 256, .first_cap_bytes =
 // Conv, BatchNorm (buffers), Dropout (a per-rank generator), Linear: everything a checkpoint must carry.
 inline auto make_cnn(std::uint64_t seed, int rank) {
   Generator g(seed);
-  return nn::Sequential(nn::named("conv", nn::Conv2d(2, 4, 3, g)), nn::named("bn", nn::BatchNorm2d(4)), nn::ReLU(),
-                        nn::Flatten(), nn::named("drop", nn::Dropout(0.25, seed * 1000 + static_cast<std::uint64_t>(rank))),
-                        nn::named("fc1", nn::Linear(4 * 4 * 4, 16, g)), nn::Tanh(), nn::named("fc2", nn::Linear(16, 3, g)));
+  return nn::Sequential(
+      nn::named("conv", nn::Conv2d(2, 4, 3, g)), nn::named("bn", nn::BatchNorm2d(4)), nn::ReLU(), nn::Flatten(),
+      nn::named("drop", nn::Dropout(0.25, seed * 1000 + static_cast<std::uint64_t>(rank))),
+      nn::named("fc1", nn::Linear(4 * 4 * 4, 16, g)), nn::Tanh(), nn::named("fc2", nn::Linear(16, 3, g)));
 }
 // Nothing batch-dependent but the gradient: N ranks on B/N equal one process on B (to rounding).
 inline auto make_mlp(std::uint64_t seed, int /*rank*/) {
@@ -85,7 +86,8 @@ inline Batch batch_rows(int step, std::vector<std::int64_t> const& x_shape, std:
 template <nn::Model M>
 std::vector<float> state_of(M const& model) {
   std::vector<float> v;
-  for (auto const& p : model.named_parameters()) v.insert(v.end(), p.var.value().data(), p.var.value().data() + p.var.numel());
+  for (auto const& p : model.named_parameters())
+    v.insert(v.end(), p.var.value().data(), p.var.value().data() + p.var.numel());
   for (auto const& b : model.named_buffers()) v.insert(v.end(), b.tensor.data(), b.tensor.data() + b.tensor.numel());
   return v;
 }
@@ -118,7 +120,8 @@ void run_leg(Leg const& leg, O& opt, Forward&& forward, Load&& load, Save&& save
   if (!leg.load.empty()) {
     TrainPosition const pos = load(leg.load);
     expect(pos.global_step == leg.from, "checkpoint " + leg.load.string() + " is at step " +
-                                            std::to_string(pos.global_step) + ", the leg starts at " + std::to_string(leg.from));
+                                            std::to_string(pos.global_step) + ", the leg starts at " +
+                                            std::to_string(leg.from));
   }
   for (int s = leg.from; s < leg.to; ++s) {
     opt.zero_grad();
@@ -213,7 +216,8 @@ double resume_with_other_buckets(C& comm, std::filesystem::path const& dir) {
     auto const ckpt = dir / (name + ".ckpt");
     auto const part = ddp_leg<O>(comm, {.to = kStop, .save = ckpt, .buckets = first}, make_cnn, kCnnInput, 3);
     expect(!same_bits(part, full), name + ": the interrupted run already equals the full one");
-    auto const resumed = ddp_leg<O>(comm, {.from = kStop, .load = ckpt, .buckets = second, .seed = 7}, make_cnn, kCnnInput, 3);
+    auto const resumed =
+        ddp_leg<O>(comm, {.from = kStop, .load = ckpt, .buckets = second, .seed = 7}, make_cnn, kCnnInput, 3);
     worst = std::max(worst, relative_diff(resumed, full));
   };
   one.template operator()<optim::AdamW>(kOneBucket, kPerParameter, "adamw_one_to_per_parameter");
@@ -233,7 +237,9 @@ double resume_with_one_process(C& comm, std::filesystem::path const& dir) {
   // comm's ranks -> one process.
   auto const a = dir / "mlp_ranks.ckpt";
   ddp_leg<optim::AdamW>(comm, {.to = kStop, .save = a, .buckets = kSmallBuckets}, make_mlp, kMlpInput, 4);
-  worst = std::max(worst, relative_diff(plain_leg<optim::AdamW>({.from = kStop, .load = a, .seed = 7}, make_mlp, kMlpInput, 4), full));
+  worst = std::max(
+      worst,
+      relative_diff(plain_leg<optim::AdamW>({.from = kStop, .load = a, .seed = 7}, make_mlp, kMlpInput, 4), full));
   // One process -> comm's ranks (rank 0 writes; the load is collective and agreed, so others wait for it).
   auto const b = dir / "mlp_one.ckpt";
   if (comm.rank() == 0) plain_leg<optim::AdamW>({.to = kStop, .save = b}, make_mlp, kMlpInput, 4);

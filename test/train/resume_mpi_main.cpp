@@ -22,9 +22,11 @@ int main(int argc, char** argv) {
     // buckets are all small enough for one reduction algorithm (with more than two ranks, a plan whose buckets
     // straddle MPICH's short/long message threshold could group the ranks' sums differently).
     double const buckets = resume_with_other_buckets(comm, dir);
-    expect(buckets == 0.0, "resume with another bucket plan differs from the uninterrupted run by " + std::to_string(buckets));
+    expect(buckets == 0.0,
+           "resume with another bucket plan differs from the uninterrupted run by " + std::to_string(buckets));
     double const one = resume_with_one_process(comm, dir);
-    expect(one <= 1e-6, "resume between " + std::to_string(n) + " ranks and one process differs by " + std::to_string(one));
+    expect(one <= 1e-6,
+           "resume between " + std::to_string(n) + " ranks and one process differs by " + std::to_string(one));
 
     // n ranks <-> the first n/2 ranks.
     MPI_Comm half_comm;
@@ -35,13 +37,14 @@ int main(int argc, char** argv) {
     ddp_leg<ddp::optim::AdamW>(comm, {.to = kStop, .save = a, .buckets = kOneBucket}, make_mlp, kMlpInput, 4);
     if (half_comm != MPI_COMM_NULL) {
       ddp::MpiBackend half(session, {.comm = half_comm});
-      auto const resumed = ddp_leg<ddp::optim::AdamW>(half, {.from = kStop, .load = a, .buckets = kSmallBuckets, .seed = 7},
-                                                      make_mlp, kMlpInput, 4);
+      auto const resumed = ddp_leg<ddp::optim::AdamW>(
+          half, {.from = kStop, .load = a, .buckets = kSmallBuckets, .seed = 7}, make_mlp, kMlpInput, 4);
       worst = std::max(worst, relative_diff(resumed, full));
       ddp_leg<ddp::optim::AdamW>(half, {.to = kStop, .save = b, .buckets = kPerParameter}, make_mlp, kMlpInput, 4);
     }
     comm.barrier();
-    auto const resumed = ddp_leg<ddp::optim::AdamW>(comm, {.from = kStop, .load = b, .seed = 7}, make_mlp, kMlpInput, 4);
+    auto const resumed =
+        ddp_leg<ddp::optim::AdamW>(comm, {.from = kStop, .load = b, .seed = 7}, make_mlp, kMlpInput, 4);
     worst = std::max(worst, relative_diff(resumed, full));
     expect(worst <= 1e-6, "resume between " + std::to_string(n) + " and " + std::to_string(n / 2) +
                               " ranks differs by " + std::to_string(worst));
@@ -50,8 +53,9 @@ int main(int argc, char** argv) {
     if (r == 0) {
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
-      std::printf("resume mpi tests passed on %d ranks (other bucket plans %.3g; one process %.3g; %d <-> %d ranks %.3g)\n",
-                  n, buckets, one, n, n / 2, worst);
+      std::printf(
+          "resume mpi tests passed on %d ranks (other bucket plans %.3g; one process %.3g; %d <-> %d ranks %.3g)\n", n,
+          buckets, one, n, n / 2, worst);
     }
   } catch (std::exception const& e) {
     session.abort(e.what());

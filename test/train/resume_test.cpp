@@ -69,7 +69,9 @@ TEST_CASE("resuming at another world size: 2 ranks -> 4 ranks and 4 -> 2, other 
   }
 }
 
-TEST_CASE("a checkpoint keeps every rank's generators; at another world size parameters and buffers load, generators keep their seeds") {
+TEST_CASE(
+    "a checkpoint keeps every rank's generators; at another world size parameters and buffers load, generators keep "
+    "their seeds") {
   auto const dir = temp_dir("generators");
   auto const ckpt = dir / "cnn.ckpt";
   std::vector<GeneratorState> saved(2);
@@ -98,7 +100,8 @@ TEST_CASE("a checkpoint keeps every rank's generators; at another world size par
                         c.parameters[i].values.size() * sizeof(float)) == 0);
     auto const buffers = model.named_buffers();
     for (std::size_t i = 0; i < buffers.size(); ++i)
-      CHECK(std::memcmp(buffers[i].tensor.data(), c.buffers[i].values.data(), c.buffers[i].values.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(buffers[i].tensor.data(), c.buffers[i].values.data(),
+                        c.buffers[i].values.size() * sizeof(float)) == 0);
   });
   // On 2 ranks again: each rank continues its own stream.
   spawn(2, [&](ThreadsBackend& comm) {

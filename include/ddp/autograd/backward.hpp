@@ -116,7 +116,8 @@ void backward_sweep(Variable<T, S> const& root, Tensor<T, S> const& grad_output,
     throw ShapeError(detail::cat("backward(): grad_output has shape ", grad_output.shape(), " but the root has shape ",
                                  r.value.shape()));
   if (!grad_output.defined() && r.value.numel() != 1)
-    throw ShapeError(detail::cat("backward() without grad_output needs a one-element root; got shape ", r.value.shape()));
+    throw ShapeError(
+        detail::cat("backward() without grad_output needs a one-element root; got shape ", r.value.shape()));
 
   // Post-order DFS (iterative: deep nets must not overflow the stack). Leaves count their consumer edges.
   std::uint64_t const epoch = detail::next_backward_epoch();
@@ -139,7 +140,8 @@ void backward_sweep(Variable<T, S> const& root, Tensor<T, S> const& grad_output,
         } else {
           // Checked before any gradient is touched: running a freed closure is undefined behaviour.
           if (p->released())
-            throw ArgumentError(detail::cat("backward() reaches op '", p->op, "', whose graph an earlier backward freed; "
+            throw ArgumentError(detail::cat("backward() reaches op '", p->op,
+                                            "', whose graph an earlier backward freed; "
                                             "pass BackwardOptions{.retain_graph = true} to that backward"));
           p->grad_defined = false;  // interior gradients are this sweep's scratch (an old root kept its seed)
           stack.emplace_back(p, 0);

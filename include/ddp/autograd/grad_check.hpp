@@ -19,17 +19,17 @@
 namespace ddp {
 
 struct GradCheckOptions {
-  double eps = 1e-6;   // finite-difference step: (f(x + eps) - f(x - eps)) / (2 eps)
-  double rtol = 1e-6;  // pass when every element's error (see GradCheckResult::max_error) is at most this
-  double atol = 1.0;   // error floor of the denominator: below |grad| = atol the error is absolute
+  double eps = 1e-6;            // finite-difference step: (f(x + eps) - f(x - eps)) / (2 eps)
+  double rtol = 1e-6;           // pass when every element's error (see GradCheckResult::max_error) is at most this
+  double atol = 1.0;            // error floor of the denominator: below |grad| = atol the error is absolute
   std::uint64_t seed = 0x5eed;  // draws the cotangent v for outputs with more than one element
 };
 
 // The outcome of a check; `worst_*` describe the element with the largest error.
 struct GradCheckResult {
   bool ok = true;
-  double max_error = 0;   // max over elements of |analytic - numeric| / max(atol, |analytic|, |numeric|)
-  int worst_input = -1;   // index into the inputs passed to grad_check
+  double max_error = 0;             // max over elements of |analytic - numeric| / max(atol, |analytic|, |numeric|)
+  int worst_input = -1;             // index into the inputs passed to grad_check
   std::int64_t worst_element = -1;  // flat (row-major) index within that input
   double worst_analytic = 0;
   double worst_numeric = 0;
@@ -138,13 +138,14 @@ GradCheckResult grad_check_impl(Fn& fn, std::vector<Variable<double, S>> const& 
 // gradients holding backward's result. Inputs may live in any memory space with kernels (device tensors too:
 // the perturbations and the contraction go through Kernels<S>::from_host / to_host).
 template <class Fn>
-  requires std::invocable<Fn&, std::vector<Variable<double>> const&>
-GradCheckResult grad_check(Fn&& fn, std::vector<Variable<double>> const& inputs, GradCheckOptions const& opts = {}) {
+requires std::invocable < Fn&, std::vector<Variable<double>>
+const& > GradCheckResult grad_check(Fn&& fn, std::vector<Variable<double>> const& inputs,
+                                    GradCheckOptions const& opts = {}) {
   return detail::grad_check_impl<HostSpace>(fn, inputs, opts);
 }
 template <MemorySpace S, class Fn>
-  requires(!std::same_as<S, HostSpace>) && std::invocable<Fn&, std::vector<Variable<double, S>> const&>
-GradCheckResult grad_check(Fn&& fn, std::vector<Variable<double, S>> const& inputs, GradCheckOptions const& opts = {}) {
+requires(!std::same_as<S, HostSpace>) && std::invocable<Fn&, std::vector<Variable<double, S>> const&> GradCheckResult
+    grad_check(Fn&& fn, std::vector<Variable<double, S>> const& inputs, GradCheckOptions const& opts = {}) {
   return detail::grad_check_impl<S>(fn, inputs, opts);
 }
 

@@ -50,12 +50,12 @@ struct Node {
   static constexpr int kMaxParents = 3;
 
   Tensor<T, S> value;
-  Tensor<T, S> grad;          // storage (for parameters: a view into the gradient arena)
+  Tensor<T, S> grad;  // storage (for parameters: a view into the gradient arena)
   bool requires_grad = false;
   bool grad_defined = false;  // grad holds a value; when false, the first contribution overwrites it
   bool is_leaf = true;
   int n_parents = 0;
-  int pending = 0;            // consumer edges still to run in the current backward (leaves)
+  int pending = 0;  // consumer edges still to run in the current backward (leaves)
   std::uint64_t visit_epoch = 0;
   char const* op = "leaf";
   std::array<std::shared_ptr<Node>, kMaxParents> parents{};
@@ -158,7 +158,8 @@ class Variable {
   }
   // Leaves only: `hook(node)` runs once per backward, as soon as this leaf's gradient is final.
   void set_grad_hook(typename node_type::GradHook hook) const {
-    if (!checked().is_leaf) throw ArgumentError(detail::cat("grad hooks go on leaves; this variable comes from op '", node_->op, "'"));
+    if (!checked().is_leaf)
+      throw ArgumentError(detail::cat("grad hooks go on leaves; this variable comes from op '", node_->op, "'"));
     node_->leaf_hooks().grad_hook = std::move(hook);
   }
   node_type& node() const { return checked(); }

@@ -21,8 +21,8 @@ struct Bucket {
 };
 
 struct BucketPlan {
-  std::vector<Bucket> buckets;          // launch order
-  std::vector<std::size_t> bucket_of;   // registration index -> bucket
+  std::vector<Bucket> buckets;         // launch order
+  std::vector<std::size_t> bucket_of;  // registration index -> bucket
 };
 
 // PyTorch's defaults: bucket_cap_mb = 25, and a first bucket of 1 MiB so communication starts early.
@@ -38,14 +38,16 @@ struct BucketConfig {
 // soon as its size reaches the cap (the first bucket's cap is first_cap_bytes, later ones cap_bytes).
 // So a parameter larger than the cap sits alone, and cap 0 gives one bucket per parameter.
 // Deterministic and backend-free: every rank computes the same plan from the same sizes.
-inline BucketPlan assign_buckets(std::span<std::int64_t const> numels, std::size_t element_bytes, BucketConfig cfg = {}) {
+inline BucketPlan assign_buckets(std::span<std::int64_t const> numels, std::size_t element_bytes,
+                                 BucketConfig cfg = {}) {
   if (element_bytes == 0) throw ArgumentError("assign_buckets: element_bytes must be positive");
   BucketPlan plan;
   plan.bucket_of.assign(numels.size(), 0);
   Bucket open;
   std::size_t open_bytes = 0;
   for (std::size_t k = numels.size(); k-- > 0;) {
-    if (numels[k] < 0) throw ArgumentError(detail::cat("assign_buckets: parameter ", k, " has negative size ", numels[k]));
+    if (numels[k] < 0)
+      throw ArgumentError(detail::cat("assign_buckets: parameter ", k, " has negative size ", numels[k]));
     open.params.push_back(k);
     open.numel += numels[k];
     open_bytes += static_cast<std::size_t>(numels[k]) * element_bytes;

@@ -55,8 +55,8 @@ class BucketReducer {
         world_(comm.world_size()),
         rank_(comm.rank()) {
     if (offsets_.size() != plan_.buckets.size())
-      throw ArgumentError(detail::cat("BucketReducer: ", offsets_.size(), " bucket offsets for ", plan_.buckets.size(),
-                                      " buckets"));
+      throw ArgumentError(
+          detail::cat("BucketReducer: ", offsets_.size(), " bucket offsets for ", plan_.buckets.size(), " buckets"));
     std::size_t const np = plan_.bucket_of.size(), nb = plan_.buckets.size();
     std::size_t widest = 0;
     for (auto const& b : plan_.buckets) widest = std::max(widest, b.params.size());
@@ -110,7 +110,8 @@ class BucketReducer {
   // and reads the flags. Throws DdpError, on every rank alike, when ranks reduced different buckets together.
   ReduceOutcome const& finalize() {
     for (std::size_t i = 0; i < ready_.size(); ++i)
-      if (!ready_[i]) throw ArgumentError(detail::cat("BucketReducer::finalize: parameter ", i, " was never marked ready"));
+      if (!ready_[i])
+        throw ArgumentError(detail::cat("BucketReducer::finalize: parameter ", i, " was never marked ready"));
     if (observer_) observer_->on_wait_begin();
     wait_all();
     if (observer_) observer_->on_wait_end();
@@ -124,15 +125,14 @@ class BucketReducer {
       if (!w) continue;
       try {
         w->wait();
-      } catch (...) {
-      }
+      } catch (...) {}
       w.reset();
     }
   }
 
  private:
-  using work_t = decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<T, S>>(), ReduceOp::kAvg,
-                                                               CollectiveTag{}));
+  using work_t =
+      decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<T, S>>(), ReduceOp::kAvg, CollectiveTag{}));
 
   T* slice(std::size_t b) const noexcept { return grads_.data() + offsets_[b]; }
 
@@ -210,8 +210,9 @@ class BucketReducer {
       if (std::abs(id - double(b + 1)) < 0.25) continue;  // recovered ids are within 1e-6 of an integer
       double const k = std::nearbyint(id) - 1;
       bool const bucket_like = std::abs(id - (k + 1)) < 0.25 && k >= 0 && k < double(plan_.buckets.size());
-      others += detail::cat(others.empty() ? "" : ", ", "rank ", r, " (",
-                            bucket_like ? detail::cat("bucket ", static_cast<std::int64_t>(k)) : std::string("not a bucket"), ")");
+      others += detail::cat(
+          others.empty() ? "" : ", ", "rank ", r, " (",
+          bucket_like ? detail::cat("bucket ", static_cast<std::int64_t>(k)) : std::string("not a bucket"), ")");
     }
     if (!others.empty())
       throw DdpError(detail::cat("DistributedDataParallel: rank ", rank_, "'s bucket ", b,

@@ -22,10 +22,14 @@ enum class ReduceOp { kSum, kAvg, kMax, kMin };
 
 constexpr std::string_view name(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -34,8 +38,8 @@ constexpr std::string_view name(ReduceOp op) noexcept {
 enum class Dtype { kFloat32, kFloat64, kInt32, kInt64 };
 
 template <class T>
-concept CommElement = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> ||
-                      std::same_as<T, std::int64_t>;
+concept CommElement =
+    std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t>;
 
 template <CommElement T>
 inline constexpr Dtype dtype_of = std::same_as<T, float>          ? Dtype::kFloat32
@@ -45,10 +49,14 @@ inline constexpr Dtype dtype_of = std::same_as<T, float>          ? Dtype::kFloa
 
 constexpr std::string_view name(Dtype t) noexcept {
   switch (t) {
-    case Dtype::kFloat32: return "float32";
-    case Dtype::kFloat64: return "float64";
-    case Dtype::kInt32: return "int32";
-    case Dtype::kInt64: return "int64";
+    case Dtype::kFloat32:
+      return "float32";
+    case Dtype::kFloat64:
+      return "float64";
+    case Dtype::kInt32:
+      return "int32";
+    case Dtype::kInt64:
+      return "int64";
   }
   return "?";
 }
@@ -58,13 +66,20 @@ enum class CollectiveKind { kAllReduce, kBroadcast, kAllGather, kReduceScatter, 
 
 constexpr std::string_view name(CollectiveKind k) noexcept {
   switch (k) {
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kGather: return "gather";
-    case CollectiveKind::kScatter: return "scatter";
-    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kGather:
+      return "gather";
+    case CollectiveKind::kScatter:
+      return "scatter";
+    case CollectiveKind::kBarrier:
+      return "barrier";
   }
   return "?";
 }
@@ -145,16 +160,17 @@ concept Communicator = requires(C& c, C const& cc) {
   { cc.rank() } -> std::same_as<int>;
   { cc.world_size() } -> std::same_as<int>;
   c.barrier();
-} && detail::CollectivesFor<C, float> && detail::CollectivesFor<C, double> &&
-                       detail::CollectivesFor<C, std::int32_t> && detail::CollectivesFor<C, std::int64_t>;
+}
+&&detail::CollectivesFor<C, float>&& detail::CollectivesFor<C, double>&& detail::CollectivesFor<C, std::int32_t>&&
+    detail::CollectivesFor<C, std::int64_t>;
 
 // A Communicator whose all-reduce can also run asynchronously: all_reduce_async returns a WorkHandle at
 // once; the work runs in issue order on the rank's progress engine (thread or stream), so ranks issuing
 // the same sequence never cross. The buffer must stay alive and untouched until wait() returns.
 template <class C>
-concept AsyncCommunicator = Communicator<C> && detail::AsyncCollectivesFor<C, float> &&
-                            detail::AsyncCollectivesFor<C, double> && detail::AsyncCollectivesFor<C, std::int32_t> &&
-                            detail::AsyncCollectivesFor<C, std::int64_t>;
+concept AsyncCommunicator =
+    Communicator<C> && detail::AsyncCollectivesFor<C, float> && detail::AsyncCollectivesFor<C, double> &&
+    detail::AsyncCollectivesFor<C, std::int32_t> && detail::AsyncCollectivesFor<C, std::int64_t>;
 
 namespace detail {
 
@@ -167,7 +183,7 @@ struct IsSpaceSpan<SpaceSpan<T, S>> : std::true_type {};
 // contiguous host range (std::span, std::vector, std::array), which is host memory.
 template <class R>
 concept BufferLike = IsSpaceSpan<std::remove_cvref_t<R>>::value ||
-                     (std::ranges::contiguous_range<R> && std::ranges::sized_range<R>);
+    (std::ranges::contiguous_range<R>&& std::ranges::sized_range<R>);
 
 template <class R>
 constexpr auto as_space_span(R&& r) noexcept {

@@ -19,8 +19,8 @@ namespace ddp {
 struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;   // index among the ranks on this node: picks the GPU
-  int local_size = 1;   // ranks on this node
+  int local_rank = 0;              // index among the ranks on this node: picks the GPU
+  int local_size = 1;              // ranks on this node
   std::string source = "default";  // "torchrun", "mpich", "openmpi", "slurm" or "default" (nothing set)
 };
 
@@ -60,7 +60,8 @@ inline int slurm_tasks_on_node(std::string const& spec, int node) {
     int const tasks = parse_env_int("SLURM_TASKS_PER_NODE", item.substr(0, paren));
     int repeat = 1;
     if (paren != std::string::npos) {
-      if (item.back() != ')') throw ArgumentError(cat("launch environment: cannot parse SLURM_TASKS_PER_NODE=\"", spec, "\""));
+      if (item.back() != ')')
+        throw ArgumentError(cat("launch environment: cannot parse SLURM_TASKS_PER_NODE=\"", spec, "\""));
       repeat = parse_env_int("SLURM_TASKS_PER_NODE", item.substr(paren + 2, item.size() - paren - 3));
     }
     if (node < index + repeat) return tasks;
@@ -84,7 +85,8 @@ struct Launcher {
 inline constexpr Launcher kLaunchers[] = {
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
     {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
-    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
     {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
 };
 
@@ -103,7 +105,8 @@ inline ArgumentError partial_error(EnvLookup const& env, Launcher const& l) {
     if (var == nullptr) continue;
     if (auto val = env(var)) set += cat(set.empty() ? "" : ", ", var, "=", *val);
   }
-  std::string const missing = !rank && !env(l.world) ? cat(l.rank, " and ", l.world) : std::string(rank ? l.world : l.rank);
+  std::string const missing =
+      !rank && !env(l.world) ? cat(l.rank, " and ", l.world) : std::string(rank ? l.world : l.rank);
   return ArgumentError(cat("launch environment (", l.source, ") is partial: ", missing, " not set but ", set,
                            " is; set both ", l.rank, " and ", l.world, " (or none of the ", l.source, " variables)"));
 }
@@ -138,7 +141,8 @@ inline LaunchEnv read_launcher(EnvLookup const& env, Launcher const& l) {
   auto const lrank = read_int(env, l.local_rank);
   auto const lsize = l.local_size ? read_int(env, l.local_size) : slurm_local_size(env);
   std::string const where = cat("launch environment (", l.source, "): ");
-  if (world.value < 1) throw ArgumentError(cat(where, "world size is ", world.value, ", must be >= 1 (", world.text, ")"));
+  if (world.value < 1)
+    throw ArgumentError(cat(where, "world size is ", world.value, ", must be >= 1 (", world.text, ")"));
   if (rank.value >= world.value) {
     throw ArgumentError(cat(where, "rank ", rank.value, " is not below world size ", world.value, " (", rank.text, ", ",
                             world.text, ")"));
@@ -149,8 +153,9 @@ inline LaunchEnv read_launcher(EnvLookup const& env, Launcher const& l) {
     if (world.value == 1) return e;
     std::string const vars = l.local_size ? cat(l.local_rank, " and ", l.local_size)
                                           : cat(l.local_rank, " and SLURM_NTASKS_PER_NODE (or SLURM_TASKS_PER_NODE)");
-    throw ArgumentError(cat(where, "rank ", rank.value, " of ", world.value, " but the local rank or local size is not set; set ",
-                            vars, " (the local rank picks the GPU)"));
+    throw ArgumentError(cat(where, "rank ", rank.value, " of ", world.value,
+                            " but the local rank or local size is not set; set ", vars,
+                            " (the local rank picks the GPU)"));
   }
   e.local_rank = lrank->value;
   e.local_size = lsize->value;
@@ -204,9 +209,10 @@ inline LaunchEnv launch_env(EnvLookup const& env = detail::getenv_lookup) {
       auto const rank = detail::try_parse_env_int(*env(mpi->rank));
       auto const world = detail::try_parse_env_int(*env(mpi->world));
       if (rank && world && (*rank != e.rank || *world != e.world_size)) {
-        throw ArgumentError(detail::cat("launch environment is inconsistent: RANK=", e.rank, " WORLD_SIZE=", e.world_size,
-                                        " (torchrun-style) but the MPI launcher (", mpi->source, ") says rank ", *rank,
-                                        " of ", *world, " (", mpi->rank, ", ", mpi->world, "); unset one of them"));
+        throw ArgumentError(detail::cat("launch environment is inconsistent: RANK=", e.rank,
+                                        " WORLD_SIZE=", e.world_size, " (torchrun-style) but the MPI launcher (",
+                                        mpi->source, ") says rank ", *rank, " of ", *world, " (", mpi->rank, ", ",
+                                        mpi->world, "); unset one of them"));
       }
       break;
     }

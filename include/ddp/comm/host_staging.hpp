@@ -22,7 +22,9 @@ class HostStage {
  public:
   HostStage() = default;
   explicit HostStage(std::size_t n)
-      : n_(n), p_(static_cast<T*>(HostBlockCache::allocate(n * sizeof(T))), [n](T* p) { HostBlockCache::deallocate(p, n * sizeof(T)); }) {}
+      : n_(n), p_(static_cast<T*>(HostBlockCache::allocate(n * sizeof(T))), [n](T* p) {
+          HostBlockCache::deallocate(p, n * sizeof(T));
+        }) {}
   T* data() const noexcept { return p_.get(); }
   std::size_t size() const noexcept { return n_; }
 
@@ -37,7 +39,8 @@ class HostStage {
 template <class W, class T, MemorySpace Space = DeviceSpace>
 class StagedWork {
  public:
-  StagedWork(W inner, detail::HostStage<T> stage, T* device) : inner_(std::move(inner)), stage_(std::move(stage)), device_(device) {}
+  StagedWork(W inner, detail::HostStage<T> stage, T* device)
+      : inner_(std::move(inner)), stage_(std::move(stage)), device_(device) {}
   void wait() {
     inner_.wait();
     if (device_ != nullptr) {
@@ -82,7 +85,7 @@ class HostStaging {
     with_host(s, true, [&](auto h) { inner_->all_reduce(h, op, tag); });
   }
   template <detail::BufferLike B>
-    requires AsyncCommunicator<C>
+  requires AsyncCommunicator<C>
   auto all_reduce_async(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
     auto s = checked(detail::as_space_span(buf));
     using T = std::remove_cv_t<typename decltype(s)::element_type>;

@@ -36,16 +36,23 @@ struct MpiOptions {
 namespace detail {
 template <CommElement T>
 inline MPI_Datatype mpi_type() noexcept {
-  if constexpr (std::same_as<T, float>) return MPI_FLOAT;
-  else if constexpr (std::same_as<T, double>) return MPI_DOUBLE;
-  else if constexpr (std::same_as<T, std::int32_t>) return MPI_INT32_T;
-  else return MPI_INT64_T;
+  if constexpr (std::same_as<T, float>)
+    return MPI_FLOAT;
+  else if constexpr (std::same_as<T, double>)
+    return MPI_DOUBLE;
+  else if constexpr (std::same_as<T, std::int32_t>)
+    return MPI_INT32_T;
+  else
+    return MPI_INT64_T;
 }
 inline MPI_Op mpi_op(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
-    default: return MPI_SUM;  // kAvg: sum, then one scaling pass (MPI has no average)
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    default:
+      return MPI_SUM;  // kAvg: sum, then one scaling pass (MPI has no average)
   }
 }
 }  // namespace detail
@@ -125,8 +132,8 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
     std::size_t off = 0;
     do {  // MPI counts are int: chunk, and still call once for an empty buffer
       std::size_t const m = std::min(kMaxChunk, buf.size() - off);
-      check(MPI_Allreduce(MPI_IN_PLACE, buf.data() + off, static_cast<int>(m), detail::mpi_type<T>(), detail::mpi_op(op),
-                          comm_),
+      check(MPI_Allreduce(MPI_IN_PLACE, buf.data() + off, static_cast<int>(m), detail::mpi_type<T>(),
+                          detail::mpi_op(op), comm_),
             "all_reduce", tag);
       off += m;
     } while (off < buf.size());
@@ -149,7 +156,8 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
     void const* send = src.data() == dst.data() + static_cast<std::size_t>(rank_) * src.size() && m > 0
                            ? MPI_IN_PLACE
                            : static_cast<void const*>(src.data());
-    check(MPI_Allgather(send, m, detail::mpi_type<T>(), dst.data(), m, detail::mpi_type<T>(), comm_), "all_gather", tag);
+    check(MPI_Allgather(send, m, detail::mpi_type<T>(), dst.data(), m, detail::mpi_type<T>(), comm_), "all_gather",
+          tag);
   }
 
   template <class T>
@@ -163,16 +171,18 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   template <class T>
   void run_gather(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
     int const m = block(src.size(), CollectiveKind::kGather);
-    bool const in_place = rank_ == root && m > 0 && src.data() == dst.data() + static_cast<std::size_t>(root) * src.size();
-    check(MPI_Gather(in_place ? MPI_IN_PLACE : static_cast<void const*>(src.data()), m, detail::mpi_type<T>(), dst.data(),
-                     m, detail::mpi_type<T>(), root, comm_),
+    bool const in_place =
+        rank_ == root && m > 0 && src.data() == dst.data() + static_cast<std::size_t>(root) * src.size();
+    check(MPI_Gather(in_place ? MPI_IN_PLACE : static_cast<void const*>(src.data()), m, detail::mpi_type<T>(),
+                     dst.data(), m, detail::mpi_type<T>(), root, comm_),
           "gather", tag);
   }
 
   template <class T>
   void run_scatter(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
     int const m = block(dst.size(), CollectiveKind::kScatter);
-    bool const in_place = rank_ == root && m > 0 && dst.data() == src.data() + static_cast<std::size_t>(root) * dst.size();
+    bool const in_place =
+        rank_ == root && m > 0 && dst.data() == src.data() + static_cast<std::size_t>(root) * dst.size();
     check(MPI_Scatter(src.data(), m, detail::mpi_type<T>(), in_place ? MPI_IN_PLACE : static_cast<void*>(dst.data()), m,
                       detail::mpi_type<T>(), root, comm_),
           "scatter", tag);

@@ -177,10 +177,11 @@ class MpiSession {
     for (int k = 0; k < world_size_; ++k) {
       if (failed[static_cast<std::size_t>(k)] != 0) ranks += detail::cat(ranks.empty() ? "" : ", ", k);
     }
-    throw CommError(detail::cat("ddp mpi: launch setup failed on rank", ranks.find(',') == std::string::npos ? " " : "s ",
-                                ranks, " of ", world_size_, " (rank ", root, ": ", why, "); rank ", rank_,
-                                " stops too, so that no rank waits for it"),
-                    root);
+    throw CommError(
+        detail::cat("ddp mpi: launch setup failed on rank", ranks.find(',') == std::string::npos ? " " : "s ", ranks,
+                    " of ", world_size_, " (rank ", root, ": ", why, "); rank ", rank_,
+                    " stops too, so that no rank waits for it"),
+        root);
   }
 
   // The launcher's variables must describe the same job MPI sees. The classic failure: every process is an
@@ -212,7 +213,7 @@ class MpiSession {
 // Any exception escaping fn prints a message naming this rank and calls MPI_Abort, so mpirun/srun end the
 // whole job within seconds instead of leaving the other ranks waiting in a collective forever.
 template <class F>
-  requires std::invocable<F&, MpiSession&>
+requires std::invocable<F&, MpiSession&>
 int mpi_main(int& argc, char**& argv, F&& fn) {
   std::optional<MpiSession> started;
   try {

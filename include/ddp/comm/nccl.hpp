@@ -37,17 +37,25 @@ struct NcclOptions {
 namespace detail {
 template <CommElement T>
 inline ncclDataType_t nccl_type() noexcept {
-  if constexpr (std::same_as<T, float>) return ncclFloat32;
-  else if constexpr (std::same_as<T, double>) return ncclFloat64;
-  else if constexpr (std::same_as<T, std::int32_t>) return ncclInt32;
-  else return ncclInt64;
+  if constexpr (std::same_as<T, float>)
+    return ncclFloat32;
+  else if constexpr (std::same_as<T, double>)
+    return ncclFloat64;
+  else if constexpr (std::same_as<T, std::int32_t>)
+    return ncclInt32;
+  else
+    return ncclInt64;
 }
 inline ncclRedOp_t nccl_op(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;  // scaled inside NCCL's reduction
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;  // scaled inside NCCL's reduction
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -119,8 +127,8 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
     ncclUniqueId id{};
     if (rank_ == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
     if (int rc = MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD); rc != MPI_SUCCESS) {
-      throw CommError(detail::cat("ddp nccl: rank ", rank_, ": MPI_Bcast of the ncclUniqueId failed: ",
-                                  detail::mpi_error_string(rc)),
+      throw CommError(detail::cat("ddp nccl: rank ", rank_,
+                                  ": MPI_Bcast of the ncclUniqueId failed: ", detail::mpi_error_string(rc)),
                       rank_);
     }
     nccl(ncclCommInitRank(&comm_, n_, id, rank_), "ncclCommInitRank");
@@ -156,8 +164,12 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
 
   template <class T>
   void run_all_reduce(DeviceSpan<T> buf, ReduceOp op, CollectiveTag tag) {
-    enqueue([&] { return ncclAllReduce(buf.data(), buf.data(), buf.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_); },
-            "all_reduce", tag);
+    enqueue(
+        [&] {
+          return ncclAllReduce(buf.data(), buf.data(), buf.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_,
+                               stream_);
+        },
+        "all_reduce", tag);
   }
 
   template <class T>
@@ -170,8 +182,9 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
 
   template <class T>
   void run_broadcast(DeviceSpan<T> buf, int root, CollectiveTag tag) {
-    enqueue([&] { return ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl_type<T>(), root, comm_, stream_); },
-            "broadcast", tag);
+    enqueue(
+        [&] { return ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl_type<T>(), root, comm_, stream_); },
+        "broadcast", tag);
   }
 
   template <class T>
@@ -182,9 +195,12 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
 
   template <class T>
   void run_reduce_scatter(DeviceSpan<T const> src, DeviceSpan<T> dst, ReduceOp op, CollectiveTag tag) {
-    enqueue([&] {
-      return ncclReduceScatter(src.data(), dst.data(), dst.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_, stream_);
-    }, "reduce_scatter", tag);
+    enqueue(
+        [&] {
+          return ncclReduceScatter(src.data(), dst.data(), dst.size(), detail::nccl_type<T>(), detail::nccl_op(op),
+                                   comm_, stream_);
+        },
+        "reduce_scatter", tag);
   }
 
   // NCCL has no gather/scatter: grouped point-to-point. The root exchanges block k (m elements at offset
@@ -193,7 +209,8 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
   void run_gather(DeviceSpan<T const> src, DeviceSpan<T> dst, int root, CollectiveTag tag) {
     std::size_t const m = src.size();
     grouped("gather", tag, [&](int k) {
-      if (rank_ != root) return k == root ? ncclSend(src.data(), m, detail::nccl_type<T>(), root, comm_, stream_) : ncclSuccess;
+      if (rank_ != root)
+        return k == root ? ncclSend(src.data(), m, detail::nccl_type<T>(), root, comm_, stream_) : ncclSuccess;
       return k == root ? device_copy(dst.data() + k * m, src.data(), m)
                        : ncclRecv(dst.data() + k * m, m, detail::nccl_type<T>(), k, comm_, stream_);
     });
@@ -203,7 +220,8 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
   void run_scatter(DeviceSpan<T const> src, DeviceSpan<T> dst, int root, CollectiveTag tag) {
     std::size_t const m = dst.size();
     grouped("scatter", tag, [&](int k) {
-      if (rank_ != root) return k == root ? ncclRecv(dst.data(), m, detail::nccl_type<T>(), root, comm_, stream_) : ncclSuccess;
+      if (rank_ != root)
+        return k == root ? ncclRecv(dst.data(), m, detail::nccl_type<T>(), root, comm_, stream_) : ncclSuccess;
       return k == root ? device_copy(dst.data(), src.data() + k * m, m)
                        : ncclSend(src.data() + k * m, m, detail::nccl_type<T>(), k, comm_, stream_);
     });
@@ -212,23 +230,27 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
   // One NCCL group of point-to-point calls: step(k) for every rank k, stopping at the first error.
   template <class Step>
   void grouped(char const* op, CollectiveTag tag, Step&& step) {
-    enqueue([&] {
-      ncclResult_t rc = ncclGroupStart();
-      for (int k = 0; k < n_ && rc == ncclSuccess; ++k) rc = step(k);
-      ncclResult_t const end = ncclGroupEnd();
-      return rc != ncclSuccess ? rc : end;
-    }, op, tag);
+    enqueue(
+        [&] {
+          ncclResult_t rc = ncclGroupStart();
+          for (int k = 0; k < n_ && rc == ncclSuccess; ++k) rc = step(k);
+          ncclResult_t const end = ncclGroupEnd();
+          return rc != ncclSuccess ? rc : end;
+        },
+        op, tag);
   }
 
   template <class T>
   ncclResult_t device_copy(T* to, T const* from, std::size_t m) {
     if (m == 0 || to == from) return ncclSuccess;
-    return cudaMemcpyAsync(to, from, m * sizeof(T), cudaMemcpyDeviceToDevice, stream_) == cudaSuccess ? ncclSuccess
-                                                                                                      : ncclUnhandledCudaError;
+    return cudaMemcpyAsync(to, from, m * sizeof(T), cudaMemcpyDeviceToDevice, stream_) == cudaSuccess
+               ? ncclSuccess
+               : ncclUnhandledCudaError;
   }
 
   void run_barrier(CollectiveTag tag) {
-    enqueue([&] { return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclInt32, ncclSum, comm_, stream_); }, "barrier", tag);
+    enqueue([&] { return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclInt32, ncclSum, comm_, stream_); },
+            "barrier", tag);
     cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     check_async("barrier", tag);
   }

@@ -34,7 +34,7 @@ class Recording {
     inner_->all_reduce(s, op, tag);
   }
   template <detail::BufferLike B>
-    requires AsyncCommunicator<C>
+  requires AsyncCommunicator<C>
   auto all_reduce_async(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
     auto s = detail::as_space_span(buf);
     record(CollectiveKind::kAllReduce, s, op, -1, tag, true);
@@ -71,7 +71,8 @@ class Recording {
     inner_->scatter(detail::as_space_span(in), o, root, tag);
   }
   void barrier(CollectiveTag tag = {}) {
-    records_.push_back(CollectiveRecord{rank(), CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1, tag, false});
+    records_.push_back(
+        CollectiveRecord{rank(), CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1, tag, false});
     inner_->barrier(tag);
   }
 

@@ -125,8 +125,8 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
     std::size_t const count = buf.size();
     std::size_t const bytes = count * sizeof(T);
     bool const small = bytes <= group_->staging_bytes();
-    std::uint64_t const seq = publish(detail::Publication{CollectiveKind::kBroadcast, dtype_of<T>, ReduceOp::kSum,
-                                                          root, count, data, nullptr});
+    std::uint64_t const seq = publish(
+        detail::Publication{CollectiveKind::kBroadcast, dtype_of<T>, ReduceOp::kSum, root, count, data, nullptr});
     if (small && rank_ == root && bytes != 0) std::memcpy(group_->staging(rank_, seq), data, bytes);
     arrive(seq, CollectiveKind::kBroadcast, tag);
     if (small) {
@@ -167,8 +167,8 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   template <class T>
   void run_gather(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
     std::size_t const m = src.size();
-    std::uint64_t const seq =
-        publish(detail::Publication{CollectiveKind::kGather, dtype_of<T>, ReduceOp::kSum, root, m, dst.data(), src.data()});
+    std::uint64_t const seq = publish(
+        detail::Publication{CollectiveKind::kGather, dtype_of<T>, ReduceOp::kSum, root, m, dst.data(), src.data()});
     arrive(seq, CollectiveKind::kGather, tag);
     copy(static_cast<T*>(peer(root, seq).out) + rank_ * m, src.data(), m);
     arrive(++seq_, CollectiveKind::kGather, tag);
@@ -213,9 +213,9 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
     for (int k = 0; k < n_; ++k) {
       detail::Publication const& p = peer(k, seq);
       bool const reduces = me.kind == CollectiveKind::kAllReduce || me.kind == CollectiveKind::kReduceScatter;
-      if (p.kind == me.kind && (me.kind == CollectiveKind::kBarrier ||
-                                (p.dtype == me.dtype && p.count == me.count && p.root == me.root &&
-                                 (!reduces || p.op == me.op)))) {
+      if (p.kind == me.kind &&
+          (me.kind == CollectiveKind::kBarrier ||
+           (p.dtype == me.dtype && p.count == me.count && p.root == me.root && (!reduces || p.op == me.op)))) {
         continue;
       }
       std::string const msg = detail::cat("ddp threads: collective mismatch: rank ", rank_, " issued ", describe(me),
@@ -282,7 +282,7 @@ inline std::shared_ptr<detail::ThreadsGroup> make_threads_group(int world_size, 
 // If a rank throws, the group fails: every other rank's pending and later collectives throw a CommError
 // naming it, and spawn rethrows the first rank's original exception once all threads have ended.
 template <class F>
-  requires std::invocable<F&, ThreadsBackend&>
+requires std::invocable<F&, ThreadsBackend&>
 void spawn(int world_size, F&& fn, ThreadsOptions const& opts = {}) {
   auto group = make_threads_group(world_size, opts);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world_size));
@@ -306,7 +306,8 @@ void spawn(int world_size, F&& fn, ThreadsOptions const& opts = {}) {
   body(0);
   for (auto& t : threads) t.join();
   int const failed = group->failed_rank();
-  if (failed >= 0 && errors[static_cast<std::size_t>(failed)]) std::rethrow_exception(errors[static_cast<std::size_t>(failed)]);
+  if (failed >= 0 && errors[static_cast<std::size_t>(failed)])
+    std::rethrow_exception(errors[static_cast<std::size_t>(failed)]);
   for (auto const& e : errors) {
     if (e) std::rethrow_exception(e);
   }

@@ -37,8 +37,8 @@ inline bool trace_enabled_from_env() noexcept {
 inline std::size_t format_record(CollectiveRecord const& r, char* buf, std::size_t size) noexcept {
   auto const op = name(r.op);
   auto const dt = name(r.dtype);
-  int n = std::snprintf(buf, size, "ddp-trace rank=%d op=%.*s count=%zu dtype=%.*s", r.rank, static_cast<int>(op.size()),
-                        op.data(), r.count, static_cast<int>(dt.size()), dt.data());
+  int n = std::snprintf(buf, size, "ddp-trace rank=%d op=%.*s count=%zu dtype=%.*s", r.rank,
+                        static_cast<int>(op.size()), op.data(), r.count, static_cast<int>(dt.size()), dt.data());
   auto append = [&](char const* fmt, auto... args) {
     if (n >= 0 && static_cast<std::size_t>(n) < size) n += std::snprintf(buf + n, size - n, fmt, args...);
   };

@@ -40,13 +40,20 @@ inline constexpr std::uint8_t kIdxUint8 = 0x08;
 
 inline char const* idx_dtype_name(std::uint8_t t) noexcept {
   switch (t) {
-    case 0x08: return "uint8";
-    case 0x09: return "int8";
-    case 0x0B: return "int16";
-    case 0x0C: return "int32";
-    case 0x0D: return "float32";
-    case 0x0E: return "float64";
-    default: return "unknown";
+    case 0x08:
+      return "uint8";
+    case 0x09:
+      return "int8";
+    case 0x0B:
+      return "int16";
+    case 0x0C:
+      return "int32";
+    case 0x0D:
+      return "float32";
+    case 0x0E:
+      return "float64";
+    default:
+      return "unknown";
   }
 }
 

@@ -17,7 +17,9 @@ template <class T = float, MemorySpace S = HostSpace>
 class basic_linear : public Module<T, S> {
  public:
   basic_linear(std::int64_t in, std::int64_t out, Generator& gen, LinearOptions opt = {}) : in_(in), out_(out) {
-    if (in <= 0 || out <= 0) throw ArgumentError(ddp::detail::cat("Linear: in_features and out_features must be positive (got ", in, ", ", out, ")"));
+    if (in <= 0 || out <= 0)
+      throw ArgumentError(
+          ddp::detail::cat("Linear: in_features and out_features must be positive (got ", in, ", ", out, ")"));
     Tensor<T> w(Shape{out, in});
     init::kaiming_uniform_default(w, in, gen);
     weight = this->register_parameter("weight", to_space<S>(w));
@@ -52,7 +54,8 @@ class basic_conv2d : public Module<T, S> {
   basic_conv2d(std::int64_t in, std::int64_t out, std::int64_t kernel, Generator& gen, Conv2dOptions opt = {})
       : args_{.stride = opt.stride, .padding = opt.padding, .algorithm = opt.algorithm} {
     if (in <= 0 || out <= 0 || kernel <= 0)
-      throw ArgumentError(ddp::detail::cat("Conv2d: channels and kernel_size must be positive (got ", in, ", ", out, ", ", kernel, ")"));
+      throw ArgumentError(ddp::detail::cat("Conv2d: channels and kernel_size must be positive (got ", in, ", ", out,
+                                           ", ", kernel, ")"));
     Tensor<T> w(Shape{out, in, kernel, kernel});
     init::kaiming_uniform_default(w, in * kernel * kernel, gen);
     weight = this->register_parameter("weight", to_space<S>(w));
@@ -94,7 +97,8 @@ template <class T = float, MemorySpace S = HostSpace>
 class basic_batch_norm2d : public Module<T, S> {
  public:
   explicit basic_batch_norm2d(std::int64_t channels, BatchNormOptions opt = {}) : args_{opt.momentum, opt.eps} {
-    if (channels <= 0) throw ArgumentError(ddp::detail::cat("BatchNorm2d: channels must be positive (got ", channels, ")"));
+    if (channels <= 0)
+      throw ArgumentError(ddp::detail::cat("BatchNorm2d: channels must be positive (got ", channels, ")"));
     weight = this->register_parameter("weight", to_space<S>(full<T>(Shape{channels}, T(1))));
     bias = this->register_parameter("bias", to_space<S>(zeros<T>(Shape{channels})));
     running_mean = this->register_buffer("running_mean", to_space<S>(zeros<T>(Shape{channels})));
@@ -122,10 +126,30 @@ class stateless_layer : public Module<T, S> {
   Variable<T, S> forward(Variable<T, S> const& x) { return Op{}(x); }
   Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }
 };
-struct relu_op { template <class V> V operator()(V const& x) const { return ddp::relu(x); } };
-struct tanh_op { template <class V> V operator()(V const& x) const { return ddp::tanh(x); } };
-struct sigmoid_op { template <class V> V operator()(V const& x) const { return ddp::sigmoid(x); } };
-struct flatten_op { template <class V> V operator()(V const& x) const { return ddp::flatten(x); } };
+struct relu_op {
+  template <class V>
+  V operator()(V const& x) const {
+    return ddp::relu(x);
+  }
+};
+struct tanh_op {
+  template <class V>
+  V operator()(V const& x) const {
+    return ddp::tanh(x);
+  }
+};
+struct sigmoid_op {
+  template <class V>
+  V operator()(V const& x) const {
+    return ddp::sigmoid(x);
+  }
+};
+struct flatten_op {
+  template <class V>
+  V operator()(V const& x) const {
+    return ddp::flatten(x);
+  }
+};
 }  // namespace detail
 
 template <class T = float, MemorySpace S = HostSpace>
@@ -141,7 +165,8 @@ template <class T = float, MemorySpace S = HostSpace>
 class basic_max_pool2d : public Module<T, S> {
  public:
   explicit basic_max_pool2d(std::int64_t kernel, std::int64_t stride = 0) : kernel_(kernel), stride_(stride) {
-    if (kernel <= 0 || stride < 0) throw ArgumentError(ddp::detail::cat("MaxPool2d: bad kernel_size ", kernel, " / stride ", stride));
+    if (kernel <= 0 || stride < 0)
+      throw ArgumentError(ddp::detail::cat("MaxPool2d: bad kernel_size ", kernel, " / stride ", stride));
   }
   Variable<T, S> forward(Variable<T, S> const& x) { return max_pool2d(x, kernel_, stride_); }
   Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/autograd/ops/dropout.hpp"  // Mode
+#include "ddp/autograd/mode.hpp"
 #include "ddp/autograd/variable.hpp"
 #include "ddp/tensor/random.hpp"
 
@@ -55,7 +55,10 @@ concept HasGenerators = requires(M const& m) {
 // The generators of any model: named_generators() where it has one, else none.
 template <Model M>
 std::vector<NamedGenerator> generators_of(M const& m) {
-  if constexpr (HasGenerators<M>) return m.named_generators(); else return {};
+  if constexpr (HasGenerators<M>)
+    return m.named_generators();
+  else
+    return {};
 }
 
 // Base of ddp's layers. Layers are handles: copies share parameters and buffers (as torch modules

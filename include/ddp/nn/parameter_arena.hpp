@@ -3,8 +3,8 @@
 #pragma once
 
 #include <algorithm>
-#include <span>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -35,7 +35,7 @@ class ParameterArena {
 
   ParameterArena() = default;
   template <Model M>
-    requires std::same_as<typename M::value_type, T> && std::same_as<typename M::space, S>
+  requires std::same_as<typename M::value_type, T> && std::same_as<typename M::space, S>
   explicit ParameterArena(M const& model) : ParameterArena(model.named_parameters()) {}
 
   // The distinct parameters, validated: shared weights appear once, under their first name. Frozen ones
@@ -47,7 +47,8 @@ class ParameterArena {
     for (auto const& p : params) {
       if (!p.var.defined()) throw ArgumentError(ddp::detail::cat("parameter '", p.name, "' is undefined"));
       if (!p.var.is_leaf())
-        throw ArgumentError(ddp::detail::cat("parameter '", p.name, "' must be a leaf; it comes from op '", p.var.op(), "'"));
+        throw ArgumentError(
+            ddp::detail::cat("parameter '", p.name, "' must be a leaf; it comes from op '", p.var.op(), "'"));
       if (seen.insert(&p.var.node()).second) out.push_back(p);
     }
     return out;
@@ -69,7 +70,8 @@ class ParameterArena {
 
   // `reserve_after[i]` extra elements are left free right after unique parameter i (registration order) in
   // both buffers; DDP keeps a bucket's status words there, inside the bucket's all-reduce slice.
-  explicit ParameterArena(std::vector<NamedParameter<T, S>> const& params, std::vector<std::int64_t> const& reserve_after = {}) {
+  explicit ParameterArena(std::vector<NamedParameter<T, S>> const& params,
+                          std::vector<std::int64_t> const& reserve_after = {}) {
     using K = Kernels<S>;
     for (auto const& p : trainable(params)) entries_.push_back({p.name, p.var.shape(), 0, p.var.numel(), p.var});
     if (!reserve_after.empty() && reserve_after.size() != entries_.size())
@@ -116,18 +118,19 @@ class ParameterArena {
 
   // Whether every parameter still lives in this arena (no later arena re-packed it). O(#parameters).
   bool current() const noexcept {
-    return std::all_of(entries_.begin(), entries_.end(), [this](Entry const& e) {
-      return e.var.node().value.data() == values_.data() + e.offset;
-    });
+    return std::all_of(entries_.begin(), entries_.end(),
+                       [this](Entry const& e) { return e.var.node().value.data() == values_.data() + e.offset; });
   }
   // Throws ArgumentError naming the first parameter that another arena has re-packed since this one was made.
   void check_current(std::string_view who) const {
     for (auto const& e : entries_)
       if (e.var.node().value.data() != values_.data() + e.offset)
-        throw ArgumentError(ddp::detail::cat(who, ": parameter '", e.name, "' was re-packed into another ParameterArena "
-                                             "(e.g. by DistributedDataParallel) after this one was made, so updates here "
-                                             "would reach nothing. Build the optimizer from the newest arena, e.g. "
-                                             "ddp.parameters() after wrapping the model."));
+        throw ArgumentError(
+            ddp::detail::cat(who, ": parameter '", e.name,
+                             "' was re-packed into another ParameterArena "
+                             "(e.g. by DistributedDataParallel) after this one was made, so updates here "
+                             "would reach nothing. Build the optimizer from the newest arena, e.g. "
+                             "ddp.parameters() after wrapping the model."));
   }
 
   // Forget all gradients in O(#parameters), touching no memory: the next backward overwrites them.

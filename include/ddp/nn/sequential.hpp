@@ -51,9 +51,13 @@ struct is_relu_layer<stateless_layer<T, S, relu_op>> : std::true_type {};
 // (Named concepts rather than requires-expressions inside Sequential's members: nvcc's front end loses the
 // layer pack there.)
 template <class L, class V>
-concept HasForwardRelu = requires(L& l, V const& h) { l.forward_relu(h); };
+concept HasForwardRelu = requires(L& l, V const& h) {
+  l.forward_relu(h);
+};
 template <class L, class V>
-concept HasForwardReluPool2 = requires(L& l, V const& h) { l.forward_relu_pool2(h); };
+concept HasForwardReluPool2 = requires(L& l, V const& h) {
+  l.forward_relu_pool2(h);
+};
 template <std::size_t I, class... Ls>
 using layer_at = typename unwrap_named<std::tuple_element_t<I, std::tuple<Ls...>>>::type;
 }  // namespace detail
@@ -110,7 +114,8 @@ class Sequential {
     if constexpr (I + 1 >= sizeof...(Ls)) {
       return false;
     } else {
-      return detail::is_relu_layer<detail::layer_at<I + 1, Ls...>>::value && detail::HasForwardRelu<detail::layer_at<I, Ls...>, V>;
+      return detail::is_relu_layer<detail::layer_at<I + 1, Ls...>>::value &&
+             detail::HasForwardRelu<detail::layer_at<I, Ls...>, V>;
     }
   }
   // Whether layers I, I+1, I+2 are (a layer with forward_relu_pool2, ReLU, MaxPool2d); they run fused when the
@@ -132,7 +137,8 @@ class Sequential {
       return h;
     } else if constexpr (fuses_relu<I>()) {
       if constexpr (fuses_relu_pool<I>()) {
-        if (layer_of(std::get<I + 2>(layers_)).is_2x2()) return run<I + 3>(layer_of(std::get<I>(layers_)).forward_relu_pool2(h));
+        if (layer_of(std::get<I + 2>(layers_)).is_2x2())
+          return run<I + 3>(layer_of(std::get<I>(layers_)).forward_relu_pool2(h));
       }
       return run<I + 2>(layer_of(std::get<I>(layers_)).forward_relu(h));
     } else {
@@ -141,15 +147,24 @@ class Sequential {
   }
   template <class L>
   static auto& layer_of(L& l) {
-    if constexpr (requires { l.layer; }) return l.layer; else return l;
+    if constexpr (requires { l.layer; })
+      return l.layer;
+    else
+      return l;
   }
   template <class L>
   static auto const& layer_of(L const& l) {
-    if constexpr (requires { l.layer; }) return l.layer; else return l;
+    if constexpr (requires { l.layer; })
+      return l.layer;
+    else
+      return l;
   }
   template <class L>
   static std::string name_of(L const& l, std::size_t i) {
-    if constexpr (requires { l.name; }) return l.name; else return std::to_string(i);
+    if constexpr (requires { l.name; })
+      return l.name;
+    else
+      return std::to_string(i);
   }
   auto collect() const {
     std::vector<NamedParameter<value_type, space>> ps;
@@ -171,8 +186,7 @@ class AnyModel {
   using space = S;
 
   template <Model M>
-    requires(!std::same_as<std::decay_t<M>, AnyModel>)
-  AnyModel(M m) : p_(std::make_shared<Impl<M>>(std::move(m))) {}
+  requires(!std::same_as<std::decay_t<M>, AnyModel>) AnyModel(M m) : p_(std::make_shared<Impl<M>>(std::move(m))) {}
 
   Variable<T, S> forward(Variable<T, S> const& x) { return p_->forward(x); }
   Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }
@@ -223,20 +237,28 @@ class AnyModel {
     Mode mode() const override { return m.mode(); }
     bool is_relu() const noexcept override { return detail::is_relu_layer<M>::value; }
     bool is_max_pool_2x2() const noexcept override {
-      if constexpr (detail::is_max_pool_layer<M>::value) return m.is_2x2();
-      else return false;
+      if constexpr (detail::is_max_pool_layer<M>::value)
+        return m.is_2x2();
+      else
+        return false;
     }
-    bool has_forward_relu() const noexcept override { return requires(M& l, Variable<T, S> const& v) { l.forward_relu(v); }; }
+    bool has_forward_relu() const noexcept override {
+      return requires(M & l, Variable<T, S> const& v) { l.forward_relu(v); };
+    }
     bool has_forward_relu_pool2() const noexcept override {
-      return requires(M& l, Variable<T, S> const& v) { l.forward_relu_pool2(v); };
+      return requires(M & l, Variable<T, S> const& v) { l.forward_relu_pool2(v); };
     }
     Variable<T, S> forward_relu(Variable<T, S> const& x) override {
-      if constexpr (requires { m.forward_relu(x); }) return m.forward_relu(x);
-      else return ddp::relu(m.forward(x));
+      if constexpr (requires { m.forward_relu(x); })
+        return m.forward_relu(x);
+      else
+        return ddp::relu(m.forward(x));
     }
     Variable<T, S> forward_relu_pool2(Variable<T, S> const& x) override {
-      if constexpr (requires { m.forward_relu_pool2(x); }) return m.forward_relu_pool2(x);
-      else return ddp::max_pool2d(forward_relu(x), 2);
+      if constexpr (requires { m.forward_relu_pool2(x); })
+        return m.forward_relu_pool2(x);
+      else
+        return ddp::max_pool2d(forward_relu(x), 2);
     }
   };
   std::shared_ptr<Base> p_;

@@ -52,7 +52,8 @@ class CommStatsExchange {
 template <Communicator C>
 void verify_sync_batch_norm(C& comm, std::int64_t channels, BatchNormOptions const& opt) {
   int const n = comm.world_size();
-  std::vector<std::int64_t> mine{channels, std::bit_cast<std::int64_t>(opt.eps), std::bit_cast<std::int64_t>(opt.momentum)};
+  std::vector<std::int64_t> mine{channels, std::bit_cast<std::int64_t>(opt.eps),
+                                 std::bit_cast<std::int64_t>(opt.momentum)};
   std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(n));
   host_all_gather(comm, std::span<std::int64_t const>(mine), std::span<std::int64_t>(all),
                   CollectiveTag{"sync_batch_norm.verify"});
@@ -63,10 +64,10 @@ void verify_sync_batch_norm(C& comm, std::int64_t channels, BatchNormOptions con
                                       ", rank ", r, " has ", o[0],
                                       "; every rank must build the same model (the statistics are per channel)"));
     if (o[1] != all[1] || o[2] != all[2])
-      throw DdpError(ddp::detail::cat("SyncBatchNorm2d (", all[0], " channels): ranks disagree on eps/momentum: rank 0 has ",
-                                      std::bit_cast<double>(all[1]), "/", std::bit_cast<double>(all[2]), ", rank ", r,
-                                      " has ", std::bit_cast<double>(o[1]), "/", std::bit_cast<double>(o[2]),
-                                      "; every rank must build the same model"));
+      throw DdpError(ddp::detail::cat(
+          "SyncBatchNorm2d (", all[0], " channels): ranks disagree on eps/momentum: rank 0 has ",
+          std::bit_cast<double>(all[1]), "/", std::bit_cast<double>(all[2]), ", rank ", r, " has ",
+          std::bit_cast<double>(o[1]), "/", std::bit_cast<double>(o[2]), "; every rank must build the same model"));
   }
 }
 
@@ -218,8 +219,8 @@ using with_sync_batchnorm_t = typename detail::with_sync_batchnorm<M, Comm>::typ
 // fuses what `model` fused (BatchNorm2d has no fused form). Use the result from then on: wrap it in
 // DistributedDataParallel and build the optimizer on that.
 template <class M, Communicator Comm>
-  requires(Model<M> || detail::is_named<M>::value)
-with_sync_batchnorm_t<M, Comm> convert_sync_batchnorm(M const& model, Comm& comm) {
+requires(Model<M> || detail::is_named<M>::value) with_sync_batchnorm_t<M, Comm> convert_sync_batchnorm(M const& model,
+                                                                                                       Comm& comm) {
   using R = with_sync_batchnorm_t<M, Comm>;
   if constexpr (detail::is_batch_norm<M>::value) {
     return R(model, comm);
@@ -231,7 +232,8 @@ with_sync_batchnorm_t<M, Comm> convert_sync_batchnorm(M const& model, Comm& comm
     return out;
   } else if constexpr (detail::is_any_sequential<M>::value) {
     R out;
-    for (std::size_t i = 0; i < model.size(); ++i) out.push_back(model.name_at(i), convert_sync_batchnorm(model.layer_at(i), comm));
+    for (std::size_t i = 0; i < model.size(); ++i)
+      out.push_back(model.name_at(i), convert_sync_batchnorm(model.layer_at(i), comm));
     if (model.mode() != out.mode()) out.set_mode(model.mode());
     return out;
   } else if constexpr (detail::is_any_model<M>::value) {

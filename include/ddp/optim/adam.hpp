@@ -34,9 +34,11 @@ class basic_adam {
   basic_adam(nn::ParameterArena<T, S> arena, options_type opt) : arena_(std::move(arena)), opt_(opt) {
     if (!(opt.lr >= 0)) throw ArgumentError(ddp::detail::cat(name(), ": lr must be >= 0, got ", opt.lr));
     if (!(opt.beta1 >= 0 && opt.beta1 < 1) || !(opt.beta2 >= 0 && opt.beta2 < 1))
-      throw ArgumentError(ddp::detail::cat(name(), ": betas must be in [0, 1), got (", opt.beta1, ", ", opt.beta2, ")"));
+      throw ArgumentError(
+          ddp::detail::cat(name(), ": betas must be in [0, 1), got (", opt.beta1, ", ", opt.beta2, ")"));
     if (!(opt.eps >= 0)) throw ArgumentError(ddp::detail::cat(name(), ": eps must be >= 0, got ", opt.eps));
-    if (!(opt.weight_decay >= 0)) throw ArgumentError(ddp::detail::cat(name(), ": weight_decay must be >= 0, got ", opt.weight_decay));
+    if (!(opt.weight_decay >= 0))
+      throw ArgumentError(ddp::detail::cat(name(), ": weight_decay must be >= 0, got ", opt.weight_decay));
     counters_.assign(arena_.count(), 0);
     exp_avg_ = Tensor<T, S>(Shape{arena_.numel()});
     exp_avg_sq_ = Tensor<T, S>(Shape{arena_.numel()});
@@ -48,8 +50,8 @@ class basic_adam {
     detail::for_each_run(arena_, counters_, [&](std::size_t first, std::size_t last, std::int64_t off, std::int64_t n) {
       double const t = double(counters_[last] + 1);
       double const bc1 = 1.0 - std::pow(opt_.beta1, t), bc2 = 1.0 - std::pow(opt_.beta2, t);
-      AdamStep<T> p{T(opt_.lr), T(opt_.beta1), T(opt_.beta2), T(opt_.eps), T(opt_.weight_decay), Decoupled,
-                    T(opt_.lr / bc1), T(std::sqrt(bc2))};
+      AdamStep<T> p{T(opt_.lr),           T(opt_.beta1), T(opt_.beta2),    T(opt_.eps),
+                    T(opt_.weight_decay), Decoupled,     T(opt_.lr / bc1), T(std::sqrt(bc2))};
       Kernels<S>::adam_update(n, arena_.values().data() + off, arena_.grads().data() + off, exp_avg_.data() + off,
                               exp_avg_sq_.data() + off, p);
       for (std::size_t k = first; k <= last; ++k) ++counters_[k];
@@ -62,7 +64,8 @@ class basic_adam {
 
   // Per parameter, by name: loads into any arena of the same parameters (another bucket plan or world size).
   OptimizerState<T> state() const {
-    return detail::gather_state(name(), opt_.lr, arena_, counters_, {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}});
+    return detail::gather_state(name(), opt_.lr, arena_, counters_,
+                                {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}});
   }
   // Checks the whole state first (ArgumentError naming the parameter; nothing changes), then restores it.
   void load_state(OptimizerState<T> const& st) {

@@ -18,7 +18,8 @@ template <Optimizer O>
 class StepLR {
  public:
   StepLR(O& opt, StepLROptions o) : opt_(&opt), o_(o), base_lr_(opt.lr()) {
-    if (o.step_size <= 0) throw ArgumentError(ddp::detail::cat("StepLR: step_size must be positive, got ", o.step_size));
+    if (o.step_size <= 0)
+      throw ArgumentError(ddp::detail::cat("StepLR: step_size must be positive, got ", o.step_size));
   }
   void step() { set_epoch(epoch_ + 1); }
   void set_epoch(std::int64_t e) {

@@ -19,9 +19,9 @@ namespace ddp::optim {
 // each named state buffer.
 template <class T>
 struct ParameterState {
-  std::string name;                  // the parameter's name in the model ("fc1.weight")
-  std::vector<std::int64_t> shape;   // its shape; the state only loads into a parameter of this shape
-  std::int64_t steps = 0;            // updates applied to it (0: its buffers are not initialised yet)
+  std::string name;                     // the parameter's name in the model ("fc1.weight")
+  std::vector<std::int64_t> shape;      // its shape; the state only loads into a parameter of this shape
+  std::int64_t steps = 0;               // updates applied to it (0: its buffers are not initialised yet)
   std::vector<std::vector<T>> buffers;  // buffers[b]: buffer_names[b]'s values, numel(shape) each
   friend bool operator==(ParameterState const&, ParameterState const&) = default;
 };
@@ -32,7 +32,7 @@ struct ParameterState {
 // named parameters: another bucket plan, another world size, DDP or a plain arena.
 template <class T>
 struct OptimizerState {
-  std::string kind;                       // the optimizer's name(): "sgd", "adam", "adamw"
+  std::string kind;  // the optimizer's name(): "sgd", "adam", "adamw"
   double lr = 0;
   std::vector<std::string> buffer_names;  // e.g. {"exp_avg", "exp_avg_sq"}; the same for every parameter
   std::vector<ParameterState<T>> parameters;
@@ -180,7 +180,8 @@ OptimizerState<T> gather_state(std::string kind, double lr, nn::ParameterArena<T
 // each parameter's steps and buffer slices into place. Throws ArgumentError (nothing changed) otherwise.
 template <class T, MemorySpace S>
 void scatter_state(OptimizerState<T> const& saved, std::string const& kind, nn::ParameterArena<T, S> const& arena,
-                   std::vector<std::int64_t>& counters, std::vector<std::pair<std::string, Tensor<T, S>*>> const& buffers) {
+                   std::vector<std::int64_t>& counters,
+                   std::vector<std::pair<std::string, Tensor<T, S>*>> const& buffers) {
   std::vector<std::pair<std::string, Tensor<T, S> const*>> layout;
   for (auto const& b : buffers) layout.emplace_back(b.first, b.second);
   auto const match = match_state(saved, gather_state(kind, 0.0, arena, counters, layout, Gather::kLayout));

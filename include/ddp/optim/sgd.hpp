@@ -25,7 +25,8 @@ class basic_sgd {
   basic_sgd(nn::ParameterArena<T, S> arena, SgdOptions opt) : arena_(std::move(arena)), opt_(opt) {
     if (!(opt.lr >= 0)) throw ArgumentError(ddp::detail::cat("SGD: lr must be >= 0, got ", opt.lr));
     if (!(opt.momentum >= 0)) throw ArgumentError(ddp::detail::cat("SGD: momentum must be >= 0, got ", opt.momentum));
-    if (!(opt.weight_decay >= 0)) throw ArgumentError(ddp::detail::cat("SGD: weight_decay must be >= 0, got ", opt.weight_decay));
+    if (!(opt.weight_decay >= 0))
+      throw ArgumentError(ddp::detail::cat("SGD: weight_decay must be >= 0, got ", opt.weight_decay));
     if (opt.nesterov && (opt.momentum <= 0 || opt.dampening != 0))
       throw ArgumentError("SGD: nesterov needs momentum > 0 and dampening = 0");
     counters_.assign(arena_.count(), 0);
@@ -34,8 +35,8 @@ class basic_sgd {
 
   void step() {
     detail::for_each_run(arena_, counters_, [&](std::size_t first, std::size_t last, std::int64_t off, std::int64_t n) {
-      SgdStep<T> p{T(opt_.lr), T(opt_.momentum), T(opt_.dampening), T(opt_.weight_decay), opt_.nesterov,
-                   counters_[last] == 0};
+      SgdStep<T> p{T(opt_.lr),           T(opt_.momentum), T(opt_.dampening),
+                   T(opt_.weight_decay), opt_.nesterov,    counters_[last] == 0};
       Kernels<S>::sgd_update(n, arena_.values().data() + off, arena_.grads().data() + off,
                              momentum_.defined() ? momentum_.data() + off : nullptr, p);
       for (std::size_t k = first; k <= last; ++k) ++counters_[k];

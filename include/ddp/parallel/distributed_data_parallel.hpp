@@ -82,7 +82,8 @@ class DistributedDataParallel {
     // reads once this wrapper re-packs the parameters. Checked on every rank alike (same model everywhere).
     if (auto const* p = Arena::find_packed(params))
       throw ArgumentError(detail::cat(
-          "DistributedDataParallel: parameter '", p->name, "' is already packed in a live ParameterArena (an optimizer "
+          "DistributedDataParallel: parameter '", p->name,
+          "' is already packed in a live ParameterArena (an optimizer "
           "built before wrapping the model?). Wrapping re-packs the parameters, so that optimizer would update "
           "orphaned copies. Construct the optimizer after DistributedDataParallel, from ddp.parameters()."));
     BucketPlan plan = bucketer_.plan(numels, sizeof(T));
@@ -94,14 +95,16 @@ class DistributedDataParallel {
       if (!b.params.empty()) reserve[b.params.back()] = reducer_t::status_slots(b.params.size(), world);
     arena_ = Arena(params, reserve);
     std::vector<std::int64_t> offsets;
-    for (auto const& b : plan.buckets) offsets.push_back(b.params.empty() ? 0 : arena_.entries()[b.params.front()].offset);
+    for (auto const& b : plan.buckets)
+      offsets.push_back(b.params.empty() ? 0 : arena_.entries()[b.params.front()].offset);
 
     // Rank 0's parameters (frozen ones too) and buffers everywhere.
     if (world > 1) {
       std::int64_t i = 0;
       for (auto const& p : all) {
         Tensor<T, S> const& v = p.var.node().value;
-        comm.broadcast(SpaceSpan<T, S>(v.data(), static_cast<std::size_t>(v.numel())), 0, CollectiveTag{"ddp.param", i++});
+        comm.broadcast(SpaceSpan<T, S>(v.data(), static_cast<std::size_t>(v.numel())), 0,
+                       CollectiveTag{"ddp.param", i++});
       }
       broadcast_buffers();
     }
@@ -111,7 +114,8 @@ class DistributedDataParallel {
     // One rank without a timeline has nothing to launch early: its hooks only queue finalize (defect 1: only a
     // backward that reaches this model may finish its round), and finalize reads the gradients directly.
     single_ = world == 1 && !timeline_;
-    auto* const hook = single_ ? &DistributedDataParallel::single_rank_ready : &DistributedDataParallel::ready_trampoline;
+    auto* const hook =
+        single_ ? &DistributedDataParallel::single_rank_ready : &DistributedDataParallel::ready_trampoline;
     for (std::size_t i = 0; i < arena_.count(); ++i) {
       nodes_.push_back(&arena_.entries()[i].var.node());
       nodes_.back()->leaf_hooks().ready_hook = {.fn = hook, .ctx = this, .index = i};
@@ -196,8 +200,8 @@ class DistributedDataParallel {
   DdpOptions const& options() const noexcept { return opts_; }
   // What was composed, for logs.
   std::string describe() const {
-    return detail::cat("DistributedDataParallel<", bucketer_.name(), "> over ", comm_->world_size(), " ranks: ",
-                       arena_.count(), " parameters (", arena_.parameter_numel(), " elements) in ",
+    return detail::cat("DistributedDataParallel<", bucketer_.name(), "> over ", comm_->world_size(),
+                       " ranks: ", arena_.count(), " parameters (", arena_.parameter_numel(), " elements) in ",
                        reducer_->plan().buckets.size(), " buckets");
   }
 
@@ -260,8 +264,11 @@ class DistributedDataParallel {
     auto const& es = arena_.entries();
     int const n = comm_->world_size();
     std::vector<std::int32_t> all(es.size() * static_cast<std::size_t>(n));
-    if (n > 1) host_all_gather(*comm_, std::span<std::int32_t const>(mine), std::span<std::int32_t>(all), CollectiveTag{"ddp.unused"});
-    else all = mine;
+    if (n > 1)
+      host_all_gather(*comm_, std::span<std::int32_t const>(mine), std::span<std::int32_t>(all),
+                      CollectiveTag{"ddp.unused"});
+    else
+      all = mine;
     std::string names, ranks;
     int shown = 0;
     std::vector<int> rank_hit(static_cast<std::size_t>(n), 0);
@@ -286,7 +293,7 @@ class DistributedDataParallel {
   nn::ParameterArena<T, S> arena_;
   std::optional<TimelineObserver> timeline_;
   std::optional<reducer_t> reducer_;  // built once the arena exists; destroyed first (it waits for its buckets)
-  std::vector<Node<T, S>*> nodes_;     // the arena's parameters' nodes (registration order), kept alive by it
+  std::vector<Node<T, S>*> nodes_;    // the arena's parameters' nodes (registration order), kept alive by it
   std::uint64_t queued_epoch_ = 0;    // the backward (Node::visit_epoch) that last queued finalize
   bool single_ = false;               // one rank and no timeline: the reducer is not driven (finalize_single)
   bool sync_ = false;                 // a synchronised round is open (forward outside no_sync, not yet finalized)

@@ -52,12 +52,14 @@ template <Communicator C>
 void verify_parameters_match(C& comm, std::vector<ParamSignature> const& mine) {
   int const n = comm.world_size();
   std::vector<std::int64_t> count{static_cast<std::int64_t>(mine.size())}, counts(static_cast<std::size_t>(n));
-  host_all_gather(comm, std::span<std::int64_t const>(count), std::span<std::int64_t>(counts), CollectiveTag{"ddp.param_count"});
+  host_all_gather(comm, std::span<std::int64_t const>(count), std::span<std::int64_t>(counts),
+                  CollectiveTag{"ddp.param_count"});
   std::int64_t const pmax = *std::max_element(counts.begin(), counts.end());
   std::vector<std::int64_t> local(static_cast<std::size_t>(pmax) * kSigWords, 0);
   for (std::size_t i = 0; i < mine.size(); ++i) encode(mine[i], local.data() + i * kSigWords);
   std::vector<std::int64_t> all(local.size() * static_cast<std::size_t>(n));
-  host_all_gather(comm, std::span<std::int64_t const>(local), std::span<std::int64_t>(all), CollectiveTag{"ddp.param_shapes"});
+  host_all_gather(comm, std::span<std::int64_t const>(local), std::span<std::int64_t>(all),
+                  CollectiveTag{"ddp.param_shapes"});
   auto at = [&](int r, std::int64_t i) { return all.data() + (static_cast<std::size_t>(r) * pmax + i) * kSigWords; };
   for (std::int64_t i = 0; i < pmax; ++i) {
     for (int r = 1; r < n; ++r) {
@@ -66,7 +68,8 @@ void verify_parameters_match(C& comm, std::vector<ParamSignature> const& mine) {
       if (!has0 && !hasr) continue;
       std::string msg = detail::cat("DistributedDataParallel: the model differs across ranks at parameter ", i, ": ");
       auto describe = [&](int rank, bool has) {
-        if (!has) return detail::cat("rank ", rank, " has only ", counts[static_cast<std::size_t>(rank)], " parameters");
+        if (!has)
+          return detail::cat("rank ", rank, " has only ", counts[static_cast<std::size_t>(rank)], " parameters");
         auto p = decode(at(rank, i));
         return detail::cat("rank ", rank, " has '", p.name, "'", p.frozen ? " (frozen)" : "", " with shape ", p.shape);
       };
@@ -87,7 +90,8 @@ void verify_plan_match(C& comm, BucketPlan const& plan, std::string const& polic
   }
   std::vector<std::int64_t> mine{static_cast<std::int64_t>(plan.buckets.size()), static_cast<std::int64_t>(h)};
   std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm.world_size()));
-  host_all_gather(comm, std::span<std::int64_t const>(mine), std::span<std::int64_t>(all), CollectiveTag{"ddp.bucket_plan"});
+  host_all_gather(comm, std::span<std::int64_t const>(mine), std::span<std::int64_t>(all),
+                  CollectiveTag{"ddp.bucket_plan"});
   for (int r = 1; r < comm.world_size(); ++r)
     if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
       throw DdpError(detail::cat("DistributedDataParallel: the bucket plan differs across ranks (rank 0: ", all[0],

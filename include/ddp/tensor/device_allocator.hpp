@@ -48,7 +48,8 @@ struct SpaceAllocator<DeviceSpace> {
     cudaMemPool_t pool = nullptr;
     detail::cuda_check(cudaDeviceGetDefaultMemPool(&pool, dev), "cudaDeviceGetDefaultMemPool");
     std::uint64_t keep = ~std::uint64_t{0};
-    detail::cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+    detail::cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+                       "cudaMemPoolSetAttribute");
     configured = dev;
   }
 #endif

@@ -52,8 +52,10 @@ struct DeviceBlasKernels {
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
     if (M == 0 || N == 0) return;
     if (K == 0) {  // C = beta C; beta == 0 never reads C
-      if (beta == T(0)) DeviceElementwiseKernels::fill(M * N, T(0), C);
-      else if (beta != T(1)) DeviceElementwiseKernels::axpby(M * N, beta, C, T(0), C);
+      if (beta == T(0))
+        DeviceElementwiseKernels::fill(M * N, T(0), C);
+      else if (beta != T(1))
+        DeviceElementwiseKernels::axpby(M * N, beta, C, T(0), C);
       return;
     }
     // Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: swap the operands, keep the flags.

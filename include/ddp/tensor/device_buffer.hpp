@@ -14,12 +14,6 @@
 
 namespace ddp {
 
-// A CUDA runtime call failed (names the call and CUDA's message).
-class CudaError : public Error {
- public:
-  using Error::Error;
-};
-
 namespace detail {
 inline void cuda_check(cudaError_t rc, char const* call) {
   if (rc != cudaSuccess) {

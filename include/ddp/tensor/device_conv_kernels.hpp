@@ -56,10 +56,12 @@ class CudnnConv {
     cudnn_check(cudnnCreateTensorDescriptor(&y), "cudnnCreateTensorDescriptor");
     cudnn_check(cudnnCreateFilterDescriptor(&w), "cudnnCreateFilterDescriptor");
     cudnn_check(cudnnCreateConvolutionDescriptor(&conv), "cudnnCreateConvolutionDescriptor");
-    cudnn_check(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, kType, i(g.N), i(g.C), i(g.H), i(g.W)), "cudnnSetTensor4dDescriptor (x)");
+    cudnn_check(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, kType, i(g.N), i(g.C), i(g.H), i(g.W)),
+                "cudnnSetTensor4dDescriptor (x)");
     cudnn_check(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, kType, i(g.N), i(g.O), i(g.OH()), i(g.OW())),
                 "cudnnSetTensor4dDescriptor (y)");
-    cudnn_check(cudnnSetFilter4dDescriptor(w, kType, CUDNN_TENSOR_NCHW, i(g.O), i(g.C), i(g.k), i(g.k)), "cudnnSetFilter4dDescriptor");
+    cudnn_check(cudnnSetFilter4dDescriptor(w, kType, CUDNN_TENSOR_NCHW, i(g.O), i(g.C), i(g.k), i(g.k)),
+                "cudnnSetFilter4dDescriptor");
     cudnn_check(cudnnSetConvolution2dDescriptor(conv, i(g.pad), i(g.pad), i(g.stride), i(g.stride), 1, 1,
                                                 CUDNN_CROSS_CORRELATION, kType),
                 "cudnnSetConvolution2dDescriptor");
@@ -102,8 +104,9 @@ struct DeviceConvKernels {
                         "cudnnGetConvolutionForwardWorkspaceSize");
     detail::DeviceScratch<std::uint8_t> ws(static_cast<i64>(bytes));
     T const one = 1, zero = 0;
-    detail::cudnn_check(cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, d.kFwd, ws.data(), bytes, &zero, d.y, y),
-                        "cudnnConvolutionForward");
+    detail::cudnn_check(
+        cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, d.kFwd, ws.data(), bytes, &zero, d.y, y),
+        "cudnnConvolutionForward");
     if (bias) DeviceElementwiseKernels::add_channel_broadcast(g.N, g.O, g.L(), bias, y);
     if (g.relu) DeviceElementwiseKernels::relu_fwd(g.N * g.O * g.L(), y, y);
   }
@@ -125,11 +128,12 @@ struct DeviceConvKernels {
     T const one = 1;
     if (gw) {
       std::size_t bytes = 0;
-      detail::cudnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, d.kBwdFilter, &bytes),
-                          "cudnnGetConvolutionBackwardFilterWorkspaceSize");
+      detail::cudnn_check(
+          cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, d.kBwdFilter, &bytes),
+          "cudnnGetConvolutionBackwardFilterWorkspaceSize");
       detail::DeviceScratch<std::uint8_t> ws(static_cast<i64>(bytes));
-      detail::cudnn_check(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, gy, d.conv, d.kBwdFilter, ws.data(), bytes,
-                                                         &beta_w, d.w, gw),
+      detail::cudnn_check(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, gy, d.conv, d.kBwdFilter, ws.data(),
+                                                         bytes, &beta_w, d.w, gw),
                           "cudnnConvolutionBackwardFilter");
     }
     if (gb) DeviceElementwiseKernels::sum_channels(g.N, g.O, g.L(), gy, beta_b, gb);

@@ -28,9 +28,12 @@ struct Axpby {
   T b;
   T* y;
   DDP_HOST_DEVICE void operator()(i64 i) const {
-    if (b == T(0)) y[i] = a == T(1) ? x[i] : a * x[i];
-    else if (b == T(1)) y[i] += a == T(1) ? x[i] : a * x[i];
-    else y[i] = a * x[i] + b * y[i];
+    if (b == T(0))
+      y[i] = a == T(1) ? x[i] : a * x[i];
+    else if (b == T(1))
+      y[i] += a == T(1) ? x[i] : a * x[i];
+    else
+      y[i] = a * x[i] + b * y[i];
   }
 };
 template <class T>
@@ -98,9 +101,12 @@ struct AddScalar {
   T v, beta;
   T* y;
   DDP_HOST_DEVICE void operator()(i64 i) const {
-    if (beta == T(0)) y[i] = v;
-    else if (beta == T(1)) y[i] += v;
-    else y[i] = beta * y[i] + v;
+    if (beta == T(0))
+      y[i] = v;
+    else if (beta == T(1))
+      y[i] += v;
+    else
+      y[i] = beta * y[i] + v;
   }
 };
 template <class T>
@@ -123,7 +129,10 @@ struct ReluBwd {  // beta is 0 or 1
   T* gx;
   DDP_HOST_DEVICE void operator()(i64 i) const {
     T const v = y[i] > T(0) ? gy[i] : T(0);
-    if (beta == T(0)) gx[i] = v; else gx[i] += v;
+    if (beta == T(0))
+      gx[i] = v;
+    else
+      gx[i] += v;
   }
 };
 template <class T>

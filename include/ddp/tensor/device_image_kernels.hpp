@@ -47,8 +47,10 @@ struct MaxPoolBwd {  // one input element per index: the sum of gy over the wind
     i64 const OH = g.OH(), OW = g.OW(), HW = g.H * g.W;
     i64 const j = i % HW, p = i / HW, ih = j / g.W, iw = j % g.W;
     // Windows covering (ih, iw): oh·s <= ih < oh·s + k.
-    i64 const oh_lo = ih >= g.k ? (ih - g.k) / g.stride + 1 : 0, oh_hi = ih / g.stride < OH - 1 ? ih / g.stride : OH - 1;
-    i64 const ow_lo = iw >= g.k ? (iw - g.k) / g.stride + 1 : 0, ow_hi = iw / g.stride < OW - 1 ? iw / g.stride : OW - 1;
+    i64 const oh_lo = ih >= g.k ? (ih - g.k) / g.stride + 1 : 0,
+              oh_hi = ih / g.stride < OH - 1 ? ih / g.stride : OH - 1;
+    i64 const ow_lo = iw >= g.k ? (iw - g.k) / g.stride + 1 : 0,
+              ow_hi = iw / g.stride < OW - 1 ? iw / g.stride : OW - 1;
     T v = beta == T(0) ? T(0) : gx[i];
     for (i64 oh = oh_lo; oh <= oh_hi; ++oh)
       for (i64 ow = ow_lo; ow <= ow_hi; ++ow) {
@@ -202,7 +204,7 @@ struct DeviceImageKernels {
                                   T* mean, T* invstd, T* var_unbiased) {
     detail::DeviceScratch<T> a(C), b(C);
     detail::device_for(C, detail::dev::BatchNormStats<T>{N, C, HW, x, gamma, beta_, eps, mean, invstd, var_unbiased,
-                                                          a.data(), b.data()});
+                                                         a.data(), b.data()});
     detail::device_for(N * C * HW, detail::dev::ChannelAffine<T>{C, HW, x, a.data(), b.data(), y});
   }
   // out[c] = 1 / sqrt(var[c] + eps)
@@ -222,10 +224,10 @@ struct DeviceImageKernels {
                             T const* invstd, T const* gy, T beta_x, T* gx, T beta_g, T* ggamma, T beta_b, T* gbeta) {
     detail::DeviceScratch<T> sum_g(C), sum_gxhat(C);
     detail::device_for(C, detail::dev::BatchNormBwdSums<T>{N, C, HW, x, mean, invstd, gy, beta_g, ggamma, beta_b, gbeta,
-                                                            sum_g.data(), sum_gxhat.data()});
+                                                           sum_g.data(), sum_gxhat.data()});
     if (gx)
       detail::device_for(N * C * HW, detail::dev::BatchNormBwdInput<T>{training, N, C, HW, x, gamma, mean, invstd, gy,
-                                                                        sum_g.data(), sum_gxhat.data(), beta_x, gx});
+                                                                       sum_g.data(), sum_gxhat.data(), beta_x, gx});
   }
 };
 

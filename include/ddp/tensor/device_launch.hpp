@@ -35,8 +35,8 @@ void device_for(i64 n, F const& f) {
 template <class T, class F>
 T device_sum(i64 n, F const& f) {
   if (n <= 0) return T(0);
-  return thrust::transform_reduce(device_policy(), thrust::counting_iterator<i64>(0), thrust::counting_iterator<i64>(n), f,
-                                  T(0), thrust::plus<T>());
+  return thrust::transform_reduce(device_policy(), thrust::counting_iterator<i64>(0), thrust::counting_iterator<i64>(n),
+                                  f, T(0), thrust::plus<T>());
 }
 
 // Bytes between host and device memory (synchronous: the host data may be reused on return).
@@ -61,26 +61,41 @@ inline void device_to_host(void* dst, void const* src, std::size_t bytes) {
 namespace dmath {
 template <class T>
 DDP_HOST_DEVICE inline T exp(T x) {
-  if constexpr (sizeof(T) == 4) return ::expf(x); else return ::exp(x);
+  if constexpr (sizeof(T) == 4)
+    return ::expf(x);
+  else
+    return ::exp(x);
 }
 template <class T>
 DDP_HOST_DEVICE inline T log(T x) {
-  if constexpr (sizeof(T) == 4) return ::logf(x); else return ::log(x);
+  if constexpr (sizeof(T) == 4)
+    return ::logf(x);
+  else
+    return ::log(x);
 }
 template <class T>
 DDP_HOST_DEVICE inline T tanh(T x) {
-  if constexpr (sizeof(T) == 4) return ::tanhf(x); else return ::tanh(x);
+  if constexpr (sizeof(T) == 4)
+    return ::tanhf(x);
+  else
+    return ::tanh(x);
 }
 template <class T>
 DDP_HOST_DEVICE inline T sqrt(T x) {
-  if constexpr (sizeof(T) == 4) return ::sqrtf(x); else return ::sqrt(x);
+  if constexpr (sizeof(T) == 4)
+    return ::sqrtf(x);
+  else
+    return ::sqrt(x);
 }
 // dst = beta·dst + v where beta is 0 (dst not read: it may hold garbage) or 1, as the host's assign_or_add.
 template <class T>
 DDP_HOST_DEVICE inline void assign_or_add(T& dst, T v, T beta) {
-  if (beta == T(0)) dst = v;
-  else if (beta == T(1)) dst += v;
-  else dst = beta * dst + v;
+  if (beta == T(0))
+    dst = v;
+  else if (beta == T(1))
+    dst += v;
+  else
+    dst = beta * dst + v;
 }
 }  // namespace dmath
 

@@ -18,15 +18,19 @@ struct SgdUpdate {
   SgdStep<T> p;
   DDP_HOST_DEVICE void operator()(i64 i) const {
     if (p.momentum == T(0)) {
-      if (p.weight_decay == T(0)) w[i] -= p.lr * g[i];
-      else w[i] -= p.lr * (g[i] + p.weight_decay * w[i]);
+      if (p.weight_decay == T(0))
+        w[i] -= p.lr * g[i];
+      else
+        w[i] -= p.lr * (g[i] + p.weight_decay * w[i]);
       return;
     }
     T const d = p.weight_decay == T(0) ? g[i] : g[i] + p.weight_decay * w[i];
     T const b = p.first ? d : p.momentum * buf[i] + (T(1) - p.dampening) * d;
     buf[i] = b;
-    if (p.nesterov) w[i] -= p.lr * (d + p.momentum * b);
-    else w[i] -= p.lr * b;
+    if (p.nesterov)
+      w[i] -= p.lr * (d + p.momentum * b);
+    else
+      w[i] -= p.lr * b;
   }
 };
 template <class T>

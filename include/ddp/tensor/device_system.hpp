@@ -12,7 +12,8 @@
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #if !defined(__CUDACC__)
-#error "ddp device tensors on Thrust's CUDA system must be compiled by nvcc (cuda_library in tools/cuda.bzl); to run them on the CPU, build with THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP (the //:ddp_device_cpu target)"
+#error \
+    "ddp device tensors on Thrust's CUDA system must be compiled by nvcc (cuda_library in tools/cuda.bzl); to run them on the CPU, build with THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP (the //:ddp_device_cpu target)"
 #endif
 #include <cuda_runtime.h>
 #include <thrust/system/cuda/execution_policy.h>

@@ -50,8 +50,7 @@ class HostBlockCache {
           c.free_.emplace(rounded, p);
           c.cached_ += rounded;
           return;
-        } catch (...) {
-        }
+        } catch (...) {}
       }
     }
     std::free(p);

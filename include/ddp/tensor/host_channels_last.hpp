@@ -49,7 +49,8 @@ DDP_ALWAYS_INLINE void transpose8x8(__m256 (&r)[8]) {
 // row(p)[c] = src[c·ss + p] for c < nc, p < np; with a mask (same layout as src), only where mask > 0
 // (0 elsewhere): the gradient of a fused ReLU.
 template <class T, class Row>
-DDP_ALWAYS_INLINE void planes_to_rows(T const* src, std::int64_t ss, std::int64_t nc, std::int64_t np, Row&& row, T const* mask = nullptr) {
+DDP_ALWAYS_INLINE void planes_to_rows(T const* src, std::int64_t ss, std::int64_t nc, std::int64_t np, Row&& row,
+                                      T const* mask = nullptr) {
   std::int64_t c0 = 0;
 #if defined(__AVX__)
   if constexpr (std::is_same_v<T, float>) {
@@ -60,7 +61,8 @@ DDP_ALWAYS_INLINE void planes_to_rows(T const* src, std::int64_t ss, std::int64_
         for (int i = 0; i < 8; ++i) {
           r[i] = _mm256_loadu_ps(src + (c0 + i) * ss + p0);
           if (mask)
-            r[i] = _mm256_and_ps(r[i], _mm256_cmp_ps(_mm256_loadu_ps(mask + (c0 + i) * ss + p0), _mm256_setzero_ps(), _CMP_GT_OQ));
+            r[i] = _mm256_and_ps(
+                r[i], _mm256_cmp_ps(_mm256_loadu_ps(mask + (c0 + i) * ss + p0), _mm256_setzero_ps(), _CMP_GT_OQ));
         }
         transpose8x8(r);
         for (int j = 0; j < 8; ++j) _mm256_storeu_ps(row(p0 + j) + c0, r[j]);
@@ -84,7 +86,8 @@ DDP_ALWAYS_INLINE void planes_to_rows(T const* src, std::int64_t ss, std::int64_
 // dst[c·ds + p] = (beta == 0 ? 0 : dst[c·ds + p]) + row(p)[c] + bias[c] (bias may be null) for c < nc, p < np;
 // with relu (beta must be 0), max(0, ·) of that.
 template <class T, class Row>
-DDP_ALWAYS_INLINE void rows_to_planes(Row&& row, std::int64_t nc, std::int64_t np, T const* bias, T beta, T* dst, std::int64_t ds, bool relu = false) {
+DDP_ALWAYS_INLINE void rows_to_planes(Row&& row, std::int64_t nc, std::int64_t np, T const* bias, T beta, T* dst,
+                                      std::int64_t ds, bool relu = false) {
   std::int64_t c0 = 0;
 #if defined(__AVX__)
   if constexpr (std::is_same_v<T, float>) {

@@ -83,9 +83,12 @@ struct HostConvKernels {
   // Whether g runs through Winograd F(4×4, 3×3) (host_winograd.hpp) rather than im2col + GEMM.
   static bool use_winograd(ConvGeometry const& g) noexcept {
     switch (g.algorithm) {
-      case ConvAlgorithm::kIm2col: return false;
-      case ConvAlgorithm::kWinograd: return detail::winograd::supports(g);
-      case ConvAlgorithm::kAuto: break;
+      case ConvAlgorithm::kIm2col:
+        return false;
+      case ConvAlgorithm::kWinograd:
+        return detail::winograd::supports(g);
+      case ConvAlgorithm::kAuto:
+        break;
     }
     return detail::winograd::supports(g) && g.C >= 8 && g.O >= 8;
   }
@@ -103,7 +106,8 @@ struct HostConvKernels {
   template <class T>
   static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y,
                          std::uint8_t* codes = nullptr) {
-    DDP_ASSERT(!g.pool2 || (fuses_pool2(g) && g.relu && codes), "conv2d_fwd: fused pooling needs Winograd, relu and codes");
+    DDP_ASSERT(!g.pool2 || (fuses_pool2(g) && g.relu && codes),
+               "conv2d_fwd: fused pooling needs Winograd, relu and codes");
     if (use_winograd(g)) {
       detail::HostBuffer<T> U(static_cast<std::size_t>(detail::winograd::kPos * g.O * g.C));
       detail::winograd::weight_transform(g.O, g.C, w, U.data());

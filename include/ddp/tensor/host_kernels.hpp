@@ -3,7 +3,9 @@
 #pragma once
 
 #include <Eigen/Core>
+#if defined(__SSE2__)  // x86-64 (streaming stores below); other targets take the portable loops
 #include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <concepts>
@@ -54,14 +56,16 @@ inline void stream_combination(std::int64_t N, std::int64_t K, float const* coef
   for (; j < N && (reinterpret_cast<std::uintptr_t>(out + j) & 63) != 0; ++j) scalar(j);
   for (; j + 16 <= N; j += 16) {
     __m512 v = _mm512_mul_ps(_mm512_set1_ps(coef[0]), _mm512_loadu_ps(B + j));
-    for (std::int64_t k = 1; k < K; ++k) v = _mm512_fmadd_ps(_mm512_set1_ps(coef[k]), _mm512_loadu_ps(B + k * N + j), v);
+    for (std::int64_t k = 1; k < K; ++k)
+      v = _mm512_fmadd_ps(_mm512_set1_ps(coef[k]), _mm512_loadu_ps(B + k * N + j), v);
     _mm512_stream_ps(out + j, v);
   }
 #elif defined(__AVX__)
   for (; j < N && (reinterpret_cast<std::uintptr_t>(out + j) & 31) != 0; ++j) scalar(j);
   for (; j + 8 <= N; j += 8) {
     __m256 v = _mm256_mul_ps(_mm256_set1_ps(coef[0]), _mm256_loadu_ps(B + j));
-    for (std::int64_t k = 1; k < K; ++k) v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_set1_ps(coef[k]), _mm256_loadu_ps(B + k * N + j)));
+    for (std::int64_t k = 1; k < K; ++k)
+      v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_set1_ps(coef[k]), _mm256_loadu_ps(B + k * N + j)));
     _mm256_stream_ps(out + j, v);
   }
 #endif
@@ -85,7 +89,10 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
     using namespace detail;
     MapMat<T> c(C, M, N);
     if (K == 0) {
-      if (beta == T(0)) c.setZero(); else c *= beta;
+      if (beta == T(0))
+        c.setZero();
+      else
+        c *= beta;
       return;
     }
     if (skinny_gemm(ta, tb, M, N, K, alpha, A, B, beta, C)) return;
@@ -95,26 +102,42 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
     auto run = [&](auto const& opa, auto const& opb) {
       if (tiny) return tiny_gemm(c, alpha, opa, opb, beta);
       if (beta == T(0)) {
-        if (alpha == T(1)) c.noalias() = opa * opb; else c.noalias() = alpha * (opa * opb);
+        if (alpha == T(1))
+          c.noalias() = opa * opb;
+        else
+          c.noalias() = alpha * (opa * opb);
       } else {
         if (beta != T(1)) c *= beta;
-        if (alpha == T(1)) c.noalias() += opa * opb; else c.noalias() += alpha * (opa * opb);
+        if (alpha == T(1))
+          c.noalias() += opa * opb;
+        else
+          c.noalias() += alpha * (opa * opb);
       }
     };
-    if (ta == Trans::kNo && tb == Trans::kNo) run(a, b);
+    if (ta == Trans::kNo && tb == Trans::kNo)
+      run(a, b);
     else if (ta == Trans::kNo && transposed_nt(M, N, K)) {
       // Cᵀ = B·Aᵀ, written straight through a transposed view of C: Eigen's kernels run this orientation
       // ~1.5x faster for few rows and a long inner dimension (a Linear layer on 9216 features, batch 32).
       auto ct = c.transpose();
       if (beta == T(0)) {
-        if (alpha == T(1)) ct.noalias() = b * a.transpose(); else ct.noalias() = alpha * (b * a.transpose());
+        if (alpha == T(1))
+          ct.noalias() = b * a.transpose();
+        else
+          ct.noalias() = alpha * (b * a.transpose());
       } else {
         if (beta != T(1)) ct *= beta;
-        if (alpha == T(1)) ct.noalias() += b * a.transpose(); else ct.noalias() += alpha * (b * a.transpose());
+        if (alpha == T(1))
+          ct.noalias() += b * a.transpose();
+        else
+          ct.noalias() += alpha * (b * a.transpose());
       }
-    } else if (ta == Trans::kNo) run(a, b.transpose());
-    else if (tb == Trans::kNo) run(a.transpose(), b);
-    else run(a.transpose(), b.transpose());
+    } else if (ta == Trans::kNo)
+      run(a, b.transpose());
+    else if (tb == Trans::kNo)
+      run(a.transpose(), b);
+    else
+      run(a.transpose(), b.transpose());
   }
 
   // Coefficient-based product: no packing or blocking overhead for toy-sized products. Flattened: whether
@@ -137,7 +160,9 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
   // A·Bᵀ with few rows and a long inner dimension runs as (B·Aᵀ)ᵀ (measured in bench/RESULTS.md).
   static constexpr bool transposed_nt(i64 M, i64 N, i64 K) noexcept { return M < N && K >= 1024; }
   static constexpr i64 kTinyGemm = 8192;
-  static constexpr i64 kStreamBytes = i64{64} << 20;  // results this large bypass the caches  // M·N·K below which Eigen's GEMM packing costs more than it saves
+  static constexpr i64 kStreamBytes =
+      i64{64}
+      << 20;  // results this large bypass the caches  // M·N·K below which Eigen's GEMM packing costs more than it saves
   template <class T>
   static bool skinny_gemm(Trans ta, Trans tb, i64 M, i64 N, i64 K, T alpha, T const* A, T const* B, T beta, T* C) {
     using Row = Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>>;
@@ -158,7 +183,10 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
       // C[r, :] = beta C[r, :] + Σ_k alpha A[r, k] B[k, :]; B (K, N) streamed row by row.
       for (i64 r = 0; r < M; ++r) {
         Row c(C + r * N, N);
-        if (beta == T(0)) c.setZero(); else if (beta != T(1)) c *= beta;
+        if (beta == T(0))
+          c.setZero();
+        else if (beta != T(1))
+          c *= beta;
       }
       for (i64 k = 0; k < K; ++k) {
         CRow bk(B + k * N, N);
@@ -185,10 +213,18 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
         Row c(C + i * N, N);
         auto term = [&](i64 k) { return (alpha * a_at(i, k)) * CRow(B + k * N, N); };
         switch (K) {
-          case 1: detail::assign_or_add(c, term(0), beta); break;
-          case 2: detail::assign_or_add(c, term(0) + term(1), beta); break;
-          case 3: detail::assign_or_add(c, term(0) + term(1) + term(2), beta); break;
-          default: detail::assign_or_add(c, term(0) + term(1) + term(2) + term(3), beta); break;
+          case 1:
+            detail::assign_or_add(c, term(0), beta);
+            break;
+          case 2:
+            detail::assign_or_add(c, term(0) + term(1), beta);
+            break;
+          case 3:
+            detail::assign_or_add(c, term(0) + term(1) + term(2), beta);
+            break;
+          default:
+            detail::assign_or_add(c, term(0) + term(1) + term(2) + term(3), beta);
+            break;
         }
       }
       return true;
@@ -212,9 +248,15 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
     MapArr<T> yy(y, n);
     CMapArr<T> xx(x, n);
     if (b == T(0)) {
-      if (a == T(1)) yy = xx; else yy = a * xx;
+      if (a == T(1))
+        yy = xx;
+      else
+        yy = a * xx;
     } else if (b == T(1)) {
-      if (a == T(1)) yy += xx; else yy += a * xx;
+      if (a == T(1))
+        yy += xx;
+      else
+        yy += a * xx;
     } else {
       yy = a * xx + b * yy;
     }
@@ -269,13 +311,22 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
   template <class T>
   static void add_scalar(i64 n, T v, T beta, T* y) {
     detail::MapArr<T> yy(y, n);
-    if (beta == T(0)) yy.setConstant(v); else if (beta == T(1)) yy += v; else yy = beta * yy + v;
+    if (beta == T(0))
+      yy.setConstant(v);
+    else if (beta == T(1))
+      yy += v;
+    else
+      yy = beta * yy + v;
   }
   // Element-wise copy from host memory (for masks and indices made on the host).
   template <class T>
-  static void from_host(i64 n, T const* src, T* dst) { copy(n, src, dst); }
+  static void from_host(i64 n, T const* src, T* dst) {
+    copy(n, src, dst);
+  }
   template <class T>
-  static void to_host(i64 n, T const* src, T* dst) { copy(n, src, dst); }
+  static void to_host(i64 n, T const* src, T* dst) {
+    copy(n, src, dst);
+  }
   template <class T>
   static T sum(i64 n, T const* x) {
     return n ? detail::CMapArr<T>(x, n).sum() : T(0);

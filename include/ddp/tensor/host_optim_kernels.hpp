@@ -40,15 +40,25 @@ struct HostOptimKernels {
       M ww(w + s, c);
       CM gg(g + s, c);
       if (p.momentum == T(0)) {
-        if (p.weight_decay == T(0)) ww -= p.lr * gg;
-        else ww -= p.lr * (gg + p.weight_decay * ww);
+        if (p.weight_decay == T(0))
+          ww -= p.lr * gg;
+        else
+          ww -= p.lr * (gg + p.weight_decay * ww);
         continue;
       }
       M d(tmp, c), bb(buf + s, c);
-      if (p.weight_decay == T(0)) d = gg; else d = gg + p.weight_decay * ww;
-      if (p.first) bb = d; else bb = p.momentum * bb + (T(1) - p.dampening) * d;
-      if (p.nesterov) ww -= p.lr * (d + p.momentum * bb);
-      else ww -= p.lr * bb;
+      if (p.weight_decay == T(0))
+        d = gg;
+      else
+        d = gg + p.weight_decay * ww;
+      if (p.first)
+        bb = d;
+      else
+        bb = p.momentum * bb + (T(1) - p.dampening) * d;
+      if (p.nesterov)
+        ww -= p.lr * (d + p.momentum * bb);
+      else
+        ww -= p.lr * bb;
     }
   }
 

@@ -54,13 +54,13 @@ struct Tiling {
 
 template <class T>
 struct Scratch {
-  i64 TW, CM;            // tiles per row; max(channels in, channels out)
+  i64 TW, CM;  // tiles per row; max(channels in, channels out)
   HostBuffer<T> buf;
-  T* image;              // one image, channel-fastest: H·W rows of C (or OH·OW rows of O)
-  T* phases;             // 4 × (TW + 1) × CM: one padded image row split by x mod 4
-  T* rows[6];            // input: x-transformed rows k = 0..5 of the current tile row, 6 × TW × CM each
-  T* mid;                // output: 24 × TW × CM (S or W)
-  T* pooled;             // with g.pool2: one pooled image, channel-fastest (OH/2 · OW/2 rows of O)
+  T* image;    // one image, channel-fastest: H·W rows of C (or OH·OW rows of O)
+  T* phases;   // 4 × (TW + 1) × CM: one padded image row split by x mod 4
+  T* rows[6];  // input: x-transformed rows k = 0..5 of the current tile row, 6 × TW × CM each
+  T* mid;      // output: 24 × TW × CM (S or W)
+  T* pooled;   // with g.pool2: one pooled image, channel-fastest (OH/2 · OW/2 rows of O)
   static i64 pooled_size(ConvGeometry const& g) { return g.pool2 ? (g.OH() / 2) * (g.OW() / 2) * g.O : 0; }
   static i64 image_size(Tiling const& tl, ConvGeometry const& g) {
     // the larger of: the input or output image, channel-fastest; the padded input gradient as phase rows
@@ -211,8 +211,8 @@ void unpool_rows(ConvGeometry const& g, T const* gp, std::uint8_t const* codes, 
 // y of one image (O planes of OH×OW) = Aᵀ M A + bias for each tile (then ReLU with g.relu); with
 // g.pool2, y is the pooled image (O planes of OH/2 × OW/2) and codes its window codes (pool_rows).
 template <class T>
-void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M, i64 plane, T const* bias,
-                            T* y, std::uint8_t* codes, Scratch<T>& s) {
+void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M, i64 plane, T const* bias, T* y,
+                            std::uint8_t* codes, Scratch<T>& s) {
   i64 const TW = tl.TW, O = g.O, n = TW * O, OH = g.OH(), OW = g.OW();
   T* S = s.mid;     // S[q·4 + u] (n lanes): Aᵀ along y
   T* Z = s.phases;  // Z[v][tw][o]: one output row, split by x mod 4
@@ -225,7 +225,8 @@ void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M,
       at6<T>(d, o, n);
     }
     for (int u = 0; u < 4 && 4 * th + u < OH; ++u) {
-      T const* const d[6] = {S + u * n, S + (4 + u) * n, S + (8 + u) * n, S + (12 + u) * n, S + (16 + u) * n, S + (20 + u) * n};
+      T const* const d[6] = {S + u * n,        S + (4 + u) * n,  S + (8 + u) * n,
+                             S + (12 + u) * n, S + (16 + u) * n, S + (20 + u) * n};
       T* const o[4] = {Z, Z + n, Z + 2 * n, Z + 3 * n};
       at6<T>(d, o, n);
       T* dst = s.image + (4 * th + u) * OW * O;
@@ -235,10 +236,11 @@ void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M,
   if (g.pool2) {
     i64 const P = (OH / 2) * (OW / 2);
     pool_rows(g, s.image, bias, s.pooled, codes);
-    rows_to_planes([&](i64 p) -> T const* { return s.pooled + p * O; }, O, P, static_cast<T const*>(nullptr), T(0), y, P);
+    rows_to_planes([&](i64 p) -> T const* { return s.pooled + p * O; }, O, P, static_cast<T const*>(nullptr), T(0), y,
+                   P);
     return;
   }
-  rows_to_planes([&](i64 p) -> T const* { return s.image + p * O; }, O, OH * OW, bias, T(0), y, OH * OW, g.relu);
+  rows_to_planes([&](i64 p) -> T const* { return s.image + p * O; }, O, OH* OW, bias, T(0), y, OH* OW, g.relu);
 }
 
 // dM rows of one image: (A g Aᵀ)[ξ] for each tile's 4×4 window g of gy (O planes of OH×OW; zero past the edge).
@@ -255,7 +257,8 @@ void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, 
     planes_to_rows(gy, P, O, P, [&](i64 p) { return s.pooled + p * O; });
     unpool_rows(g, s.pooled, codes, s.image);
   } else {
-    planes_to_rows(gy, OH * OW, O, OH * OW, [&](i64 p) { return s.image + p * O; }, g.relu ? y : nullptr);
+    planes_to_rows(
+        gy, OH * OW, O, OH * OW, [&](i64 p) { return s.image + p * O; }, g.relu ? y : nullptr);
   }
   if (gb)
     for (i64 p = 0; p < OH * OW; ++p) {
@@ -275,7 +278,8 @@ void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, 
         for (i64 xx = OW; xx < 4 * TW; ++xx) std::fill(at(xx), at(xx) + O, T(0));
       }
       T const* const d[4] = {Q, Q + n, Q + 2 * n, Q + 3 * n};
-      T* const o[6] = {Wr + u * n, Wr + (4 + u) * n, Wr + (8 + u) * n, Wr + (12 + u) * n, Wr + (16 + u) * n, Wr + (20 + u) * n};
+      T* const o[6] = {Wr + u * n,        Wr + (4 + u) * n,  Wr + (8 + u) * n,
+                       Wr + (12 + u) * n, Wr + (16 + u) * n, Wr + (20 + u) * n};
       a4<T>(d, o, n);
     }
     T* Mt = dM + th * TW * O;
@@ -291,7 +295,8 @@ void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, 
 // gx of one image (C planes of H×W) = beta·gx + Σ_tiles B dV Bᵀ over each tile's 6×6 window (the adjoint
 // of input_transform_image). The padded gradient is accumulated as phase rows, then cropped and transposed.
 template <class T>
-void input_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* dV, i64 plane, T beta, T* gx, Scratch<T>& s) {
+void input_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* dV, i64 plane, T beta, T* gx,
+                         Scratch<T>& s) {
   i64 const TW = tl.TW, C = g.C, n = TW * C, Hp = 4 * tl.TH + 2, row_len = 4 * (TW + 1) * C, stride = (TW + 1) * C;
   T* acc = s.image;  // acc[yy][r][b][c]: padded row yy, column 4b + r
   std::fill(acc, acc + Hp * row_len, T(0));
@@ -323,8 +328,12 @@ void input_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* dV, i
   }
   for (i64 iy = 0; iy < g.H; ++iy) {
     T const* row = acc + (iy + g.pad) * row_len;
-    rows_to_planes([&](i64 p) -> T const* { i64 const q = p + g.pad; return row + ((q & 3) * (TW + 1) + (q >> 2)) * C; }, C,
-                   g.W, static_cast<T const*>(nullptr), beta, gx + iy * g.W, g.H * g.W);
+    rows_to_planes(
+        [&](i64 p) -> T const* {
+          i64 const q = p + g.pad;
+          return row + ((q & 3) * (TW + 1) + (q >> 2)) * C;
+        },
+        C, g.W, static_cast<T const*>(nullptr), beta, gx + iy * g.W, g.H * g.W);
   }
 }
 
@@ -340,8 +349,8 @@ inline i64 output_image_size(ConvGeometry const& g) {
   return g.pool2 ? g.O * (g.OH() / 2) * (g.OW() / 2) : g.O * g.OH() * g.OW();
 }
 template <class T>
-void output_transform(ConvGeometry const& g, Tiling const& tl, T const* M, T const* bias, i64 n0, i64 cn,
-                      T* y, std::uint8_t* codes, Scratch<T>& s) {
+void output_transform(ConvGeometry const& g, Tiling const& tl, T const* M, T const* bias, i64 n0, i64 cn, T* y,
+                      std::uint8_t* codes, Scratch<T>& s) {
   i64 const plane = cn * tl.per_image * g.O, img = output_image_size(g);
   for (i64 i = 0; i < cn; ++i)
     output_transform_image(g, tl, M + i * tl.per_image * g.O, plane, bias, y + (n0 + i) * img,
@@ -415,7 +424,8 @@ void backward(ConvGeometry const& g, T const* x, T const* w, T const* gy, T cons
       }
       i64 const plane = tc * g.C;
       for (i64 i = 0; i < cn; ++i)
-        input_adjoint_image(g, tl, V.data() + i * tl.per_image * g.C, plane, beta_x, gx + (n0 + i) * g.C * g.H * g.W, s);
+        input_adjoint_image(g, tl, V.data() + i * tl.per_image * g.C, plane, beta_x, gx + (n0 + i) * g.C * g.H * g.W,
+                            s);
     }
   }
   if (gw) weight_transform_adjoint(g.O, g.C, dU.data(), beta_w, gw);

@@ -32,8 +32,8 @@ struct ConvGeometry {
   std::int64_t O = 0;                       // output channels (conv) or C (pool)
   std::int64_t k = 1, stride = 1, pad = 0;
   ConvAlgorithm algorithm = ConvAlgorithm::kAuto;  // convolutions only
-  bool relu = false;  // convolutions: y = max(0, conv + bias), and the backward masks gy by y > 0
-  bool pool2 = false; // convolutions with relu: y is the 2×2, stride-2 max-pool of that (OH/2 × OW/2)
+  bool relu = false;   // convolutions: y = max(0, conv + bias), and the backward masks gy by y > 0
+  bool pool2 = false;  // convolutions with relu: y is the 2×2, stride-2 max-pool of that (OH/2 × OW/2)
   DDP_HOST_DEVICE constexpr std::int64_t OH() const noexcept { return (H + 2 * pad - k) / stride + 1; }
   DDP_HOST_DEVICE constexpr std::int64_t OW() const noexcept { return (W + 2 * pad - k) / stride + 1; }
   DDP_HOST_DEVICE constexpr std::int64_t L() const noexcept { return OH() * OW(); }

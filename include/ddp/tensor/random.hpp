@@ -12,8 +12,8 @@ namespace ddp {
 // sequence bit for bit, normal()'s cached second value included.
 struct GeneratorState {
   std::uint64_t state = 0;
-  std::uint64_t inc = 1;     // the stream (odd)
-  double spare = 0;          // normal()'s second value, valid when has_spare
+  std::uint64_t inc = 1;  // the stream (odd)
+  double spare = 0;       // normal()'s second value, valid when has_spare
   bool has_spare = false;
   friend bool operator==(GeneratorState const&, GeneratorState const&) = default;
 };
@@ -22,7 +22,8 @@ struct GeneratorState {
 // generator per thread/rank. Same seed and stream -> same sequence everywhere.
 class Generator {
  public:
-  explicit constexpr Generator(std::uint64_t seed = 0x853c49e6748fea9bULL, std::uint64_t stream = 0xda3e39cb94b95bdbULL) noexcept {
+  explicit constexpr Generator(std::uint64_t seed = 0x853c49e6748fea9bULL,
+                               std::uint64_t stream = 0xda3e39cb94b95bdbULL) noexcept {
     this->seed(seed, stream);
   }
   constexpr void seed(std::uint64_t seed, std::uint64_t stream = 0xda3e39cb94b95bdbULL) noexcept {

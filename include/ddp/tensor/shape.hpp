@@ -18,7 +18,8 @@ class Shape {
 
   constexpr Shape() noexcept = default;
   Shape(std::initializer_list<std::int64_t> dims) {
-    if (dims.size() > kMaxRank) throw ShapeError(detail::cat("shape has ", dims.size(), " dims; ddp tensors have at most 4"));
+    if (dims.size() > kMaxRank)
+      throw ShapeError(detail::cat("shape has ", dims.size(), " dims; ddp tensors have at most 4"));
     for (auto d : dims) {
       if (d < 0) throw ShapeError(detail::cat("negative dimension ", d, " in shape"));
       dims_[rank_++] = d;

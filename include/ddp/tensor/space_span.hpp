@@ -22,16 +22,16 @@ class SpaceSpan {
 
   // Host memory converts implicitly from std::span / containers: all_reduce(std::span(v), ...).
   template <class U, std::size_t E>
-    requires std::same_as<Space, HostSpace> && std::is_convertible_v<U (*)[], T (*)[]>
+  requires std::same_as<Space, HostSpace> && std::is_convertible_v<U (*)[], T (*)[]>
   constexpr SpaceSpan(std::span<U, E> s) noexcept : data_(s.data()), size_(s.size()) {}
 
   template <class C>
-    requires std::same_as<Space, HostSpace> && requires(C& c) { std::span<T>(c); }
+  requires std::same_as<Space, HostSpace> && requires(C& c) { std::span<T>(c); }
   constexpr SpaceSpan(C& c) noexcept : SpaceSpan(std::span<T>(c)) {}
 
   // Non-const to const.
   template <class U>
-    requires std::same_as<T, U const>
+  requires std::same_as<T, U const>
   constexpr SpaceSpan(SpaceSpan<U, Space> s) noexcept : data_(s.data()), size_(s.size()) {}
 
   constexpr T* data() const noexcept { return data_; }
@@ -43,11 +43,7 @@ class SpaceSpan {
   }
 
   // Only host spans can be viewed as std::span (device memory is not dereferenceable on the host).
-  constexpr std::span<T> host() const noexcept
-    requires std::same_as<Space, HostSpace>
-  {
-    return {data_, size_};
-  }
+  constexpr std::span<T> host() const noexcept requires std::same_as<Space, HostSpace> { return {data_, size_}; }
 
  private:
   T* data_ = nullptr;

@@ -39,7 +39,7 @@ struct SpaceAllocator<HostSpace> {
 
 template <class T>
 concept TensorElement = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> ||
-                        std::same_as<T, std::int64_t> || std::same_as<T, std::uint8_t>;
+    std::same_as<T, std::int64_t> || std::same_as<T, std::uint8_t>;
 
 // A tensor is a cheap handle: copies share storage (like torch.Tensor). Views (reshape, slices of an
 // arena) share the owner and keep it alive. Contents are uninitialised unless made by zeros()/full().
@@ -80,17 +80,13 @@ class Tensor {
   // Same storage, new shape (numel must match).
   Tensor reshape(Shape s) const {
     if (s.numel() != numel())
-      throw ShapeError(detail::cat("cannot reshape tensor of shape ", shape_, " (", numel(), " elements) to ", s,
-                                   " (", s.numel(), " elements)"));
+      throw ShapeError(detail::cat("cannot reshape tensor of shape ", shape_, " (", numel(), " elements) to ", s, " (",
+                                   s.numel(), " elements)"));
     return view(owner_, data_, s);
   }
 
   // Host element access (device memory is not dereferenceable on the host).
-  T& operator[](std::int64_t i) const noexcept
-    requires std::same_as<Space, HostSpace>
-  {
-    return data_[i];
-  }
+  T& operator[](std::int64_t i) const noexcept requires std::same_as<Space, HostSpace> { return data_[i]; }
   // The value of a one-element tensor, on the host (a synchronising copy for device memory).
   T item() const {
     if (numel() != 1) throw ShapeError(detail::cat("item() needs a one-element tensor, got shape ", shape_));

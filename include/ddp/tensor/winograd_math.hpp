@@ -35,7 +35,7 @@ DDP_ALWAYS_INLINE void bt6(T const* const (&d)[6], T* const (&o)[6], i64 n) {
 #pragma GCC ivdep
   for (i64 l = 0; l < n; ++l) {
     T const a = d4[l] - T(4) * d2[l], b = d3[l] - T(4) * d1[l];  // rows 1, 2 share these
-    T const c = d4[l] - d2[l], e = T(2) * (d3[l] - d1[l]);        // rows 3, 4 share these
+    T const c = d4[l] - d2[l], e = T(2) * (d3[l] - d1[l]);       // rows 3, 4 share these
     o0[l] = T(4) * d0[l] - T(5) * d2[l] + d4[l];
     o1[l] = a + b;
     o2[l] = a - b;
@@ -99,9 +99,12 @@ DDP_ALWAYS_INLINE void b6(T const* const (&d)[6], T* const (&o)[6], i64 n) {
 template <class T>
 Eigen::Matrix<T, kPos, 9, Eigen::RowMajor> const& kron_g() {
   static Eigen::Matrix<T, kPos, 9, Eigen::RowMajor> const m = [] {
-    constexpr double G[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                {-1.0 / 6, 1.0 / 6, -1.0 / 6}, {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
+    constexpr double G[6][3] = {{1.0 / 4, 0, 0},
+                                {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                {0, 0, 1}};
     Eigen::Matrix<T, kPos, 9, Eigen::RowMajor> k;
     for (int i = 0; i < 6; ++i)
       for (int j = 0; j < 6; ++j)

@@ -45,8 +45,8 @@ inline void write_file_atomically(std::filesystem::path const& path, std::string
   fs::path const dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    throw IoError(ddp::detail::cat("cannot write checkpoint ", path.string(), ": directory ", dir.string(),
-                                   " does not exist"));
+    throw IoError(
+        ddp::detail::cat("cannot write checkpoint ", path.string(), ": directory ", dir.string(), " does not exist"));
   std::string tmpl = (dir / ("." + path.filename().string() + ".tmp.XXXXXX")).string();
   int fd = ::mkstemp(tmpl.data());
   if (fd < 0)
@@ -116,8 +116,8 @@ void broadcast_outcome(C& comm, int root, std::int64_t& status, std::string& tex
   std::vector<std::int64_t> head{status, static_cast<std::int64_t>(text.size())};
   host_broadcast(comm, std::span<std::int64_t>(head), root, CollectiveTag{"checkpoint.status"});
   status = head[0];
-  auto words = comm.rank() == root ? to_words(text)
-                                   : std::vector<std::int64_t>((static_cast<std::size_t>(head[1]) + 7) / 8);
+  auto words =
+      comm.rank() == root ? to_words(text) : std::vector<std::int64_t>((static_cast<std::size_t>(head[1]) + 7) / 8);
   if (!words.empty()) host_broadcast(comm, std::span<std::int64_t>(words), root, CollectiveTag{"checkpoint.bytes"});
   text = from_words(words, static_cast<std::size_t>(head[1]));
 }
@@ -145,8 +145,9 @@ void agree_or_throw(C& comm, Failure kind, std::string message) {
   if (root == n) return;
   auto status = static_cast<std::int64_t>(kind);
   broadcast_outcome(comm, root, status, message);
-  throw_failure(static_cast<Failure>(status),
-                root == me ? message : ddp::detail::cat(message, " (reported by rank ", root, "; this is rank ", me, ")"));
+  throw_failure(
+      static_cast<Failure>(status),
+      root == me ? message : ddp::detail::cat(message, " (reported by rank ", root, "; this is rank ", me, ")"));
 }
 
 // Runs f() and classifies what it throws.
@@ -234,8 +235,9 @@ std::vector<std::size_t> match_records(std::vector<TensorRecord<T>> const& file,
     for (auto const& m : model) mine.insert(m.first);
     for (auto const& r : file)
       if (!mine.contains(r.name))
-        throw err("it holds ", kind, " '", r.name, "' ", shape_string(r.shape), ", which the model does not have (it holds ",
-                  file.size(), " ", kind, "s, the model has ", model.size(), ": a different --model or architecture?)");
+        throw err("it holds ", kind, " '", r.name, "' ", shape_string(r.shape),
+                  ", which the model does not have (it holds ", file.size(), " ", kind, "s, the model has ",
+                  model.size(), ": a different --model or architecture?)");
   }
   return match;
 }
@@ -261,7 +263,8 @@ inline void generator_to_words(GeneratorState const& g, std::int64_t* w) {
   w[3] = g.has_spare ? 1 : 0;
 }
 inline GeneratorState generator_from_words(std::int64_t const* w) {
-  return {std::bit_cast<std::uint64_t>(w[0]), std::bit_cast<std::uint64_t>(w[1]), std::bit_cast<double>(w[2]), w[3] != 0};
+  return {std::bit_cast<std::uint64_t>(w[0]), std::bit_cast<std::uint64_t>(w[1]), std::bit_cast<double>(w[2]),
+          w[3] != 0};
 }
 inline constexpr std::size_t kGeneratorWords = 4;
 
@@ -303,10 +306,12 @@ std::vector<std::vector<GeneratorState>> gather_generators(C& comm, M const& mod
 // The model (parameters, frozen ones included, and buffers), the optimizer's per-parameter state, this
 // process's generators (as the only rank) and the position as a CheckpointData: host copies, by name.
 template <nn::Model M, class O, class T = typename M::value_type>
-  requires CheckpointableOptimizer<O, T>
-CheckpointData<T> capture_checkpoint(M const& model, O const& opt, TrainPosition const& pos, std::string_view extra = {}) {
+requires CheckpointableOptimizer<O, T> CheckpointData<T> capture_checkpoint(M const& model, O const& opt,
+                                                                            TrainPosition const& pos,
+                                                                            std::string_view extra = {}) {
   CheckpointData<T> c{.position = pos, .optimizer = opt.state(), .extra = std::string(extra)};
-  for (auto const& p : detail::distinct_parameters(model)) c.parameters.push_back(detail::record_of(p.name, p.var.value()));
+  for (auto const& p : detail::distinct_parameters(model))
+    c.parameters.push_back(detail::record_of(p.name, p.var.value()));
   for (auto const& b : model.named_buffers()) c.buffers.push_back(detail::record_of(b.name, b.tensor));
   c.generators.ranks.emplace_back();
   for (auto const& g : nn::generators_of(model)) {
@@ -320,7 +325,7 @@ CheckpointData<T> capture_checkpoint(M const& model, O const& opt, TrainPosition
 // buffers (names and shapes; order does not matter), optimizer state for the same kind, buffers and
 // parameters, the same generator names. Throws ArgumentError naming the file and the difference.
 template <nn::Model M, class O, class T = typename M::value_type>
-  requires CheckpointableOptimizer<O, T>
+requires CheckpointableOptimizer<O, T>
 void check_checkpoint_fits(CheckpointData<T> const& c, M const& model, O const& opt, std::string const& file) {
   auto err = [&](auto const&... what) {
     return ArgumentError(ddp::detail::cat("checkpoint ", file, " does not fit this model/optimizer: ", what...));
@@ -347,7 +352,7 @@ void check_checkpoint_fits(CheckpointData<T> const& c, M const& model, O const& 
 // written by another number of ranks, they keep their current states: per-rank random streams cannot be
 // mapped onto another set of ranks (every other part of the checkpoint loads into any world size).
 template <nn::Model M, class O, class T = typename M::value_type>
-  requires CheckpointableOptimizer<O, T>
+requires CheckpointableOptimizer<O, T>
 void restore_checkpoint(CheckpointData<T> const& c, M& model, O& opt, RankOf at = {}) {
   using S = typename M::space;
   auto const params = detail::distinct_parameters(model);
@@ -375,16 +380,19 @@ void restore_checkpoint(CheckpointData<T> const& c, M& model, O& opt, RankOf at 
 // is and handed back by load_checkpoint. Other ranks' parameters, buffers and optimizer state are not read:
 // under DDP they equal rank 0's (bitwise, for the threads and MPI backends; buffers are broadcast from rank 0).
 template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
-  requires CheckpointableOptimizer<O, T>
-void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model, O const& opt,
-                     TrainPosition const& pos, std::string_view extra = {}) {
+requires CheckpointableOptimizer<O, T>
+void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model, O const& opt, TrainPosition const& pos,
+                     std::string_view extra = {}) {
   auto generators = detail::gather_generators(comm, model);
   std::string message;
-  auto const kind = comm.rank() != 0 ? detail::Failure::kNone : detail::run_classified([&] {
-    auto c = capture_checkpoint(model, opt, pos, extra);
-    c.generators.ranks = std::move(generators);
-    write_checkpoint_file(path, c);
-  }, message);
+  auto const kind = comm.rank() != 0 ? detail::Failure::kNone
+                                     : detail::run_classified(
+                                           [&] {
+                                             auto c = capture_checkpoint(model, opt, pos, extra);
+                                             c.generators.ranks = std::move(generators);
+                                             write_checkpoint_file(path, c);
+                                           },
+                                           message);
   detail::agree_or_throw(comm, kind, message);
 }
 
@@ -397,17 +405,18 @@ void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model,
 // Returns the training position stored in the file; `extra`, when given, receives the bytes save_checkpoint
 // stored (empty if none).
 template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
-  requires CheckpointableOptimizer<O, T>
-TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm, M& model, O& opt,
-                              std::string* extra = nullptr) {
+requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm,
+                                                                     M& model, O& opt, std::string* extra = nullptr) {
   std::string const file = path.string();
   std::string text;
   auto kind = detail::Failure::kNone;
   if (comm.rank() == 0) {
-    kind = detail::run_classified([&] {
-      text = detail::read_whole_file(path);
-      (void)decode_checkpoint<T>(text, file);  // container checks once, before shipping the bytes
-    }, text);
+    kind = detail::run_classified(
+        [&] {
+          text = detail::read_whole_file(path);
+          (void)decode_checkpoint<T>(text, file);  // container checks once, before shipping the bytes
+        },
+        text);
   }
   if (comm.world_size() > 1) {
     auto status = static_cast<std::int64_t>(kind);
@@ -415,14 +424,16 @@ TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm, M& mod
     kind = static_cast<detail::Failure>(status);
   }
   if (kind != detail::Failure::kNone)
-    detail::throw_failure(kind, comm.rank() == 0 ? text : ddp::detail::cat(text, " (read by rank 0; this is rank ",
-                                                                          comm.rank(), ")"));
+    detail::throw_failure(
+        kind, comm.rank() == 0 ? text : ddp::detail::cat(text, " (read by rank 0; this is rank ", comm.rank(), ")"));
   CheckpointData<T> c;
   std::string message;
-  kind = detail::run_classified([&] {
-    c = decode_checkpoint<T>(text, file);
-    check_checkpoint_fits(c, model, opt, file);
-  }, message);
+  kind = detail::run_classified(
+      [&] {
+        c = decode_checkpoint<T>(text, file);
+        check_checkpoint_fits(c, model, opt, file);
+      },
+      message);
   detail::agree_or_throw(comm, kind, message);
   restore_checkpoint(c, model, opt, RankOf{comm.rank(), comm.world_size()});
   if (extra) *extra = std::move(c.extra);

@@ -120,7 +120,7 @@ inline std::string fourcc_name(std::uint32_t v) {
 class ByteWriter {
  public:
   template <class V>
-    requires std::is_arithmetic_v<V>
+  requires std::is_arithmetic_v<V>
   void put(V v) {
     char b[sizeof(V)];
     std::memcpy(b, &v, sizeof(V));
@@ -146,8 +146,7 @@ class ByteReader {
   ByteReader(std::string_view bytes, std::string const& file, std::string section)
       : b_(bytes), file_(file), section_(std::move(section)) {}
   template <class V>
-    requires std::is_arithmetic_v<V>
-  V get() {
+  requires std::is_arithmetic_v<V> V get() {
     need(sizeof(V));
     V v;
     std::memcpy(&v, b_.data() + pos_, sizeof(V));
@@ -267,10 +266,14 @@ std::string encode_checkpoint(CheckpointData<T> const& c) {
   };
   auto const& p = c.position;
   section(fourcc("META"), [&](detail::ByteWriter& s) {
-    std::pair<char const*, std::int64_t> const kv[] = {
-        {"epoch", p.epoch},           {"step", p.step},   {"global_step", p.global_step},
-        {"scheduler_epoch", p.scheduler_epoch}, {"world_size", p.world_size}, {"global_batch", p.global_batch},
-        {"seed", p.seed}, {"element_bytes", static_cast<std::int64_t>(sizeof(T))}};
+    std::pair<char const*, std::int64_t> const kv[] = {{"epoch", p.epoch},
+                                                       {"step", p.step},
+                                                       {"global_step", p.global_step},
+                                                       {"scheduler_epoch", p.scheduler_epoch},
+                                                       {"world_size", p.world_size},
+                                                       {"global_batch", p.global_batch},
+                                                       {"seed", p.seed},
+                                                       {"element_bytes", static_cast<std::int64_t>(sizeof(T))}};
     s.put(static_cast<std::uint32_t>(std::size(kv)));
     for (auto const& [k, v] : kv) {
       s.put_string(k);
@@ -382,7 +385,7 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
     r.skip(len);
   }
   r.expect_end();
-  auto find = [&](char const (&name)[5]) -> detail::ByteReader {
+  auto find = [&](char const(&name)[5]) -> detail::ByteReader {
     for (auto const& s : secs)
       if (s.tag == fourcc(name)) return detail::ByteReader(s.body, file, name);
     throw err("required section ", name, " is missing");

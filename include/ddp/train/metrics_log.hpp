@@ -99,10 +99,13 @@ class MetricsLog {
   std::string svg(std::string_view title = "training metrics") const {
     constexpr int kW = 900, kH = 380, kPanelW = 400, kPanelH = 260, kTop = 60, kLeft0 = 70, kLeft1 = 570;
     std::ostringstream os;
-    os << R"(<?xml version="1.0" encoding="UTF-8"?>)" << "\n"
+    os << R"(<?xml version="1.0" encoding="UTF-8"?>)"
+       << "\n"
        << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << kW << R"(" height=")" << kH << R"(" viewBox="0 0 )"
-       << kW << " " << kH << R"(" font-family="sans-serif" font-size="12">)" << "\n"
-       << R"(<rect width="100%" height="100%" fill="white"/>)" << "\n"
+       << kW << " " << kH << R"(" font-family="sans-serif" font-size="12">)"
+       << "\n"
+       << R"(<rect width="100%" height="100%" fill="white"/>)"
+       << "\n"
        << R"(<text x=")" << kW / 2 << R"(" y="24" text-anchor="middle" font-size="16">)" << escape(title)
        << "</text>\n";
     std::vector<double> ep, train, test, acc;
@@ -112,9 +115,10 @@ class MetricsLog {
       test.push_back(m.test_loss);
       acc.push_back(100.0 * m.test_accuracy);
     }
-    panel(os, kLeft0, kTop, kPanelW, kPanelH, "loss", ep, {{"train loss", "#1f77b4", &train}, {"test loss", "#ff7f0e", &test}},
-          false);
-    panel(os, kLeft1, kTop, kPanelW - 110, kPanelH, "test accuracy (%)", ep, {{"test accuracy", "#2ca02c", &acc}}, true);
+    panel(os, kLeft0, kTop, kPanelW, kPanelH, "loss", ep,
+          {{"train loss", "#1f77b4", &train}, {"test loss", "#ff7f0e", &test}}, false);
+    panel(os, kLeft1, kTop, kPanelW - 110, kPanelH, "test accuracy (%)", ep, {{"test accuracy", "#2ca02c", &acc}},
+          true);
     os << "</svg>\n";
     return os.str();
   }
@@ -163,11 +167,20 @@ class MetricsLog {
     std::string o;
     for (char c : s) {
       switch (c) {
-        case '<': o += "&lt;"; break;
-        case '>': o += "&gt;"; break;
-        case '&': o += "&amp;"; break;
-        case '"': o += "&quot;"; break;
-        default: o += c;
+        case '<':
+          o += "&lt;";
+          break;
+        case '>':
+          o += "&gt;";
+          break;
+        case '&':
+          o += "&amp;";
+          break;
+        case '"':
+          o += "&quot;";
+          break;
+        default:
+          o += c;
       }
     }
     return o;
@@ -213,7 +226,8 @@ class MetricsLog {
 
     os << "<g>\n";
     os << R"(<rect x=")" << x0 << R"(" y=")" << y0 << R"(" width=")" << w << R"(" height=")" << h
-       << R"(" fill="none" stroke="#888"/>)" << "\n";
+       << R"(" fill="none" stroke="#888"/>)"
+       << "\n";
     for (double t : yt) {
       os << R"(<line x1=")" << x0 << R"(" x2=")" << x0 + w << R"(" y1=")" << detail::fmt("%.1f", py(t)) << R"(" y2=")"
          << detail::fmt("%.1f", py(t)) << R"(" stroke="#eee"/>)"
@@ -225,20 +239,24 @@ class MetricsLog {
          << y0 + h << R"(" y2=")" << y0 + h + 5 << R"(" stroke="#888"/>)"
          << R"(<text x=")" << detail::fmt("%.1f", px(t)) << R"(" y=")" << y0 + h + 18 << R"(" text-anchor="middle">)"
          << detail::fmt("%.0f", t) << "</text>\n";
-    os << R"(<text x=")" << x0 + w / 2 << R"(" y=")" << y0 + h + 36 << R"(" text-anchor="middle">epoch</text>)" << "\n";
-    os << "<text transform=\"translate(" << x0 - 50 << "," << y0 + h / 2
-       << ") rotate(-90)\" text-anchor=\"middle\">" << ylabel << "</text>\n";
+    os << R"(<text x=")" << x0 + w / 2 << R"(" y=")" << y0 + h + 36 << R"(" text-anchor="middle">epoch</text>)"
+       << "\n";
+    os << "<text transform=\"translate(" << x0 - 50 << "," << y0 + h / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
+       << ylabel << "</text>\n";
     int ly = y0 + 14;
     for (auto const& s : series) {
       std::string pts;
       for (std::size_t i = 0; i < xs.size(); ++i)
-        if (std::isfinite((*s.y)[i])) pts += detail::fmt("%.1f", px(xs[i])) + "," + detail::fmt("%.1f", py((*s.y)[i])) + " ";
+        if (std::isfinite((*s.y)[i]))
+          pts += detail::fmt("%.1f", px(xs[i])) + "," + detail::fmt("%.1f", py((*s.y)[i])) + " ";
       if (!pts.empty()) pts.pop_back();
-      os << R"(<polyline fill="none" stroke=")" << s.color << R"(" stroke-width="2" points=")" << pts << R"("/>)" << "\n";
+      os << R"(<polyline fill="none" stroke=")" << s.color << R"(" stroke-width="2" points=")" << pts << R"("/>)"
+         << "\n";
       for (std::size_t i = 0; i < xs.size(); ++i)
         if (std::isfinite((*s.y)[i]))
           os << R"(<circle cx=")" << detail::fmt("%.1f", px(xs[i])) << R"(" cy=")" << detail::fmt("%.1f", py((*s.y)[i]))
-             << R"(" r="3" fill=")" << s.color << R"("/>)" << "\n";
+             << R"(" r="3" fill=")" << s.color << R"("/>)"
+             << "\n";
       // Legend entry (top right of the panel).
       os << R"(<line x1=")" << x0 + w - 120 << R"(" x2=")" << x0 + w - 100 << R"(" y1=")" << ly - 4 << R"(" y2=")"
          << ly - 4 << R"(" stroke=")" << s.color << R"(" stroke-width="2"/>)"

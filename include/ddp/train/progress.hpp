@@ -31,11 +31,11 @@ struct ProgressOptions {
 
 // What one progress line shows.
 struct ProgressStatus {
-  std::int64_t epoch = 1, epochs = 1;     // 1-based
-  std::int64_t step = 0, total = 0;       // steps done, steps in the epoch
-  double loss = 0;                        // mean loss of the epoch's steps so far (this rank)
-  double samples_per_second = 0;          // over all ranks
-  double eta_seconds = 0;                 // for the rest of the epoch
+  std::int64_t epoch = 1, epochs = 1;  // 1-based
+  std::int64_t step = 0, total = 0;    // steps done, steps in the epoch
+  double loss = 0;                     // mean loss of the epoch's steps so far (this rank)
+  double samples_per_second = 0;       // over all ranks
+  double eta_seconds = 0;              // for the rest of the epoch
 };
 
 namespace detail {
@@ -70,7 +70,8 @@ inline std::string format_progress(ProgressStatus const& s, int bar_width = 0) {
   int const w = static_cast<int>(std::to_string(s.total).size());
   char b[160];
   std::snprintf(b, sizeof b, "step %*lld/%lld  loss %.4f  %.0f samples/s  ETA %s", w, static_cast<long long>(s.step),
-                static_cast<long long>(s.total), s.loss, s.samples_per_second, detail::format_clock(s.eta_seconds).c_str());
+                static_cast<long long>(s.total), s.loss, s.samples_per_second,
+                detail::format_clock(s.eta_seconds).c_str());
   return out + b;
 }
 
@@ -105,7 +106,8 @@ class ProgressBar {
         last_draw_(start_) {
     if (total_steps < 0 || first_step < 0 || first_step > total_steps)
       throw ArgumentError(detail::cat("ProgressBar: step ", first_step, " is outside [0, ", total_steps, "]"));
-    every_ = std::max<std::int64_t>(1, (total_steps + opts_.lines_per_epoch - 1) / std::max<std::int64_t>(1, opts_.lines_per_epoch));
+    every_ = std::max<std::int64_t>(
+        1, (total_steps + opts_.lines_per_epoch - 1) / std::max<std::int64_t>(1, opts_.lines_per_epoch));
   }
 
   // Records that `step` steps of the epoch are done and the last one's loss; redraws when due.

@@ -18,8 +18,8 @@ namespace ddp {
 struct TrainerOptions {
   std::int64_t batch_size = 32;  // per rank
   bool shuffle = true;
-  std::uint64_t seed = 0;        // sampler seed (the shuffle is the same on every rank)
-  bool drop_last = true;         // drop each epoch's incomplete last batch (DataLoader's drop_last)
+  std::uint64_t seed = 0;  // sampler seed (the shuffle is the same on every rank)
+  bool drop_last = true;   // drop each epoch's incomplete last batch (DataLoader's drop_last)
   DdpOptions ddp{};
 };
 
@@ -41,7 +41,8 @@ class basic_trainer {
 
   basic_trainer(M& model, C& comm, typename O::options_type opt, TrainerOptions opts = {}, B bucketer = {})
       : comm_(&comm), opts_(opts), ddp_(model, comm, opts.ddp, std::move(bucketer)), opt_(ddp_.parameters(), opt) {
-    if (opts.batch_size < 1) throw ArgumentError(detail::cat("trainer: batch_size must be positive, got ", opts.batch_size));
+    if (opts.batch_size < 1)
+      throw ArgumentError(detail::cat("trainer: batch_size must be positive, got ", opts.batch_size));
   }
 
   // One epoch over `data` (each rank its DistributedSampler share). loss(output, batch) -> scalar Var. Batches
@@ -74,8 +75,8 @@ class basic_trainer {
 
   // Classification accuracy over `data`, each sample counted exactly once across ranks (EvalSampler).
   template <Dataset D>
-    requires std::same_as<typename D::target_type, std::int32_t>
-  Counts evaluate(D const& data, std::int64_t batch_size = 256) {
+  requires std::same_as<typename D::target_type, std::int32_t> Counts evaluate(D const& data,
+                                                                               std::int64_t batch_size = 256) {
     EvalSampler sampler(data.size(), *comm_);
     DataLoader loader(data, sampler, {.batch_size = batch_size, .drop_last = false});
     ddp_.module().set_mode(Mode::kEval);

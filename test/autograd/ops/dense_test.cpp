@@ -70,7 +70,8 @@ TEST_CASE("linear: with and without bias, 1-D to 4-D input, every input's gradie
 
 TEST_CASE("linear forward: y[..., o] = Σ_i x[..., i] W[o, i] + b[o], leading dims kept") {
   Generator gen(22);
-  VarD x = constant(uniform(Shape{2, 3, 4}, gen)), w = constant(uniform(Shape{5, 4}, gen)), b = constant(uniform(Shape{5}, gen));
+  VarD x = constant(uniform(Shape{2, 3, 4}, gen)), w = constant(uniform(Shape{5, 4}, gen)),
+       b = constant(uniform(Shape{5}, gen));
   Tensor<double> const y = linear(x, w, b).value();
   REQUIRE(y.shape() == Shape{2, 3, 5});
   Tensor<double> const y0 = linear(x, w).value();
@@ -90,8 +91,11 @@ TEST_CASE("linear and matmul shape errors name both shapes") {
   check_throws_with<ShapeError>([&] { (void)matmul(a, param(uniform(Shape{3}, gen))); }, {"[2, 3]", "[3]"});
   VarD w = param(uniform(Shape{5, 4}, gen));
   check_throws_with<ShapeError>([&] { (void)linear(a, w); }, {"linear", "[2, 3]", "[5, 4]"});
-  check_throws_with<ShapeError>([&] { (void)linear(param(uniform(Shape{2, 4}, gen)), w, param(uniform(Shape{4}, gen))); },
-                                {"bias", "[4]", "[5]"});
+  check_throws_with<ShapeError>(
+      [&] {
+        (void)linear(param(uniform(Shape{2, 4}, gen)), w, param(uniform(Shape{4}, gen)));
+      },
+      {"bias", "[4]", "[5]"});
 }
 
 // ---- elementwise.hpp ----
@@ -144,7 +148,8 @@ TEST_CASE("mul and scale") {
     VarD a = param(uniform(s, gen)), b = param(uniform(s, gen));
     check_grad(label("mul", seed, s), [](Inputs const& v) { return mul(v[0], v[1]); }, {a, b});
     check_grad(label("mul(x, x)", seed, s), [](Inputs const& v) { return mul(v[0], v[0]); }, {a});
-    check_grad(label("mul, b constant", seed, s), [](Inputs const& v) { return v[0] * v[1]; }, {a, constant(b.value())});
+    check_grad(label("mul, b constant", seed, s), [](Inputs const& v) { return v[0] * v[1]; },
+               {a, constant(b.value())});
     double const c = gen.uniform(-3.0, 3.0);
     check_grad(label("scale", seed, s), [c](Inputs const& v) { return scale(v[0], c); }, {a});
   }
@@ -257,10 +262,13 @@ TEST_CASE("float and double agree on a small network's forward and gradients") {
   VarD w = param(clone(wd)), b = param(clone(bd));
   Var wf(to_float(wd), RequiresGrad::kYes), bf(to_float(bd), RequiresGrad::kYes);
   VarD const ld = mean(mul(sigmoid(linear(constant(xd), w, b)), tanh(scale(linear(constant(xd), w), 0.5))));
-  Var const lf = mean(mul(sigmoid(linear(Var(to_float(xd)), wf, bf)), tanh(scale(linear(Var(to_float(xd)), wf), 0.5f))));
+  Var const lf =
+      mean(mul(sigmoid(linear(Var(to_float(xd)), wf, bf)), tanh(scale(linear(Var(to_float(xd)), wf), 0.5f))));
   CHECK(lf.item() == doctest::Approx(ld.item()).epsilon(1e-6));
   backward(ld);
   backward(lf);
-  for (std::int64_t i = 0; i < w.numel(); ++i) CHECK(wf.grad()[i] == doctest::Approx(w.grad()[i]).epsilon(1e-5).scale(1));
-  for (std::int64_t i = 0; i < b.numel(); ++i) CHECK(bf.grad()[i] == doctest::Approx(b.grad()[i]).epsilon(1e-5).scale(1));
+  for (std::int64_t i = 0; i < w.numel(); ++i)
+    CHECK(wf.grad()[i] == doctest::Approx(w.grad()[i]).epsilon(1e-5).scale(1));
+  for (std::int64_t i = 0; i < b.numel(); ++i)
+    CHECK(bf.grad()[i] == doctest::Approx(b.grad()[i]).epsilon(1e-5).scale(1));
 }

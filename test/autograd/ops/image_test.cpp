@@ -52,7 +52,8 @@ TEST_CASE("conv2d: gradients of input, weight and bias over stride 1/2, padding 
     VarD x = param(uniform(xs, gen)), w = param(uniform(Shape{cc.O, cc.C, cc.k, cc.k}, gen)),
          b = param(uniform(Shape{cc.O}, gen));
     Conv2dArgs const args{.stride = cc.stride, .padding = cc.pad};
-    std::string const what = detail::cat("conv2d x ", xs, " O ", cc.O, " k ", cc.k, " stride ", cc.stride, " pad ", cc.pad);
+    std::string const what =
+        detail::cat("conv2d x ", xs, " O ", cc.O, " k ", cc.k, " stride ", cc.stride, " pad ", cc.pad);
     check_grad(what + " with bias", [args](Inputs const& v) { return conv2d(v[0], v[1], v[2], args); }, {x, w, b});
     check_grad(what + " no bias", [args](Inputs const& v) { return conv2d(v[0], v[1], VarD{}, args); }, {x, w});
     check_grad(what + " x constant", [args](Inputs const& v) { return conv2d(v[0], v[1], v[2], args); },
@@ -78,8 +79,9 @@ TEST_CASE("conv2d forward equals the direct 7-loop reference") {
   }
   // A hand-computed case: 1 channel, 3x3 input 1..9, 2x2 kernel of ones, padding 1 -> sums of each window.
   Tensor<double> const x = from_values<double>(Shape{1, 1, 3, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9});
-  Tensor<double> const y = conv2d(constant(x), constant(full<double>(Shape{1, 1, 2, 2}, 1.0)), VarD{},
-                                  Conv2dArgs{.stride = 2, .padding = 1}).value();
+  Tensor<double> const y =
+      conv2d(constant(x), constant(full<double>(Shape{1, 1, 2, 2}, 1.0)), VarD{}, Conv2dArgs{.stride = 2, .padding = 1})
+          .value();
   REQUIRE(y.shape() == Shape{1, 1, 2, 2});
   CHECK(y[0] == 1);
   CHECK(y[1] == 2 + 3);
@@ -90,11 +92,17 @@ TEST_CASE("conv2d forward equals the direct 7-loop reference") {
 TEST_CASE("conv2d errors name the shapes") {
   Generator gen(300);
   VarD x = param(uniform(Shape{2, 3, 5, 5}, gen));
-  check_throws_with<ShapeError>([&] { (void)conv2d(x, param(uniform(Shape{4, 2, 3, 3}, gen))); },
-                                {"conv2d", "[2, 3, 5, 5]", "[4, 2, 3, 3]"});
+  check_throws_with<ShapeError>(
+      [&] {
+        (void)conv2d(x, param(uniform(Shape{4, 2, 3, 3}, gen)));
+      },
+      {"conv2d", "[2, 3, 5, 5]", "[4, 2, 3, 3]"});
   check_throws_with<ShapeError>([&] { (void)conv2d(x, param(uniform(Shape{4, 3, 3, 2}, gen))); }, {"[4, 3, 3, 2]"});
-  check_throws_with<ShapeError>([&] { (void)conv2d(param(uniform(Shape{3, 5, 5}, gen)), param(uniform(Shape{4, 3, 3, 3}, gen))); },
-                                {"[3, 5, 5]"});
+  check_throws_with<ShapeError>(
+      [&] {
+        (void)conv2d(param(uniform(Shape{3, 5, 5}, gen)), param(uniform(Shape{4, 3, 3, 3}, gen)));
+      },
+      {"[3, 5, 5]"});
   VarD w = param(uniform(Shape{4, 3, 3, 3}, gen));
   check_throws_with<ShapeError>([&] { (void)conv2d(x, w, param(uniform(Shape{3}, gen))); }, {"bias", "[3]", "[4]"});
   check_throws_with<ShapeError>([&] { (void)conv2d(param(uniform(Shape{1, 3, 2, 2}, gen)), w); }, {"[1, 3, 2, 2]"});
@@ -108,10 +116,12 @@ TEST_CASE("max_pool2d: gradient with kernel 2/3, default and custom strides (dis
     std::int64_t k, stride;  // stride 0: the default (= kernel)
   };
   std::uint64_t seed = 400;
-  for (PoolCase const pc : {PoolCase{2, 0}, PoolCase{3, 0}, PoolCase{2, 1}, PoolCase{3, 1}, PoolCase{3, 2}, PoolCase{2, 3}}) {
+  for (PoolCase const pc :
+       {PoolCase{2, 0}, PoolCase{3, 0}, PoolCase{2, 1}, PoolCase{3, 1}, PoolCase{3, 2}, PoolCase{2, 3}}) {
     for (int rep = 0; rep < 2; ++rep) {
       Generator gen(++seed);
-      std::int64_t const N = dim(gen, 1, 2), C = dim(gen, 1, 3), H = dim(gen, pc.k, pc.k + 5), W = dim(gen, pc.k, pc.k + 5);
+      std::int64_t const N = dim(gen, 1, 2), C = dim(gen, 1, 3), H = dim(gen, pc.k, pc.k + 5),
+                         W = dim(gen, pc.k, pc.k + 5);
       Shape const xs{N, C, H, W};
       VarD x = param(distinct(xs, gen));
       check_grad(detail::cat("max_pool2d x ", xs, " k ", pc.k, " stride ", pc.stride),
@@ -160,8 +170,10 @@ TEST_CASE("max_pool2d 2x2 in float (the vectorised path): ties go to the first, 
           if (v > m || std::isnan(v)) m = v, best = at[j];
         }
         INFO("window ", o);
-        if (std::isnan(m)) CHECK(std::isnan(y.value()[o]));
-        else CHECK(y.value()[o] == m);
+        if (std::isnan(m))
+          CHECK(std::isnan(y.value()[o]));
+        else
+          CHECK(y.value()[o] == m);
         gx_ref[p * 9 * 37 + best] += gy[o];
       }
   CHECK(max_abs_diff(xv.grad(), gx_ref) == 0.0);
@@ -169,9 +181,16 @@ TEST_CASE("max_pool2d 2x2 in float (the vectorised path): ties go to the first, 
 
 TEST_CASE("max_pool2d errors name the shape") {
   Generator gen(500);
-  check_throws_with<ShapeError>([&] { (void)max_pool2d(param(uniform(Shape{4, 4}, gen)), 2); }, {"max_pool2d", "[4, 4]"});
-  check_throws_with<ArgumentError>([&] { (void)max_pool2d(param(uniform(Shape{1, 1, 2, 2}, gen)), 3); },
-                                   {"max_pool2d", "[1, 1, 2, 2]"});
+  check_throws_with<ShapeError>(
+      [&] {
+        (void)max_pool2d(param(uniform(Shape{4, 4}, gen)), 2);
+      },
+      {"max_pool2d", "[4, 4]"});
+  check_throws_with<ArgumentError>(
+      [&] {
+        (void)max_pool2d(param(uniform(Shape{1, 1, 2, 2}, gen)), 3);
+      },
+      {"max_pool2d", "[1, 1, 2, 2]"});
 }
 
 // ---- batch_norm.hpp ----
@@ -186,9 +205,7 @@ TEST_CASE("batch_norm2d: gradients of x, gamma, beta in training (batch statisti
     Tensor<double> const rm = uniform(Shape{C}, gen), rv = uniform(Shape{C}, gen, 0.5, 2.0);
     for (Mode mode : {Mode::kTrain, Mode::kEval}) {
       // Fresh copies of the running statistics per call: training updates them in place.
-      auto f = [&rm, &rv, mode](Inputs const& v) {
-        return batch_norm2d(v[0], v[1], v[2], clone(rm), clone(rv), mode);
-      };
+      auto f = [&rm, &rv, mode](Inputs const& v) { return batch_norm2d(v[0], v[1], v[2], clone(rm), clone(rv), mode); };
       std::string const what = detail::cat("batch_norm2d ", mode == Mode::kTrain ? "train" : "eval", " x ", xs);
       check_grad(what, f, {x, gamma, beta});
       check_grad(what + " x only", f, {x, constant(gamma.value()), constant(beta.value())});
@@ -200,7 +217,8 @@ TEST_CASE("batch_norm2d: gradients of x, gamma, beta in training (batch statisti
 TEST_CASE("batch_norm2d forward and running statistics against the formulas") {
   Generator gen(700);
   std::int64_t const N = 3, C = 2, HW = 4;
-  Tensor<double> const x = uniform(Shape{N, C, 2, 2}, gen, -2.0, 3.0), g = uniform(Shape{C}, gen), b = uniform(Shape{C}, gen);
+  Tensor<double> const x = uniform(Shape{N, C, 2, 2}, gen, -2.0, 3.0), g = uniform(Shape{C}, gen),
+                       b = uniform(Shape{C}, gen);
   Tensor<double> const rm0 = uniform(Shape{C}, gen), rv0 = uniform(Shape{C}, gen, 0.5, 2.0);
   Tensor<double> rm = clone(rm0), rv = clone(rv0);
   BatchNormArgs const args{.momentum = 0.25, .eps = 1e-3};
@@ -236,20 +254,25 @@ TEST_CASE("batch_norm2d errors name the shapes") {
   Generator gen(800);
   VarD x = param(uniform(Shape{2, 3, 2, 2}, gen)), g = param(uniform(Shape{3}, gen)), b = param(uniform(Shape{3}, gen));
   Tensor<double> rm = zeros<double>(Shape{3}), rv = full<double>(Shape{3}, 1.0);
-  check_throws_with<ShapeError>([&] { (void)batch_norm2d(param(uniform(Shape{2, 3}, gen)), g, b, rm, rv, Mode::kTrain); },
-                                {"batch_norm2d", "[2, 3]"});
   check_throws_with<ShapeError>(
-      [&] { (void)batch_norm2d(x, param(uniform(Shape{4}, gen)), b, rm, rv, Mode::kTrain); }, {"3 channels", "[4]"});
+      [&] {
+        (void)batch_norm2d(param(uniform(Shape{2, 3}, gen)), g, b, rm, rv, Mode::kTrain);
+      },
+      {"batch_norm2d", "[2, 3]"});
+  check_throws_with<ShapeError>([&] { (void)batch_norm2d(x, param(uniform(Shape{4}, gen)), b, rm, rv, Mode::kTrain); },
+                                {"3 channels", "[4]"});
   check_throws_with<ShapeError>(
-      [&] { (void)batch_norm2d(param(uniform(Shape{1, 3, 1, 1}, gen)), g, b, rm, rv, Mode::kTrain); },
+      [&] {
+        (void)batch_norm2d(param(uniform(Shape{1, 3, 1, 1}, gen)), g, b, rm, rv, Mode::kTrain);
+      },
       {"[1, 3, 1, 1]"});
 }
 
 TEST_CASE("a small CNN end to end: conv -> batch_norm -> tanh -> max_pool -> flatten -> linear") {
   Generator gen(900);
   VarD x = param(uniform(Shape{2, 2, 6, 6}, gen)), w = param(uniform(Shape{3, 2, 3, 3}, gen)),
-       cb = param(uniform(Shape{3}, gen)), g = param(uniform(Shape{3}, gen, 0.5, 1.5)), bb = param(uniform(Shape{3}, gen)),
-       fw = param(uniform(Shape{4, 12}, gen)), fb = param(uniform(Shape{4}, gen));
+       cb = param(uniform(Shape{3}, gen)), g = param(uniform(Shape{3}, gen, 0.5, 1.5)),
+       bb = param(uniform(Shape{3}, gen)), fw = param(uniform(Shape{4, 12}, gen)), fb = param(uniform(Shape{4}, gen));
   Tensor<double> const rm = zeros<double>(Shape{3}), rv = full<double>(Shape{3}, 1.0);
   auto f = [&](Inputs const& v) {
     VarD h = conv2d(v[0], v[1], v[2], Conv2dArgs{.stride = 1, .padding = 1});
@@ -259,13 +282,15 @@ TEST_CASE("a small CNN end to end: conv -> batch_norm -> tanh -> max_pool -> fla
   check_grad("small CNN", f, {x, w, cb, g, bb, fw, fb});
 }
 
-TEST_CASE("float and double agree on conv2d -> batch_norm2d -> relu -> max_pool2d -> cross_entropy, forward and gradients") {
+TEST_CASE(
+    "float and double agree on conv2d -> batch_norm2d -> relu -> max_pool2d -> cross_entropy, forward and gradients") {
   Generator gen(901);
-  Tensor<double> const x = uniform(Shape{3, 2, 7, 7}, gen), w = uniform(Shape{4, 2, 3, 3}, gen), cb = uniform(Shape{4}, gen),
-                       g = uniform(Shape{4}, gen, 0.5, 1.5), bb = uniform(Shape{4}, gen), fw = uniform(Shape{5, 36}, gen);
+  Tensor<double> const x = uniform(Shape{3, 2, 7, 7}, gen), w = uniform(Shape{4, 2, 3, 3}, gen),
+                       cb = uniform(Shape{4}, gen), g = uniform(Shape{4}, gen, 0.5, 1.5), bb = uniform(Shape{4}, gen),
+                       fw = uniform(Shape{5, 36}, gen);
   Tensor<std::int32_t> const t = random_targets(3, 5, gen);
-  auto net = [&t](auto const& x_, auto const& w_, auto const& cb_, auto const& g_, auto const& bb_, auto const& fw_, auto const& rm,
-                  auto const& rv) {
+  auto net = [&t](auto const& x_, auto const& w_, auto const& cb_, auto const& g_, auto const& bb_, auto const& fw_,
+                  auto const& rm, auto const& rv) {
     auto h = conv2d(x_, w_, cb_, Conv2dArgs{.stride = 2, .padding = 1});
     h = relu(batch_norm2d(h, g_, bb_, rm, rv, Mode::kTrain));
     return cross_entropy(linear(flatten(max_pool2d(h, 2, 1)), fw_), t);

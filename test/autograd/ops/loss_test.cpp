@@ -42,7 +42,8 @@ TEST_CASE("log_softmax: gradient over the last dim of 1-, 2- and 3-D inputs; val
     Generator gen(seed);
     Shape const s = logits_shape(gen, 1 + static_cast<int>(seed % 3));
     VarD x = param(uniform(s, gen, -3.0, 3.0));
-    check_grad(detail::cat("log_softmax seed ", seed, " shape ", s), [](Inputs const& v) { return log_softmax(v[0]); }, {x});
+    check_grad(detail::cat("log_softmax seed ", seed, " shape ", s), [](Inputs const& v) { return log_softmax(v[0]); },
+               {x});
     CHECK(max_abs_diff(log_softmax(x).value(), log_softmax_reference(x.value())) < 1e-14);
   }
 }
@@ -75,14 +76,18 @@ TEST_CASE("mse_loss: gradient of the prediction and the value mean((p - t)²)") 
     Shape const s = logits_shape(gen, 1 + static_cast<int>(seed % 3));
     VarD p = param(uniform(s, gen));
     Tensor<double> const t = uniform(s, gen);
-    check_grad(detail::cat("mse_loss seed ", seed, " shape ", s), [&t](Inputs const& v) { return mse_loss(v[0], t); }, {p});
+    check_grad(detail::cat("mse_loss seed ", seed, " shape ", s), [&t](Inputs const& v) { return mse_loss(v[0], t); },
+               {p});
     double ref = 0;
     for (std::int64_t i = 0; i < p.numel(); ++i) ref += (p.value()[i] - t[i]) * (p.value()[i] - t[i]);
     CHECK(mse_loss(p, t).item() == doctest::Approx(ref / double(p.numel())).epsilon(1e-14));
   }
   Generator gen(30);
-  check_throws_with<ShapeError>([&] { (void)mse_loss(param(uniform(Shape{2, 3}, gen)), uniform(Shape{3, 2}, gen)); },
-                                {"mse_loss", "[2, 3]", "[3, 2]"});
+  check_throws_with<ShapeError>(
+      [&] {
+        (void)mse_loss(param(uniform(Shape{2, 3}, gen)), uniform(Shape{3, 2}, gen));
+      },
+      {"mse_loss", "[2, 3]", "[3, 2]"});
 }
 
 // ---- cross_entropy and nll_loss ----
@@ -142,7 +147,8 @@ TEST_CASE("cross_entropy is stable for large logits") {
 TEST_CASE("cross_entropy and nll_loss errors name the shapes and the bad target") {
   Generator gen(31);
   VarD x = param(uniform(Shape{4, 3}, gen));
-  check_throws_with<ShapeError>([&] { (void)cross_entropy(x, random_targets(3, 3, gen)); }, {"cross_entropy", "[3]", "[4]"});
+  check_throws_with<ShapeError>([&] { (void)cross_entropy(x, random_targets(3, 3, gen)); },
+                                {"cross_entropy", "[3]", "[4]"});
   check_throws_with<ShapeError>([&] { (void)nll_loss(x, random_targets(5, 3, gen)); }, {"nll_loss", "[5]", "[4]"});
   Tensor<std::int32_t> bad = from_values<std::int32_t>(Shape{4}, {0, 1, 3, 2});
   check_throws_with<ArgumentError>([&] { (void)cross_entropy(x, bad); }, {"target 3", "row 2"});

@@ -2,7 +2,7 @@
 // statistics in evaluation (PyTorch's semantics: biased variance to normalise, unbiased for the estimate).
 #pragma once
 
-#include "ddp/autograd/ops/dropout.hpp"  // Mode
+#include "ddp/autograd/mode.hpp"
 #include "ddp/autograd/variable.hpp"
 #include "ddp/tensor/kernels.hpp"
 
@@ -25,15 +25,16 @@ Variable<T, S> batch_norm2d(Variable<T, S> const& x, Variable<T, S> const& gamma
   Shape const cs{C};
   if (!(gamma.shape() == cs) || !(beta.shape() == cs) || !(running_mean.shape() == cs) || !(running_var.shape() == cs))
     throw ShapeError(detail::cat("batch_norm2d: input has ", C, " channels but gamma/beta/running stats have shapes ",
-                                 gamma.shape(), ", ", beta.shape(), ", ", running_mean.shape(), ", ", running_var.shape()));
+                                 gamma.shape(), ", ", beta.shape(), ", ", running_mean.shape(), ", ",
+                                 running_var.shape()));
   bool const training = mode == Mode::kTrain;
   if (training && N * HW < 2)
     throw ShapeError(detail::cat("batch_norm2d: training needs more than one value per channel, got input ", xs));
   Tensor<T, S> y(xs), mean(cs), invstd(cs);
   if (training) {
     Tensor<T, S> var_unbiased(cs);
-    K::batchnorm_fwd_train(N, C, HW, x.value().data(), gamma.value().data(), beta.value().data(), T(args.eps),
-                           y.data(), mean.data(), invstd.data(), var_unbiased.data());
+    K::batchnorm_fwd_train(N, C, HW, x.value().data(), gamma.value().data(), beta.value().data(), T(args.eps), y.data(),
+                           mean.data(), invstd.data(), var_unbiased.data());
     T const m = T(args.momentum);
     K::axpby(C, m, mean.data(), T(1) - m, running_mean.data());
     K::axpby(C, m, var_unbiased.data(), T(1) - m, running_var.data());

@@ -47,10 +47,18 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
     throw ShapeError(detail::cat("conv2d: input ", xs, " and weight ", ws,
                                  " do not fit (need input (N,C,H,W) and weight (O,C,k,k))"));
   if (args.stride < 1 || args.padding < 0)
-    throw ArgumentError(detail::cat("conv2d: stride must be >= 1 and padding >= 0 (got ", args.stride, ", ",
-                                    args.padding, ")"));
-  ConvGeometry g{.N = xs[0], .C = xs[1], .H = xs[2], .W = xs[3], .O = ws[0], .k = ws[2], .stride = args.stride,
-                 .pad = args.padding, .algorithm = args.algorithm, .relu = args.relu};
+    throw ArgumentError(
+        detail::cat("conv2d: stride must be >= 1 and padding >= 0 (got ", args.stride, ", ", args.padding, ")"));
+  ConvGeometry g{.N = xs[0],
+                 .C = xs[1],
+                 .H = xs[2],
+                 .W = xs[3],
+                 .O = ws[0],
+                 .k = ws[2],
+                 .stride = args.stride,
+                 .pad = args.padding,
+                 .algorithm = args.algorithm,
+                 .relu = args.relu};
   if (args.algorithm == ConvAlgorithm::kWinograd && (g.k != 3 || g.stride != 1))
     throw ArgumentError(detail::cat("conv2d: ConvAlgorithm::kWinograd needs a 3x3 kernel with stride 1 (got kernel ",
                                     g.k, ", stride ", g.stride, ")"));

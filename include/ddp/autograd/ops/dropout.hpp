@@ -1,14 +1,13 @@
 // dropout: zeroes each element with probability p and scales the rest by 1/(1-p) in training; identity in eval.
 #pragma once
 
+#include "ddp/autograd/mode.hpp"
 #include "ddp/autograd/variable.hpp"
-#include "ddp/tensor/kernels.hpp"
 #include "ddp/tensor/host_allocator.hpp"
+#include "ddp/tensor/kernels.hpp"
 #include "ddp/tensor/random.hpp"
 
 namespace ddp {
-
-enum class Mode { kTrain, kEval };
 
 // The mask is drawn from `gen` on the host (portable: same seed, same mask on every platform).
 template <class T, MemorySpace S>

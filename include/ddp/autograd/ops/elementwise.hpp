@@ -18,8 +18,9 @@ inline Broadcast broadcast_kind(char const* op, Shape const& a, Shape const& b) 
     for (int i = 0; i < b.rank(); ++i) trailing &= b[b.rank() - 1 - i] == a[a.rank() - 1 - i];
     if (trailing) return Broadcast::kTrailing;
   }
-  throw ShapeError(detail::cat(op, ": shapes ", a, " and ", b,
-                               " do not broadcast (second must equal the first, its trailing dims, or be one element)"));
+  throw ShapeError(
+      detail::cat(op, ": shapes ", a, " and ", b,
+                  " do not broadcast (second must equal the first, its trailing dims, or be one element)"));
 }
 
 // y = a + sb * b with b broadcast over a.
@@ -123,10 +124,16 @@ Variable<T, S> scale(Variable<T, S> const& x, T c) {
 }
 
 template <class T, MemorySpace S>
-Variable<T, S> operator+(Variable<T, S> const& a, Variable<T, S> const& b) { return add(a, b); }
+Variable<T, S> operator+(Variable<T, S> const& a, Variable<T, S> const& b) {
+  return add(a, b);
+}
 template <class T, MemorySpace S>
-Variable<T, S> operator-(Variable<T, S> const& a, Variable<T, S> const& b) { return sub(a, b); }
+Variable<T, S> operator-(Variable<T, S> const& a, Variable<T, S> const& b) {
+  return sub(a, b);
+}
 template <class T, MemorySpace S>
-Variable<T, S> operator*(Variable<T, S> const& a, Variable<T, S> const& b) { return mul(a, b); }
+Variable<T, S> operator*(Variable<T, S> const& a, Variable<T, S> const& b) {
+  return mul(a, b);
+}
 
 }  // namespace ddp

@@ -20,7 +20,8 @@ inline std::pair<std::int64_t, std::int64_t> rows_cols(char const* op, Shape con
 template <MemorySpace S>
 void check_targets(char const* op, Tensor<std::int32_t, S> const& target, std::int64_t rows, std::int64_t cols) {
   if (!(target.shape() == Shape{rows}))
-    throw ShapeError(detail::cat(op, ": targets have shape ", target.shape(), ", expected [", rows, "] (one class id per row)"));
+    throw ShapeError(
+        detail::cat(op, ": targets have shape ", target.shape(), ", expected [", rows, "] (one class id per row)"));
   std::int32_t const* ids = target.data();
   std::vector<std::int32_t> copied;  // device targets are checked on a host copy (rows ints)
   if constexpr (!std::same_as<S, HostSpace>) {
@@ -70,7 +71,8 @@ template <class T, MemorySpace S>
 Variable<T, S> mse_loss(Variable<T, S> const& pred, Tensor<T, S> const& target) {
   using K = Kernels<S>;
   if (!(pred.shape() == target.shape()))
-    throw ShapeError(detail::cat("mse_loss: prediction has shape ", pred.shape(), " but target has shape ", target.shape()));
+    throw ShapeError(
+        detail::cat("mse_loss: prediction has shape ", pred.shape(), " but target has shape ", target.shape()));
   std::int64_t const n = pred.numel();
   T const loss = K::mse_fwd(n, pred.value().data(), target.data());
   return detail::record(

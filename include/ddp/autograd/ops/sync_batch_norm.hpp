@@ -20,7 +20,8 @@ namespace ddp {
 // nn::SyncBatchNorm2d binds one. A cheap copyable handle: the backward closure keeps a copy, so whatever it
 // refers to must outlive the graph.
 template <class X>
-concept BatchStatsExchange = std::copyable<X> && requires(X const& x, std::span<double const> in, std::span<double> out) {
+concept BatchStatsExchange = std::copyable<X> &&
+    requires(X const& x, std::span<double const> in, std::span<double> out) {
   { x.world_size() } -> std::same_as<int>;
   x.all_gather(in, out);  // out.size() == world_size() * in.size(); rank r's block at offset r * in.size()
   x.all_reduce_sum(out);  // in place
@@ -38,7 +39,8 @@ struct ChannelMoments {
 // exact arithmetic, no cancellation of large sums of squares). Every rank merges the same gathered words in the
 // same order, so every rank gets bitwise the same statistics. Ranks with no values drop out.
 inline ChannelMoments merge_moments(std::span<double const> blocks, int world, std::int64_t C) {
-  ChannelMoments g{0, std::vector<double>(static_cast<std::size_t>(C), 0.0), std::vector<double>(static_cast<std::size_t>(C), 0.0)};
+  ChannelMoments g{0, std::vector<double>(static_cast<std::size_t>(C), 0.0),
+                   std::vector<double>(static_cast<std::size_t>(C), 0.0)};
   std::size_t const stride = 1 + 2 * static_cast<std::size_t>(C);
   for (int r = 0; r < world; ++r) {
     double const* b = blocks.data() + static_cast<std::size_t>(r) * stride;
@@ -96,8 +98,9 @@ Variable<T, S> sync_batch_norm2d(Variable<T, S> const& x, Variable<T, S> const& 
   std::int64_t const N = xs[0], C = xs[1], HW = xs[2] * xs[3];
   Shape const cs{C};
   if (!(gamma.shape() == cs) || !(beta.shape() == cs) || !(running_mean.shape() == cs) || !(running_var.shape() == cs))
-    throw ShapeError(detail::cat("sync_batch_norm2d: input has ", C, " channels but gamma/beta/running stats have shapes ",
-                                 gamma.shape(), ", ", beta.shape(), ", ", running_mean.shape(), ", ", running_var.shape()));
+    throw ShapeError(detail::cat("sync_batch_norm2d: input has ", C,
+                                 " channels but gamma/beta/running stats have shapes ", gamma.shape(), ", ",
+                                 beta.shape(), ", ", running_mean.shape(), ", ", running_var.shape()));
   int const world = exchange.world_size();
   auto const uC = static_cast<std::size_t>(C);
 
@@ -120,8 +123,8 @@ Variable<T, S> sync_batch_norm2d(Variable<T, S> const& x, Variable<T, S> const& 
   exchange.all_gather(std::span<double const>(mine), std::span<double>(all));
   detail::ChannelMoments const g = detail::merge_moments(all, world, C);
   if (g.count < 2)
-    throw ShapeError(detail::cat("sync_batch_norm2d: training needs more than one value per channel over all ",
-                                 world, " ranks, got ", std::int64_t(g.count), " (this rank's input ", xs, ")"));
+    throw ShapeError(detail::cat("sync_batch_norm2d: training needs more than one value per channel over all ", world,
+                                 " ranks, got ", std::int64_t(g.count), " (this rank's input ", xs, ")"));
 
   std::vector<T> mean_h(uC), invstd_h(uC), varu_h(uC);
   for (std::size_t c = 0; c < uC; ++c) {

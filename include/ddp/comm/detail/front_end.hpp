@@ -35,10 +35,14 @@ struct AllReduceExecutor {
       self->run_all_reduce(SpaceSpan<T, native_space_t<Backend>>(data, r.count), r.op, r.tag);
     };
     switch (r.dtype) {
-      case Dtype::kFloat32: return run(static_cast<float*>(r.data));
-      case Dtype::kFloat64: return run(static_cast<double*>(r.data));
-      case Dtype::kInt32: return run(static_cast<std::int32_t*>(r.data));
-      case Dtype::kInt64: return run(static_cast<std::int64_t*>(r.data));
+      case Dtype::kFloat32:
+        return run(static_cast<float*>(r.data));
+      case Dtype::kFloat64:
+        return run(static_cast<double*>(r.data));
+      case Dtype::kInt32:
+        return run(static_cast<std::int32_t*>(r.data));
+      case Dtype::kInt64:
+        return run(static_cast<std::int64_t*>(r.data));
     }
   }
 };
@@ -229,8 +233,8 @@ class CollectiveFrontEnd {
   void check_root(int root, CollectiveKind kind) const {
     int const n = self().world_size();
     if (root < 0 || root >= n) {
-      throw ArgumentError(cat("ddp ", Backend::backend_name, ": ", name(kind), " on rank ", self().rank(), ": root ", root,
-                              " is outside [0, ", n, ")"));
+      throw ArgumentError(cat("ddp ", Backend::backend_name, ": ", name(kind), " on rank ", self().rank(), ": root ",
+                              root, " is outside [0, ", n, ")"));
     }
   }
   void check_size(std::size_t got, std::size_t want, CollectiveKind kind, char const* what, char const* rule) const {

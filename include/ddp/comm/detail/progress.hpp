@@ -73,9 +73,7 @@ class ProgressQueue : public CompletionState {
     idle.spin = std::min(idle.spin, std::chrono::nanoseconds(std::chrono::microseconds(5)));
     for (;;) {
       work_notifier_.wait(
-          [&] {
-            return published_.load(std::memory_order_acquire) >= next || stop_.load(std::memory_order_acquire);
-          },
+          [&] { return published_.load(std::memory_order_acquire) >= next || stop_.load(std::memory_order_acquire); },
           idle);
       if (published_.load(std::memory_order_acquire) < next) return;  // stopped and nothing left
       Request const r = ring_[(next - 1) % ring_.size()];

@@ -98,10 +98,14 @@ template <class T>
 void reduce_blocks(T const* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count, ReduceOp op) noexcept {
   if (count == 0 || nsrc <= 0) return;
   switch (op) {
-    case ReduceOp::kSum: return reduce_blocks_impl<PlusOp, false>(srcs, nsrc, dsts, ndst, count);
-    case ReduceOp::kAvg: return reduce_blocks_impl<PlusOp, true>(srcs, nsrc, dsts, ndst, count);
-    case ReduceOp::kMax: return reduce_blocks_impl<MaxOp, false>(srcs, nsrc, dsts, ndst, count);
-    case ReduceOp::kMin: return reduce_blocks_impl<MinOp, false>(srcs, nsrc, dsts, ndst, count);
+    case ReduceOp::kSum:
+      return reduce_blocks_impl<PlusOp, false>(srcs, nsrc, dsts, ndst, count);
+    case ReduceOp::kAvg:
+      return reduce_blocks_impl<PlusOp, true>(srcs, nsrc, dsts, ndst, count);
+    case ReduceOp::kMax:
+      return reduce_blocks_impl<MaxOp, false>(srcs, nsrc, dsts, ndst, count);
+    case ReduceOp::kMin:
+      return reduce_blocks_impl<MinOp, false>(srcs, nsrc, dsts, ndst, count);
   }
 }
 

@@ -61,8 +61,8 @@ class ThreadsGroup {
         opts_(opts),
         slots_(new RankSlot[static_cast<std::size_t>(world_size)]),
         staging_bytes_((std::max<std::size_t>(opts.small_bytes, 64) + 63) / 64 * 64),
-        staging_(static_cast<std::byte*>(::operator new(staging_bytes_ * 2 * static_cast<std::size_t>(world_size),
-                                                        std::align_val_t{64}))) {
+        staging_(static_cast<std::byte*>(
+            ::operator new (staging_bytes_ * 2 * static_cast<std::size_t>(world_size), std::align_val_t{64}))) {
     unsigned const cores = std::max(1u, std::thread::hardware_concurrency());
     policy_.spin = opts.spin.count() >= 0 ? opts.spin
                    : static_cast<unsigned>(world_size) <= cores
@@ -72,7 +72,7 @@ class ThreadsGroup {
   }
   ThreadsGroup(ThreadsGroup const&) = delete;
   ThreadsGroup& operator=(ThreadsGroup const&) = delete;
-  ~ThreadsGroup() { ::operator delete(staging_, std::align_val_t{64}); }
+  ~ThreadsGroup() { ::operator delete (staging_, std::align_val_t{64}); }
 
   int world_size() const noexcept { return n_; }
   ThreadsOptions const& options() const noexcept { return opts_; }
@@ -120,8 +120,8 @@ class ThreadsGroup {
     if (all_arrived(seq) && failed_rank_.load(std::memory_order_relaxed) < 0) return;
     auto const deadline = deadline_after(opts_.timeout);
     notifier_.wait(
-        [&] { return failed_rank_.load(std::memory_order_acquire) >= 0 || all_arrived(seq) || any_left(seq); },
-        policy_, deadline);
+        [&] { return failed_rank_.load(std::memory_order_acquire) >= 0 || all_arrived(seq) || any_left(seq); }, policy_,
+        deadline);
     if (failed_rank() >= 0) throw failure_error(rank, kind, tag);
     if (all_arrived(seq)) return;
     std::string missing;

@@ -86,8 +86,8 @@ TEST_CASE("DistributedSampler without shuffle reproduces PyTorch's batches of th
   };
   constexpr std::int64_t kN = 100, kSteps = 30;
   auto const ds = index_dataset(kN);
-  for (Run run : {Run{"test/data/toy/batch_idx_ws1.bin", 1, 10}, Run{"test/data/toy/batch_idx_ws2.bin", 2, 5},
-                  Run{"test/data/toy/batch_idx_plain.bin", 1, 10}}) {
+  for (Run run : {Run{"test/fixtures/toy/batch_idx_ws1.bin", 1, 10}, Run{"test/fixtures/toy/batch_idx_ws2.bin", 2, 5},
+                  Run{"test/fixtures/toy/batch_idx_plain.bin", 1, 10}}) {
     CAPTURE(run.file);
     auto const ref = read_i32(run.file, static_cast<std::size_t>(run.world_size * kSteps * run.per_rank_batch));
     for (int r = 0; r < run.world_size; ++r) {
@@ -121,8 +121,8 @@ TEST_CASE("the shuffled mlp fixture has DistributedSampler's structure, and so d
     std::int64_t per_rank_batch;
   };
   constexpr std::int64_t kN = 256, kSteps = 16;
-  for (Run run : {Run{"test/data/mlp/batch_idx_ws1.bin", 1, 32}, Run{"test/data/mlp/batch_idx_ws2.bin", 2, 16},
-                  Run{"test/data/mlp/batch_idx_ws4.bin", 4, 8}}) {
+  for (Run run : {Run{"test/fixtures/mlp/batch_idx_ws1.bin", 1, 32}, Run{"test/fixtures/mlp/batch_idx_ws2.bin", 2, 16},
+                  Run{"test/fixtures/mlp/batch_idx_ws4.bin", 4, 8}}) {
     CAPTURE(run.file);
     auto const ref = read_i32(run.file, static_cast<std::size_t>(run.world_size * kSteps * run.per_rank_batch));
     std::int64_t const batches_per_epoch = kN / run.world_size / run.per_rank_batch;

@@ -283,7 +283,8 @@ TEST_CASE("the mlp fixture's inputs are the first 256 training images, normalise
   REQUIRE_MESSAGE(fs::is_directory(dir), dir.string(),
                   " does not exist: run tools/setup.sh (it installs Debian's dataset-fashion-mnist)");
   auto const ds = FashionMnist::load({.split = Split::kTrain, .limit = 256});
-  std::ifstream fx("test/data/mlp/data_x.bin", std::ios::binary), fy("test/data/mlp/data_y.bin", std::ios::binary);
+  std::ifstream fx("test/fixtures/mlp/data_x.bin", std::ios::binary),
+      fy("test/fixtures/mlp/data_y.bin", std::ios::binary);
   REQUIRE(fx.good());
   REQUIRE(fy.good());
   std::vector<float> x(256 * 784);
