@@ -167,7 +167,7 @@ TEST_CASE("device: conv2d (strides, padding, no bias), conv2d+relu, conv2d+relu+
   }
   // 8 → 8 channels, 3×3, stride 1: the Winograd kernels, with relu and the fused 2×2 pooling. Distinct inputs
   // keep the pooling windows and the relu away from ties and kinks at the finite-difference step.
-  Conv2dArgs const relu{.relu = true}, pool{.relu = true, .max_pool = 2};
+  Conv2dArgs const relu{.epilogue = Epilogue::kRelu}, pool{.epilogue = Epilogue::kReluMaxPool2};
   std::vector<Tensor<double>> const in{distinct({1, 8, 6, 6}, gen), uniform({8, 8, 3, 3}, gen, -0.3, 0.3),
                                        uniform({8}, gen)};
   check_device(

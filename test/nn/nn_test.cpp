@@ -181,6 +181,21 @@ TEST_CASE("Sequential fuses a Conv2d directly followed by a ReLU: same values an
   for (auto* p : {&c1.weight, &c1.bias, &c2.weight, &c2.bias}) CHECK(same(p->grad(), grads[i++]));
 }
 
+TEST_CASE("the fusion rule both Sequential containers share") {
+  using nn::detail::Follower;
+  using nn::detail::fusion_rule;
+  static_assert(fusion_rule(true, Follower::kRelu, Follower::kMaxPool2x2).epilogue == Epilogue::kReluMaxPool2);
+  static_assert(fusion_rule(true, Follower::kRelu, Follower::kMaxPool2x2).absorbed == 2);
+  static_assert(fusion_rule(true, Follower::kRelu, Follower::kOther).epilogue == Epilogue::kRelu);
+  static_assert(fusion_rule(true, Follower::kRelu, Follower::kRelu).absorbed == 1);
+  static_assert(fusion_rule(true, Follower::kMaxPool2x2, Follower::kRelu).absorbed == 0);  // pool before ReLU
+  static_assert(fusion_rule(false, Follower::kRelu, Follower::kMaxPool2x2).absorbed == 0);  // Linear, ReLU, ...
+  CHECK(nn::detail::follower_of(nn::MaxPool2d(2)) == Follower::kMaxPool2x2);
+  CHECK(nn::detail::follower_of(nn::MaxPool2d(2, 1)) == Follower::kOther);  // stride 1: not fused
+  CHECK(nn::detail::follower_of(nn::MaxPool2d(3)) == Follower::kOther);
+  CHECK(nn::detail::follower_of(nn::ReLU()) == Follower::kRelu);
+}
+
 TEST_CASE("Sequential and AnySequential fuse Conv2d, ReLU, MaxPool2d(2) into one op; other pools stay separate") {
   static_assert(nn::Sequential<nn::Conv2d, nn::ReLU, nn::MaxPool2d>::fuses_relu_pool<0>());
   static_assert(!nn::Sequential<nn::Conv2d, nn::ReLU, nn::Flatten>::fuses_relu_pool<0>());

@@ -146,7 +146,7 @@ TEST_CASE("conv2d with a fused ReLU: gradients (double) on both algorithms, and 
   for (ConvAlgorithm a : {ConvAlgorithm::kWinograd, ConvAlgorithm::kIm2col}) {
     VarD x = param(uniform(Shape{2, 3, 7, 6}, gen)), w = param(uniform(Shape{4, 3, 3, 3}, gen)),
          b = param(uniform(Shape{4}, gen));
-    Conv2dArgs const args{.stride = 1, .padding = 1, .algorithm = a, .relu = true};
+    Conv2dArgs const args{.stride = 1, .padding = 1, .algorithm = a, .epilogue = Epilogue::kRelu};
     check_grad(detail::cat("conv2d+relu algorithm ", int(a)),
                [args](Inputs const& v) { return conv2d(v[0], v[1], v[2], args); }, {x, w, b});
   }
@@ -156,7 +156,7 @@ TEST_CASE("conv2d with a fused ReLU: gradients (double) on both algorithms, and 
                         bt = to_float(uniform(Shape{16}, gen)), dir = to_float(uniform(Shape{2, 16, 13, 11}, gen));
     auto run = [&](bool fused) {
       Var x(xt, RequiresGrad::kYes), w(wt, RequiresGrad::kYes), b(bt, RequiresGrad::kYes);
-      Conv2dArgs const args{.padding = 1, .relu = fused};
+      Conv2dArgs const args{.padding = 1, .epilogue = fused ? Epilogue::kRelu : Epilogue::kNone};
       Var y = fused ? conv2d(x, w, b, args) : relu(conv2d(x, w, b, args));
       backward(sum(y * Var(dir)));
       return std::array<Tensor<float>, 4>{y.value(), x.grad(), w.grad(), b.grad()};
@@ -186,8 +186,8 @@ TEST_CASE("conv2d with a fused ReLU and 2x2 max-pool: bitwise the composed ops (
     Tensor<float> const dir = to_float(uniform(Shape{3, cc.O, PH, PW}, gen));
     auto run = [&](bool fused) {
       Var x(xt, RequiresGrad::kYes), w(wt, RequiresGrad::kYes), b(bt, RequiresGrad::kYes);
-      Var y = fused ? conv2d(x, w, b, Conv2dArgs{.padding = cc.pad, .relu = true, .max_pool = 2})
-                    : max_pool2d(conv2d(x, w, b, Conv2dArgs{.padding = cc.pad, .relu = true}), 2);
+      Var y = fused ? conv2d(x, w, b, Conv2dArgs{.padding = cc.pad, .epilogue = Epilogue::kReluMaxPool2})
+                    : max_pool2d(conv2d(x, w, b, Conv2dArgs{.padding = cc.pad, .epilogue = Epilogue::kRelu}), 2);
       if (fused) CHECK(std::string(y.node().op) == cc.op);
       backward(sum(y * Var(dir)));
       return std::array<Tensor<float>, 4>{y.value(), x.grad(), w.grad(), b.grad()};
@@ -198,9 +198,9 @@ TEST_CASE("conv2d with a fused ReLU and 2x2 max-pool: bitwise the composed ops (
   }
   VarD x = param(uniform(Shape{2, 3, 9, 8}, gen)), w = param(uniform(Shape{4, 3, 3, 3}, gen)),
        b = param(uniform(Shape{4}, gen));
-  Conv2dArgs const args{.padding = 1, .algorithm = ConvAlgorithm::kWinograd, .relu = true, .max_pool = 2};
+  Conv2dArgs const args{.padding = 1, .algorithm = ConvAlgorithm::kWinograd, .epilogue = Epilogue::kReluMaxPool2};
   check_grad("conv2d+relu+max_pool2d", [args](Inputs const& v) { return conv2d(v[0], v[1], v[2], args); }, {x, w, b});
-  check_throws_with<ArgumentError>([&] { (void)conv2d(x, w, b, Conv2dArgs{.relu = true, .max_pool = 3}); },
-                                   {"max_pool", "3"});
-  check_throws_with<ArgumentError>([&] { (void)conv2d(x, w, b, Conv2dArgs{.max_pool = 2}); }, {"max_pool", "relu"});
+  // One enum, so "pool without relu" or "pool 3" cannot be spelled; a value outside it is named.
+  check_throws_with<ArgumentError>([&] { (void)conv2d(x, w, b, Conv2dArgs{.epilogue = static_cast<Epilogue>(7)}); },
+                                   {"epilogue", "7"});
 }

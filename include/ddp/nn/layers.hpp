@@ -67,17 +67,11 @@ class basic_conv2d : public Module<T, S> {
   }
   Variable<T, S> forward(Variable<T, S> const& x) { return conv2d(x, weight, bias, args_); }
   Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }
-  // relu(forward(x)) in one op; Sequential calls this for a Conv2d directly followed by a ReLU.
-  Variable<T, S> forward_relu(Variable<T, S> const& x) {
+  // forward(x) followed by `e` in one op (Epilogue::kRelu: a ReLU; kReluMaxPool2: a ReLU and a 2×2 max-pool).
+  // Sequential and AnySequential call it where nn::detail::fusion_rule says the following layers fold in.
+  Variable<T, S> forward_fused(Variable<T, S> const& x, Epilogue e) {
     Conv2dArgs a = args_;
-    a.relu = true;
-    return conv2d(x, weight, bias, a);
-  }
-  // max_pool2d(relu(forward(x)), 2) in one op; for a Conv2d, ReLU, MaxPool2d(2) run.
-  Variable<T, S> forward_relu_pool2(Variable<T, S> const& x) {
-    Conv2dArgs a = args_;
-    a.relu = true;
-    a.max_pool = 2;
+    a.epilogue = e;
     return conv2d(x, weight, bias, a);
   }
 

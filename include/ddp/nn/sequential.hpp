@@ -48,16 +48,38 @@ template <class L>
 struct is_relu_layer : std::false_type {};
 template <class T, MemorySpace S>
 struct is_relu_layer<stateless_layer<T, S, relu_op>> : std::true_type {};
-// (Named concepts rather than requires-expressions inside Sequential's members: nvcc's front end loses the
+// (A named concept rather than a requires-expression inside Sequential's members: nvcc's front end loses the
 // layer pack there.)
 template <class L, class V>
-concept HasForwardRelu = requires(L& l, V const& h) {
-  l.forward_relu(h);
+concept HasForwardFused = requires(L& l, V const& h) {
+  l.forward_fused(h, Epilogue::kRelu);
 };
-template <class L, class V>
-concept HasForwardReluPool2 = requires(L& l, V const& h) {
-  l.forward_relu_pool2(h);
+
+// How the fusion rule sees a layer that follows a fusable one.
+enum class Follower : std::uint8_t { kOther, kRelu, kMaxPool2x2 };
+template <class L>
+Follower follower_of(L const& l) noexcept {
+  if constexpr (is_relu_layer<L>::value)
+    return Follower::kRelu;
+  else if constexpr (is_max_pool_layer<L>::value)
+    return l.is_2x2() ? Follower::kMaxPool2x2 : Follower::kOther;
+  else
+    return Follower::kOther;
+}
+
+// The one fusion rule of Sequential and AnySequential: a layer with forward_fused(x, Epilogue) (Conv2d) directly
+// followed by a ReLU absorbs it (Epilogue::kRelu), and a 2×2, stride-2 MaxPool2d right after that ReLU too
+// (kReluMaxPool2). `absorbed`: how many following layers the fused op replaces. Values and gradients are
+// bitwise those of the separate layers.
+struct Fusion {
+  Epilogue epilogue = Epilogue::kNone;
+  std::size_t absorbed = 0;
 };
+constexpr Fusion fusion_rule(bool fusable, Follower next, Follower after_next) noexcept {
+  if (!fusable || next != Follower::kRelu) return {};
+  if (after_next == Follower::kMaxPool2x2) return {Epilogue::kReluMaxPool2, 2};
+  return {Epilogue::kRelu, 1};
+}
 template <std::size_t I, class... Ls>
 using layer_at = typename unwrap_named<std::tuple_element_t<I, std::tuple<Ls...>>>::type;
 }  // namespace detail
@@ -74,7 +96,7 @@ class Sequential {
 
   explicit Sequential(Ls... layers) : layers_(std::move(layers)...) {}
 
-  // Layers in order. A layer with forward_relu() directly followed by a ReLU (Conv2d, ReLU) runs as one
+  // Layers in order. A layer with forward_fused() directly followed by a ReLU (Conv2d, ReLU) runs as one
   // fused op, and with a 2×2 MaxPool2d after them as one op too: the same values and gradients, fewer passes
   // over the activation and its gradient.
   V forward(V const& x) { return run<0>(x); }
@@ -108,25 +130,24 @@ class Sequential {
   // The layers as stored (Named<M> or M), for type transformations such as nn::convert_sync_batchnorm.
   std::tuple<Ls...> const& layers() const noexcept { return layers_; }
 
-  // Whether layer I and the ReLU after it run fused.
+  // Whether layer I and the ReLU after it run fused (detail::fusion_rule, with the layer types known here).
   template <std::size_t I>
   static constexpr bool fuses_relu() {
     if constexpr (I + 1 >= sizeof...(Ls)) {
       return false;
     } else {
       return detail::is_relu_layer<detail::layer_at<I + 1, Ls...>>::value &&
-             detail::HasForwardRelu<detail::layer_at<I, Ls...>, V>;
+             detail::HasForwardFused<detail::layer_at<I, Ls...>, V>;
     }
   }
-  // Whether layers I, I+1, I+2 are (a layer with forward_relu_pool2, ReLU, MaxPool2d); they run fused when the
-  // pool is 2×2 with stride 2 (checked at run time: the kernel size is a constructor argument).
+  // Whether layers I, I+1, I+2 are (a fusable layer, ReLU, MaxPool2d); they run as one op when the pool is 2×2
+  // with stride 2 (checked at run time: the kernel size is a constructor argument).
   template <std::size_t I>
   static constexpr bool fuses_relu_pool() {
     if constexpr (!fuses_relu<I>() || I + 2 >= sizeof...(Ls)) {
       return false;
     } else {
-      return detail::is_max_pool_layer<detail::layer_at<I + 2, Ls...>>::value &&
-             detail::HasForwardReluPool2<detail::layer_at<I, Ls...>, V>;
+      return detail::is_max_pool_layer<detail::layer_at<I + 2, Ls...>>::value;
     }
   }
 
@@ -136,11 +157,13 @@ class Sequential {
     if constexpr (I == sizeof...(Ls)) {
       return h;
     } else if constexpr (fuses_relu<I>()) {
-      if constexpr (fuses_relu_pool<I>()) {
-        if (layer_of(std::get<I + 2>(layers_)).is_2x2())
-          return run<I + 3>(layer_of(std::get<I>(layers_)).forward_relu_pool2(h));
-      }
-      return run<I + 2>(layer_of(std::get<I>(layers_)).forward_relu(h));
+      detail::Follower after = detail::Follower::kOther;
+      if constexpr (I + 2 < sizeof...(Ls)) after = detail::follower_of(layer_of(std::get<I + 2>(layers_)));
+      detail::Fusion const f = detail::fusion_rule(true, detail::Follower::kRelu, after);
+      auto& l = layer_of(std::get<I>(layers_));
+      if constexpr (fuses_relu_pool<I>())
+        if (f.absorbed == 2) return run<I + 3>(l.forward_fused(h, f.epilogue));
+      return run<I + 2>(l.forward_fused(h, f.epilogue));
     } else {
       return run<I + 1>(layer_of(std::get<I>(layers_)).forward(h));
     }
@@ -195,19 +218,17 @@ class AnyModel {
   std::vector<NamedGenerator> named_generators() const { return p_->named_generators(); }
   void set_mode(Mode m) { p_->set_mode(m); }
   Mode mode() const { return p_->mode(); }
-  // For AnySequential's fusion of a layer with forward_relu() (Conv2d) and a ReLU right after it.
   // The wrapped model if it is an M (as std::function::target), else nullptr.
   template <Model M>
   M const* target() const noexcept {
     auto const* impl = dynamic_cast<Impl<M> const*>(p_.get());
     return impl ? &impl->m : nullptr;
   }
-  bool is_relu() const noexcept { return p_->is_relu(); }
-  bool is_max_pool_2x2() const noexcept { return p_->is_max_pool_2x2(); }
-  bool has_forward_relu() const noexcept { return p_->has_forward_relu(); }
-  bool has_forward_relu_pool2() const noexcept { return p_->has_forward_relu_pool2(); }
-  Variable<T, S> forward_relu(Variable<T, S> const& x) { return p_->forward_relu(x); }
-  Variable<T, S> forward_relu_pool2(Variable<T, S> const& x) { return p_->forward_relu_pool2(x); }
+  // For AnySequential's fusion (detail::fusion_rule): how this layer looks as a follower, whether it has a
+  // fused forward, and that forward.
+  detail::Follower follower() const noexcept { return p_->follower(); }
+  bool fusable() const noexcept { return p_->fusable(); }
+  Variable<T, S> forward_fused(Variable<T, S> const& x, Epilogue e) { return p_->forward_fused(x, e); }
 
  private:
   struct Base {
@@ -218,12 +239,9 @@ class AnyModel {
     virtual std::vector<NamedGenerator> named_generators() const = 0;
     virtual void set_mode(Mode) = 0;
     virtual Mode mode() const = 0;
-    virtual bool is_relu() const noexcept = 0;
-    virtual bool is_max_pool_2x2() const noexcept = 0;
-    virtual bool has_forward_relu() const noexcept = 0;
-    virtual bool has_forward_relu_pool2() const noexcept = 0;
-    virtual Variable<T, S> forward_relu(Variable<T, S> const&) = 0;
-    virtual Variable<T, S> forward_relu_pool2(Variable<T, S> const&) = 0;
+    virtual detail::Follower follower() const noexcept = 0;
+    virtual bool fusable() const noexcept = 0;
+    virtual Variable<T, S> forward_fused(Variable<T, S> const&, Epilogue) = 0;
   };
   template <class M>
   struct Impl final : Base {
@@ -235,30 +253,16 @@ class AnyModel {
     std::vector<NamedGenerator> named_generators() const override { return generators_of(m); }
     void set_mode(Mode md) override { m.set_mode(md); }
     Mode mode() const override { return m.mode(); }
-    bool is_relu() const noexcept override { return detail::is_relu_layer<M>::value; }
-    bool is_max_pool_2x2() const noexcept override {
-      if constexpr (detail::is_max_pool_layer<M>::value)
-        return m.is_2x2();
-      else
-        return false;
-    }
-    bool has_forward_relu() const noexcept override {
-      return requires(M & l, Variable<T, S> const& v) { l.forward_relu(v); };
-    }
-    bool has_forward_relu_pool2() const noexcept override {
-      return requires(M & l, Variable<T, S> const& v) { l.forward_relu_pool2(v); };
-    }
-    Variable<T, S> forward_relu(Variable<T, S> const& x) override {
-      if constexpr (requires { m.forward_relu(x); })
-        return m.forward_relu(x);
-      else
-        return ddp::relu(m.forward(x));
-    }
-    Variable<T, S> forward_relu_pool2(Variable<T, S> const& x) override {
-      if constexpr (requires { m.forward_relu_pool2(x); })
-        return m.forward_relu_pool2(x);
-      else
-        return ddp::max_pool2d(forward_relu(x), 2);
+    detail::Follower follower() const noexcept override { return detail::follower_of(m); }
+    bool fusable() const noexcept override { return detail::HasForwardFused<M, Variable<T, S>>; }
+    Variable<T, S> forward_fused(Variable<T, S> const& x, Epilogue e) override {
+      if constexpr (detail::HasForwardFused<M, Variable<T, S>>) {
+        return m.forward_fused(x, e);
+      } else {  // the separate ops (not reached by AnySequential, which fuses only fusable layers)
+        if (e == Epilogue::kNone) return m.forward(x);
+        Variable<T, S> y = ddp::relu(m.forward(x));
+        return e == Epilogue::kReluMaxPool2 ? ddp::max_pool2d(y, 2) : y;
+      }
     }
   };
   std::shared_ptr<Base> p_;
@@ -285,22 +289,18 @@ class AnySequential {
   std::string const& name_at(std::size_t i) const { return layers_.at(i).name; }
   AnyModel<T, S> const& layer_at(std::size_t i) const { return layers_.at(i).layer; }
 
-  // Layers in order; a Conv2d directly followed by a ReLU (and a 2×2 MaxPool2d) runs as one fused op, as in
-  // Sequential.
+  // Layers in order; a Conv2d directly followed by a ReLU (and a 2×2 MaxPool2d) runs as one fused op, by the
+  // same rule as Sequential (detail::fusion_rule).
   Variable<T, S> forward(Variable<T, S> const& x) {
     Variable<T, S> h = x;
+    auto follower = [&](std::size_t j) {
+      return j < layers_.size() ? layers_[j].layer.follower() : detail::Follower::kOther;
+    };
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       auto& l = layers_[i].layer;
-      if (i + 2 < layers_.size() && l.has_forward_relu_pool2() && layers_[i + 1].layer.is_relu() &&
-          layers_[i + 2].layer.is_max_pool_2x2()) {
-        h = l.forward_relu_pool2(h);
-        i += 2;
-      } else if (i + 1 < layers_.size() && l.has_forward_relu() && layers_[i + 1].layer.is_relu()) {
-        h = l.forward_relu(h);
-        ++i;
-      } else {
-        h = l.forward(h);
-      }
+      detail::Fusion const f = detail::fusion_rule(l.fusable(), follower(i + 1), follower(i + 2));
+      h = f.absorbed != 0 ? l.forward_fused(h, f.epilogue) : l.forward(h);
+      i += f.absorbed;
     }
     return h;
   }

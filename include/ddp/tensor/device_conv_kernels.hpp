@@ -91,12 +91,12 @@ struct DeviceConvKernels {
   // cuDNN pools in a separate op: the conv2d op composes conv2d+relu and max_pool2d instead.
   static bool fuses_pool2(ConvGeometry const&) noexcept { return false; }
 
-  // y = conv(x, w) + bias, then max(0, y) when g.relu.
+  // y = conv(x, w) + bias, then max(0, y) when g.relu().
   template <class T>
   static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y,
                          std::uint8_t* codes = nullptr) {
     (void)codes;
-    DDP_ASSERT(!g.pool2, "conv2d_fwd: fused pooling is not available on CUDA (fuses_pool2 is false)");
+    DDP_ASSERT(!g.pool2(), "conv2d_fwd: fused pooling is not available on CUDA (fuses_pool2 is false)");
     detail::CudnnConv<T> d(g);
     cudnnHandle_t const h = detail::cudnn_handle();
     std::size_t bytes = 0;
@@ -108,18 +108,18 @@ struct DeviceConvKernels {
         cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, d.kFwd, ws.data(), bytes, &zero, d.y, y),
         "cudnnConvolutionForward");
     if (bias) DeviceElementwiseKernels::add_channel_broadcast(g.N, g.O, g.L(), bias, y);
-    if (g.relu) DeviceElementwiseKernels::relu_fwd(g.N * g.O * g.L(), y, y);
+    if (g.relu()) DeviceElementwiseKernels::relu_fwd(g.N * g.O * g.L(), y, y);
   }
 
-  // Null outputs are skipped; beta 0 overwrites (never reads), 1 accumulates. With g.relu, gy is masked by y > 0.
+  // Null outputs are skipped; beta 0 overwrites (never reads), 1 accumulates. With g.relu(), gy is masked by y > 0.
   template <class T>
   static void conv2d_bwd(ConvGeometry const& g, T const* x, T const* w, T const* y, T const* gy, T beta_x, T* gx,
                          T beta_w, T* gw, T beta_b, T* gb, std::uint8_t const* codes = nullptr) {
     (void)codes;
-    DDP_ASSERT(!g.pool2, "conv2d_bwd: fused pooling is not available on CUDA (fuses_pool2 is false)");
+    DDP_ASSERT(!g.pool2(), "conv2d_bwd: fused pooling is not available on CUDA (fuses_pool2 is false)");
     i64 const ny = g.N * g.O * g.L();
-    detail::DeviceScratch<T> masked(g.relu ? ny : 0);
-    if (g.relu) {
+    detail::DeviceScratch<T> masked(g.relu() ? ny : 0);
+    if (g.relu()) {
       DeviceElementwiseKernels::relu_bwd(ny, y, gy, T(0), masked.data());
       gy = masked.data();
     }

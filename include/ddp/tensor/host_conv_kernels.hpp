@@ -93,20 +93,20 @@ struct HostConvKernels {
     return detail::winograd::supports(g) && g.C >= 8 && g.O >= 8;
   }
 
-  // Whether conv2d_fwd/bwd can run g with a fused 2×2, stride-2 max-pool after the ReLU (g.pool2): the
+  // Whether conv2d_fwd/bwd can run g with a fused 2×2, stride-2 max-pool after the ReLU (g.pool2()): the
   // Winograd path pools each image while it is still in cache.
   static bool fuses_pool2(ConvGeometry g) noexcept {
-    g.relu = true;
+    g.epilogue = Epilogue::kReluMaxPool2;
     return use_winograd(g) && g.OH() >= 2 && g.OW() >= 2;
   }
 
-  // y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C, k, k)) + bias (O) (bias may be null). With g.pool2
+  // y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C, k, k)) + bias (O) (bias may be null). With g.pool2()
   // (only where fuses_pool2), y is (N, O, OH/2, OW/2) and codes (N·OH/2·OW/2·O bytes) records each window's
   // winner for the backward.
   template <class T>
   static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y,
                          std::uint8_t* codes = nullptr) {
-    DDP_ASSERT(!g.pool2 || (fuses_pool2(g) && g.relu && codes),
+    DDP_ASSERT(!g.pool2() || (fuses_pool2(g) && g.relu() && codes),
                "conv2d_fwd: fused pooling needs Winograd, relu and codes");
     if (use_winograd(g)) {
       detail::HostBuffer<T> U(static_cast<std::size_t>(detail::winograd::kPos * g.O * g.C));
@@ -125,23 +125,23 @@ struct HostConvKernels {
       Y.noalias() = W * Cm;
       if (bias)
         for (i64 o = 0; o < g.O; ++o) Y.row(o).array() += bias[o];
-      if (g.relu) Y = Y.cwiseMax(T(0));
+      if (g.relu()) Y = Y.cwiseMax(T(0));
     }
   }
 
   // Backward of conv2d. Each output pointer may be null (not needed); beta (0 or 1) says whether to
-  // accumulate into it (1) or overwrite it (0, never read). y is the layer's output (read when g.relu:
-  // the gradient flows only where y > 0). With g.pool2, y and gy are the pooled output and its gradient.
+  // accumulate into it (1) or overwrite it (0, never read). y is the layer's output (read when g.relu():
+  // the gradient flows only where y > 0). With g.pool2(), y and gy are the pooled output and its gradient.
   template <class T>
   static void conv2d_bwd(ConvGeometry const& g, T const* x, T const* w, T const* y, T const* gy, T beta_x, T* gx,
                          T beta_w, T* gw, T beta_b, T* gb, std::uint8_t const* codes = nullptr) {
-    DDP_ASSERT(!g.pool2 || (fuses_pool2(g) && codes), "conv2d_bwd: fused pooling needs Winograd and codes");
+    DDP_ASSERT(!g.pool2() || (fuses_pool2(g) && codes), "conv2d_bwd: fused pooling needs Winograd and codes");
     if (use_winograd(g)) {
       detail::winograd::backward(g, x, w, gy, y, beta_x, gx, beta_w, gw, beta_b, gb, codes);
       return;
     }
-    detail::HostBuffer<T> masked(static_cast<std::size_t>(g.relu ? g.N * g.O * g.L() : 0));
-    if (g.relu) {
+    detail::HostBuffer<T> masked(static_cast<std::size_t>(g.relu() ? g.N * g.O * g.L() : 0));
+    if (g.relu()) {
       i64 const n = g.N * g.O * g.L();
       T* m = masked.data();
       for (i64 i = 0; i < n; ++i) m[i] = y[i] > T(0) ? gy[i] : T(0);

@@ -60,8 +60,8 @@ struct Scratch {
   T* phases;   // 4 × (TW + 1) × CM: one padded image row split by x mod 4
   T* rows[6];  // input: x-transformed rows k = 0..5 of the current tile row, 6 × TW × CM each
   T* mid;      // output: 24 × TW × CM (S or W)
-  T* pooled;   // with g.pool2: one pooled image, channel-fastest (OH/2 · OW/2 rows of O)
-  static i64 pooled_size(ConvGeometry const& g) { return g.pool2 ? (g.OH() / 2) * (g.OW() / 2) * g.O : 0; }
+  T* pooled;   // with g.pool2(): one pooled image, channel-fastest (OH/2 · OW/2 rows of O)
+  static i64 pooled_size(ConvGeometry const& g) { return g.pool2() ? (g.OH() / 2) * (g.OW() / 2) * g.O : 0; }
   static i64 image_size(Tiling const& tl, ConvGeometry const& g) {
     // the larger of: the input or output image, channel-fastest; the padded input gradient as phase rows
     return std::max({g.H * g.W * g.C, g.OH() * g.OW() * g.O, (4 * tl.TH + 2) * 4 * (tl.TW + 1) * g.C});
@@ -127,7 +127,7 @@ void input_transform_image(ConvGeometry const& g, Tiling const& tl, T const* x, 
   }
 }
 
-// ---- a fused 2×2, stride-2 max-pool after bias and ReLU (g.pool2) ----
+// ---- a fused 2×2, stride-2 max-pool after bias and ReLU (g.pool2()) ----
 // Each window's 4 values are compared after the bias, in PyTorch's order (a later value wins if larger or
 // NaN), so values and gradients are those of max_pool2d(relu(conv + bias), 2). code[o] is the winner's place
 // in the window (0..3), or 4 where the pooled value is not > 0 (ReLU passes no gradient there).
@@ -208,8 +208,8 @@ void unpool_rows(ConvGeometry const& g, T const* gp, std::uint8_t const* codes, 
   if (OH & 1) std::fill(img + (OH - 1) * OW * O, img + OH * OW * O, T(0));  // the row no window covers
 }
 
-// y of one image (O planes of OH×OW) = Aᵀ M A + bias for each tile (then ReLU with g.relu); with
-// g.pool2, y is the pooled image (O planes of OH/2 × OW/2) and codes its window codes (pool_rows).
+// y of one image (O planes of OH×OW) = Aᵀ M A + bias for each tile (then ReLU with g.relu()); with
+// g.pool2(), y is the pooled image (O planes of OH/2 × OW/2) and codes its window codes (pool_rows).
 template <class T>
 void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M, i64 plane, T const* bias, T* y,
                             std::uint8_t* codes, Scratch<T>& s) {
@@ -233,32 +233,32 @@ void output_transform_image(ConvGeometry const& g, Tiling const& tl, T const* M,
       for (i64 xx = 0; xx < OW; ++xx) copy_lanes(Z + ((xx & 3) * TW + (xx >> 2)) * O, O, dst + xx * O);
     }
   }
-  if (g.pool2) {
+  if (g.pool2()) {
     i64 const P = (OH / 2) * (OW / 2);
     pool_rows(g, s.image, bias, s.pooled, codes);
     rows_to_planes([&](i64 p) -> T const* { return s.pooled + p * O; }, O, P, static_cast<T const*>(nullptr), T(0), y,
                    P);
     return;
   }
-  rows_to_planes([&](i64 p) -> T const* { return s.image + p * O; }, O, OH* OW, bias, T(0), y, OH* OW, g.relu);
+  rows_to_planes([&](i64 p) -> T const* { return s.image + p * O; }, O, OH* OW, bias, T(0), y, OH* OW, g.relu());
 }
 
 // dM rows of one image: (A g Aᵀ)[ξ] for each tile's 4×4 window g of gy (O planes of OH×OW; zero past the edge).
 // With a fused ReLU, g is gy where the layer's output y > 0. gb (if not null) += Σ g per channel.
-// With g.pool2, gy is the pooled gradient (O planes of OH/2 × OW/2), routed through the window codes.
+// With g.pool2(), gy is the pooled gradient (O planes of OH/2 × OW/2), routed through the window codes.
 template <class T>
 void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, T const* y, std::uint8_t const* codes,
                           T* dM, i64 plane, T* gb, Scratch<T>& s) {
   i64 const TW = tl.TW, O = g.O, n = TW * O, OH = g.OH(), OW = g.OW();
   T* Wr = s.mid;    // Wr[q·4 + u] (n lanes): A along x of row u of the tile row
   T* Q = s.phases;  // Q[v][tw][o] = gy(o, 4th + u, 4tw + v)
-  if (g.pool2) {
+  if (g.pool2()) {
     i64 const P = (OH / 2) * (OW / 2);
     planes_to_rows(gy, P, O, P, [&](i64 p) { return s.pooled + p * O; });
     unpool_rows(g, s.pooled, codes, s.image);
   } else {
     planes_to_rows(
-        gy, OH * OW, O, OH * OW, [&](i64 p) { return s.image + p * O; }, g.relu ? y : nullptr);
+        gy, OH * OW, O, OH * OW, [&](i64 p) { return s.image + p * O; }, g.relu() ? y : nullptr);
   }
   if (gb)
     for (i64 p = 0; p < OH * OW; ++p) {
@@ -344,9 +344,9 @@ void input_transform(ConvGeometry const& g, Tiling const& tl, T const* x, i64 n0
   for (i64 i = 0; i < cn; ++i)
     input_transform_image(g, tl, x + (n0 + i) * g.C * g.H * g.W, V + i * tl.per_image * g.C, plane, s);
 }
-// Elements per image of the layer's output (pooled with g.pool2).
+// Elements per image of the layer's output (pooled with g.pool2()).
 inline i64 output_image_size(ConvGeometry const& g) {
-  return g.pool2 ? g.O * (g.OH() / 2) * (g.OW() / 2) : g.O * g.OH() * g.OW();
+  return g.pool2() ? g.O * (g.OH() / 2) * (g.OW() / 2) : g.O * g.OH() * g.OW();
 }
 template <class T>
 void output_transform(ConvGeometry const& g, Tiling const& tl, T const* M, T const* bias, i64 n0, i64 cn, T* y,
@@ -367,7 +367,7 @@ void output_adjoint(ConvGeometry const& g, Tiling const& tl, T const* gy, T cons
 
 // y = conv(x, kernels) + bias, with U the transformed kernels (weight_transform, A = g.O, B = g.C).
 // Per chunk: V = input transform, M_ξ = V_ξ (tc × C) · U_ξᵀ (C × O) for the 36 ξ, y = output transform.
-// With g.pool2, y is the pooled output and codes (N · OH/2 · OW/2 · O) receives the window codes.
+// With g.pool2(), y is the pooled output and codes (N · OH/2 · OW/2 · O) receives the window codes.
 template <class T>
 void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T* y, std::uint8_t* codes = nullptr) {
   Tiling const tl(g, sizeof(T));
@@ -386,7 +386,7 @@ void forward(ConvGeometry const& g, T const* x, T const* U, T const* bias, T* y,
 }
 
 // Gradients from the output gradient gy: gx = beta_x·gx + ∂L/∂x, gw = beta_w·gw + ∂L/∂w, gb likewise (any
-// may be null; y is the layer's output, read when g.relu). Per chunk: dM = output adjoint of gy;
+// may be null; y is the layer's output, read when g.relu()). Per chunk: dM = output adjoint of gy;
 // dU_ξ (O × C) += dM_ξᵀ · V_ξ with V the input transform of x; dV_ξ (tc × C) = dM_ξ · U_ξ and gx += the
 // input adjoint of dV. The bias gradient is summed from the staged (masked) gy.
 template <class T>

@@ -26,14 +26,24 @@ enum class Trans { kNo, kYes };
 // plain product. kWinograd: Winograd; only 3×3 kernels with stride 1.
 enum class ConvAlgorithm { kAuto, kIm2col, kWinograd };
 
+// What a convolution applies to its output before writing it: the one spelling of a fused epilogue, for the op
+// (Conv2dArgs::epilogue), the kernels (ConvGeometry::epilogue) and the layers' fusion rule
+// (nn::detail::fusion_rule, shared by Sequential and AnySequential).
+enum class Epilogue : std::uint8_t {
+  kNone,          // y = conv(x) + b
+  kRelu,          // y = max(0, conv(x) + b); the backward masks gy by y > 0
+  kReluMaxPool2,  // y = the 2×2, stride-2 max-pool of max(0, conv(x) + b): (OH/2 × OW/2)
+};
+
 // Geometry of a square-kernel 2-D convolution or pooling window over NCHW input.
 struct ConvGeometry {
   std::int64_t N = 0, C = 0, H = 0, W = 0;  // input
   std::int64_t O = 0;                       // output channels (conv) or C (pool)
   std::int64_t k = 1, stride = 1, pad = 0;
   ConvAlgorithm algorithm = ConvAlgorithm::kAuto;  // convolutions only
-  bool relu = false;   // convolutions: y = max(0, conv + bias), and the backward masks gy by y > 0
-  bool pool2 = false;  // convolutions with relu: y is the 2×2, stride-2 max-pool of that (OH/2 × OW/2)
+  Epilogue epilogue = Epilogue::kNone;             // convolutions only
+  DDP_HOST_DEVICE constexpr bool relu() const noexcept { return epilogue != Epilogue::kNone; }
+  DDP_HOST_DEVICE constexpr bool pool2() const noexcept { return epilogue == Epilogue::kReluMaxPool2; }
   DDP_HOST_DEVICE constexpr std::int64_t OH() const noexcept { return (H + 2 * pad - k) / stride + 1; }
   DDP_HOST_DEVICE constexpr std::int64_t OW() const noexcept { return (W + 2 * pad - k) / stride + 1; }
   DDP_HOST_DEVICE constexpr std::int64_t L() const noexcept { return OH() * OW(); }

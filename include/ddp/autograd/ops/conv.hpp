@@ -10,10 +10,10 @@ struct Conv2dArgs {
   std::int64_t stride = 1;
   std::int64_t padding = 0;
   ConvAlgorithm algorithm = ConvAlgorithm::kAuto;  // kernels.hpp: Winograd for 3×3 stride 1, or im2col
-  bool relu = false;  // relu(conv2d(x) + b) as one op: no separate pass over the output or its gradient
-  // 2 (with relu): max_pool2d(relu(conv2d(x) + b), 2) as one op, pooled while each image is in cache (where
-  // the kernels can, i.e. Winograd layers; elsewhere the ops are composed). 0: no pooling.
-  std::int64_t max_pool = 0;
+  // kRelu: relu(conv2d(x) + b) as one op, no separate pass over the output or its gradient. kReluMaxPool2:
+  // max_pool2d(relu(conv2d(x) + b), 2) as one op, pooled while each image is in cache where the kernels can
+  // (Winograd layers; elsewhere the ops are composed, with the same values).
+  Epilogue epilogue = Epilogue::kNone;
 };
 
 namespace detail {
@@ -58,7 +58,7 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
                  .stride = args.stride,
                  .pad = args.padding,
                  .algorithm = args.algorithm,
-                 .relu = args.relu};
+                 .epilogue = args.epilogue};
   if (args.algorithm == ConvAlgorithm::kWinograd && (g.k != 3 || g.stride != 1))
     throw ArgumentError(detail::cat("conv2d: ConvAlgorithm::kWinograd needs a 3x3 kernel with stride 1 (got kernel ",
                                     g.k, ", stride ", g.stride, ")"));
@@ -66,27 +66,24 @@ Variable<T, S> conv2d(Variable<T, S> const& x, Variable<T, S> const& w, Variable
     throw ShapeError(detail::cat("conv2d: kernel ", g.k, " is larger than the padded input ", xs));
   if (b.defined() && !(b.shape() == Shape{g.O}))
     throw ShapeError(detail::cat("conv2d: bias has shape ", b.shape(), ", expected [", g.O, "]"));
-  if (args.max_pool != 0 && args.max_pool != 2)
-    throw ArgumentError(detail::cat("conv2d: max_pool must be 0 or 2 (got ", args.max_pool, ")"));
-  if (args.max_pool == 2 && !args.relu)
-    throw ArgumentError("conv2d: max_pool = 2 needs relu = true (the fused op is max_pool2d(relu(conv2d(x) + b), 2))");
-  if (args.max_pool == 2 && !K::fuses_pool2(g)) {  // kernels that cannot pool in place: compose the ops
+  if (args.epilogue != Epilogue::kNone && args.epilogue != Epilogue::kRelu && args.epilogue != Epilogue::kReluMaxPool2)
+    throw ArgumentError(detail::cat("conv2d: unknown epilogue ", static_cast<int>(args.epilogue)));
+  if (g.pool2() && !K::fuses_pool2(g)) {  // kernels that cannot pool in place: compose the ops
     Conv2dArgs a = args;
-    a.max_pool = 0;
+    a.epilogue = Epilogue::kRelu;
     return max_pool2d(conv2d(x, w, b, a), 2);
   }
-  g.pool2 = args.max_pool == 2;
-  Tensor<T, S> y(g.pool2 ? Shape{g.N, g.O, g.OH() / 2, g.OW() / 2} : Shape{g.N, g.O, g.OH(), g.OW()});
+  Tensor<T, S> y(g.pool2() ? Shape{g.N, g.O, g.OH() / 2, g.OW() / 2} : Shape{g.N, g.O, g.OH(), g.OW()});
   Tensor<std::uint8_t, S> codes;  // each pooling window's winner, for the backward
-  if (g.pool2) codes = Tensor<std::uint8_t, S>(Shape{y.numel()});
+  if (g.pool2()) codes = Tensor<std::uint8_t, S>(Shape{y.numel()});
   K::conv2d_fwd(g, x.value().data(), w.value().data(), b.defined() ? b.value().data() : nullptr, y.data(),
-                g.pool2 ? codes.data() : nullptr);
+                g.pool2() ? codes.data() : nullptr);
   auto bwd = [x, w, b, g, codes](Node<T, S>& self) {
     auto const o = detail::conv_grads(x, w, b);
     K::conv2d_bwd(g, x.value().data(), w.value().data(), self.value.data(), self.grad.data(), o.bx, o.gx, o.bw, o.gw,
-                  o.bb, o.gb, g.pool2 ? codes.data() : nullptr);
+                  o.bb, o.gb, g.pool2() ? codes.data() : nullptr);
   };
-  char const* name = g.pool2 ? "conv2d+relu+max_pool2d" : args.relu ? "conv2d+relu" : "conv2d";
+  char const* name = g.pool2() ? "conv2d+relu+max_pool2d" : g.relu() ? "conv2d+relu" : "conv2d";
   if (b.defined()) return detail::record(name, std::move(y), std::move(bwd), x, w, b);
   return detail::record(name, std::move(y), std::move(bwd), x, w);
 }
