@@ -188,7 +188,7 @@ TEST_CASE("the fusion rule both Sequential containers share") {
   static_assert(fusion_rule(true, Follower::kRelu, Follower::kMaxPool2x2).absorbed == 2);
   static_assert(fusion_rule(true, Follower::kRelu, Follower::kOther).epilogue == Epilogue::kRelu);
   static_assert(fusion_rule(true, Follower::kRelu, Follower::kRelu).absorbed == 1);
-  static_assert(fusion_rule(true, Follower::kMaxPool2x2, Follower::kRelu).absorbed == 0);  // pool before ReLU
+  static_assert(fusion_rule(true, Follower::kMaxPool2x2, Follower::kRelu).absorbed == 0);   // pool before ReLU
   static_assert(fusion_rule(false, Follower::kRelu, Follower::kMaxPool2x2).absorbed == 0);  // Linear, ReLU, ...
   CHECK(nn::detail::follower_of(nn::MaxPool2d(2)) == Follower::kMaxPool2x2);
   CHECK(nn::detail::follower_of(nn::MaxPool2d(2, 1)) == Follower::kOther);  // stride 1: not fused
