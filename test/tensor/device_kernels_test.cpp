@@ -284,31 +284,31 @@ TEST_CASE_TEMPLATE("conv2d forward and backward equal the host's (Winograd, im2c
   std::vector<ConvGeometry> cases{
       {.N = 2, .C = 3, .H = 9, .W = 8, .O = 4, .k = 3, .stride = 1, .pad = 1},
       {.N = 1, .C = 2, .H = 7, .W = 7, .O = 3, .k = 2, .stride = 2, .pad = 0},
-      {.N = 2, .C = 8, .H = 10, .W = 10, .O = 8, .k = 3, .stride = 1, .pad = 0, .relu = true},
-      {.N = 2, .C = 8, .H = 10, .W = 10, .O = 8, .k = 3, .stride = 1, .pad = 0, .relu = true, .pool2 = true},
+      {.N = 2, .C = 8, .H = 10, .W = 10, .O = 8, .k = 3, .stride = 1, .pad = 0, .epilogue = Epilogue::kRelu},
+      {.N = 2, .C = 8, .H = 10, .W = 10, .O = 8, .k = 3, .stride = 1, .pad = 0, .epilogue = Epilogue::kReluMaxPool2},
   };
   for (ConvGeometry geo : cases) {
-    if (geo.pool2 && !D::fuses_pool2(geo)) continue;  // cuDNN: the conv2d op composes the pooling instead
+    if (geo.pool2() && !D::fuses_pool2(geo)) continue;  // cuDNN: the conv2d op composes the pooling instead
     if (!DeviceSystem::is_cuda) CHECK(D::fuses_pool2(geo) == H::fuses_pool2(geo));
     i64 const nx = geo.N * geo.C * geo.H * geo.W, nw = geo.O * geo.C * geo.k * geo.k;
-    i64 const ny = geo.pool2 ? geo.N * geo.O * (geo.OH() / 2) * (geo.OW() / 2) : geo.N * geo.O * geo.L();
+    i64 const ny = geo.pool2() ? geo.N * geo.O * (geo.OH() / 2) * (geo.OW() / 2) : geo.N * geo.O * geo.L();
     auto x = random<T>(nx, g), w = random<T>(nw, g), b = random<T>(geo.O, g), gy = random<T>(ny, g);
     std::vector<T> hy(ny);
-    std::vector<std::uint8_t> hcodes(geo.pool2 ? ny : 0);
+    std::vector<std::uint8_t> hcodes(geo.pool2() ? ny : 0);
     auto dx = up(x), dw = up(w), db = up(b), dgy = up(gy), dy = up(hy);
-    Tensor<std::uint8_t, DeviceSpace> dcodes(Shape{geo.pool2 ? ny : 0});
-    H::conv2d_fwd(geo, x.data(), w.data(), b.data(), hy.data(), geo.pool2 ? hcodes.data() : nullptr);
-    D::conv2d_fwd(geo, dx.data(), dw.data(), db.data(), dy.data(), geo.pool2 ? dcodes.data() : nullptr);
-    std::string const label = detail::cat("conv2d k", geo.k, " s", geo.stride, " p", geo.pad, geo.relu ? " relu" : "",
-                                          geo.pool2 ? " pool2" : "");
+    Tensor<std::uint8_t, DeviceSpace> dcodes(Shape{geo.pool2() ? ny : 0});
+    H::conv2d_fwd(geo, x.data(), w.data(), b.data(), hy.data(), geo.pool2() ? hcodes.data() : nullptr);
+    D::conv2d_fwd(geo, dx.data(), dw.data(), db.data(), dy.data(), geo.pool2() ? dcodes.data() : nullptr);
+    std::string const label = detail::cat("conv2d k", geo.k, " s", geo.stride, " p", geo.pad, geo.relu() ? " relu" : "",
+                                          geo.pool2() ? " pool2" : "");
     expect_close(label + " fwd", hy, down(dy), blas<T>());
     for (T beta : {T(0), T(1)}) {
       auto hgx = random<T>(nx, g), hgw = random<T>(nw, g), hgb = random<T>(geo.O, g);
       auto dgx = up(hgx), dgw = up(hgw), dgb = up(hgb);
       H::conv2d_bwd(geo, x.data(), w.data(), hy.data(), gy.data(), beta, hgx.data(), beta, hgw.data(), beta, hgb.data(),
-                    geo.pool2 ? hcodes.data() : nullptr);
+                    geo.pool2() ? hcodes.data() : nullptr);
       D::conv2d_bwd(geo, dx.data(), dw.data(), dy.data(), dgy.data(), beta, dgx.data(), beta, dgw.data(), beta,
-                    dgb.data(), geo.pool2 ? dcodes.data() : nullptr);
+                    dgb.data(), geo.pool2() ? dcodes.data() : nullptr);
       expect_close(label + " gx", hgx, down(dgx), blas<T>());
       expect_close(label + " gw", hgw, down(dgw), blas<T>());
       // The host's bias gradient sums planes with Eigen, whose vectorised sum depends on the buffer's alignment.
