@@ -14,7 +14,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
-#include <vector>
+#include <type_traits>
 
 #include <ddp/ddp.hpp>
 #include <ddp/train/checkpoint.hpp>
@@ -37,7 +37,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 struct Config {
-  std::string model, optimizer, schedule, device;
+  std::string model, optimizer, device;
+  optim::ScheduleKind schedule = optim::ScheduleKind::kCosine;
   examples::Backend backend = examples::Backend::kThreads;
   int world_size = 2;  // 0: take it from mpirun
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
@@ -69,235 +70,194 @@ std::string thousands(std::int64_t v) {
   return out;
 }
 
-// Test loss and accuracy over all ranks: EvalSampler gives each test sample to exactly one rank, and the
-// integer counts are summed exactly. The model runs without DDP (no collectives per batch, so ranks with
-// one batch more or less stay in step) and without autograd.
-template <MemorySpace S, class Comm>
-Counts evaluate(Comm& comm, nn::AnySequential<float, S>& model, TensorDataset<std::int32_t> const& test) {
-  model.set_mode(nn::Mode::kEval);
-  NoGradGuard no_grad;
-  EvalSampler sampler(static_cast<std::int64_t>(test.size()), comm);
-  Counts local;
-  for (auto const& b : DataLoader(test, sampler, {.batch_size = 500})) {
-    Variable<float, S> logits = model(Variable<float, S>(to_space<S>(b.x)));
-    local.add_batch(argmax_correct(to_space<HostSpace>(logits.value()), b.y), b.y.numel(),
-                    cross_entropy(logits, to_space<S>(b.y)).item());
-  }
-  model.set_mode(nn::Mode::kTrain);
-  return all_reduce_counts(comm, local);
+// Everything a rank prints before training.
+template <class Trainer>
+void print_header(Trainer& t, Config const& cfg, std::int64_t steps_per_epoch,
+                  TensorDataset<std::int32_t> const& train_set, TensorDataset<std::int32_t> const& test_set) {
+  using S = typename Trainer::S;
+  std::printf(
+      "fashion_mnist: model %s (%s parameters), %s backend, %s tensors, world size %d, global batch %lld (%lld per "
+      "rank)\n",
+      cfg.model.c_str(), thousands(t.ddp().parameters().parameter_numel()).c_str(),
+      cfg.device == "cuda"                         ? "nccl"
+      : cfg.backend == examples::Backend::kThreads ? "threads"
+                                                   : "mpi",
+      std::same_as<S, HostSpace> ? "host" : "device (cuda)", t.comm().world_size(),
+      static_cast<long long>(t.global_batch()), static_cast<long long>(t.batch_size()));
+  std::printf("optimizer %s lr %g, schedule %s, %lld epoch%s of %lld steps, seed %lld\n", cfg.optimizer.c_str(), cfg.lr,
+              std::string(optim::schedule_name(cfg.schedule)).c_str(), static_cast<long long>(cfg.epochs),
+              cfg.epochs == 1 ? "" : "s", static_cast<long long>(steps_per_epoch), static_cast<long long>(cfg.seed));
+  std::printf("data: %lld train / %lld test images from %s\n", static_cast<long long>(train_set.size()),
+              static_cast<long long>(test_set.size()), cfg.data_dir.string().c_str());
+  std::printf("%s\n", t.ddp().describe().c_str());
+  std::fflush(stdout);
 }
 
-// One rank's job on tensors of space S (host, or device with --device cuda).
+// One rank's training once the optimizer is chosen: resume, the epochs (each a fit_epoch with hooks, an exact
+// evaluation and a checkpoint), then the timeline, the metrics files and the final line.
+template <class Trainer, MemorySpace S>
+void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, TensorDataset<std::int32_t> const& train_set,
+           TensorDataset<std::int32_t> const& test_set) {
+  auto& comm = t.comm();
+  auto& opt = t.optimizer();
+  int const rank = comm.rank(), world = comm.world_size();
+  bool const leader = rank == 0;
+  std::int64_t const steps_per_epoch = t.steps_per_epoch(train_set);
+  // step: ×0.7 per epoch (the seeds' StepLR); cosine: annealed to 0 over all steps, updated every step
+  // (its counter is the global step). The counter is part of the checkpoint.
+  optim::Schedule schedule(opt, {.kind = cfg.schedule,
+                                 .step = {.step_size = 1, .gamma = 0.7},
+                                 .cosine = {.t_max = std::max<std::int64_t>(1, cfg.epochs * steps_per_epoch)}});
+  if (leader) print_header(t, cfg, steps_per_epoch, train_set, test_set);
+
+  TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
+  MetricsLog log;  // rank 0's epochs so far; kept in the checkpoint so a resumed run's CSV and plot are whole
+  if (!cfg.resume.empty()) {
+    std::string history;
+    pos = resume_position(load_checkpoint(cfg.resume, comm, t.ddp().module(), opt, &history), pos, cfg.resume.string());
+    if (!history.empty()) {
+      auto const saved = MetricsLog::from_csv(history, cfg.resume.string() + " (metrics)");
+      for (auto const& m : saved.epochs())
+        if (m.epoch <= pos.epoch) log.add(m);
+    }
+    if (leader)
+      std::printf("resumed from %s: epoch %lld, step %lld (%lld optimizer steps so far)\n", cfg.resume.string().c_str(),
+                  static_cast<long long>(pos.epoch + 1), static_cast<long long>(pos.step),
+                  static_cast<long long>(pos.global_step));
+  }
+  schedule.restore(pos.scheduler_epoch);
+  auto save = [&](TrainPosition const& p) {
+    save_checkpoint(cfg.checkpoint, comm, t.ddp().module(), opt, p, log.csv());
+  };
+  auto const loss = [](Variable<float, S> const& out, auto const& b) { return cross_entropy(out, to_space<S>(b.y)); };
+
+  Counts final_counts;
+  bool stopped = false;  // --max-steps reached
+  auto const run_start = Clock::now();
+  for (std::int64_t epoch = pos.epoch; epoch < cfg.epochs && !stopped; ++epoch) {
+    std::optional<ProgressBar> bar;
+    if (leader)
+      bar.emplace(epoch + 1, cfg.epochs, steps_per_epoch, cfg.global_batch,
+                  ProgressOptions{.interactive = stdout_is_terminal()}, pos.step);
+    double const lr = opt.lr();
+    StepHooks const hooks{
+        .before_step =
+            [&](StepPosition const& p) {
+              reseed_dropouts(net, cfg.seed, rank, p.epoch, p.step);
+              schedule.start_step(p.global_step);
+            },
+        .after_step =
+            [&](StepPosition const& p, double l) {
+              if (bar) bar->update(p.step, l);
+              bool const stop = cfg.max_steps > 0 && p.global_step >= cfg.max_steps;
+              bool const periodic = cfg.checkpoint_every > 0 && p.global_step % cfg.checkpoint_every == 0;
+              if (!cfg.checkpoint.empty() && (periodic || stop) && p.step < p.steps_in_epoch)  // mid-epoch
+                save(TrainPosition{.epoch = p.epoch,
+                                   .step = p.step,
+                                   .global_step = p.global_step,
+                                   .scheduler_epoch = schedule.counter(),
+                                   .world_size = world,
+                                   .global_batch = cfg.global_batch,
+                                   .seed = cfg.seed});
+              return stop ? StepControl::kStop : StepControl::kContinue;
+            }};
+    EpochResult const r = t.fit_epoch(
+        train_set, EpochStart{.epoch = epoch, .step = pos.step, .global_step = pos.global_step}, loss, hooks);
+    if (bar) bar->finish();
+    pos.global_step = r.global_step;
+    stopped = r.stopped;
+    if (!r.complete()) {  // stopped mid-epoch: no evaluation, the checkpoint has the position
+      if (leader)
+        std::printf("stopped after %lld optimizer steps (--max-steps) at epoch %lld, step %lld%s%s\n",
+                    static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1),
+                    static_cast<long long>(r.end_step),
+                    cfg.checkpoint.empty() ? "" : "; checkpoint: ", cfg.checkpoint.string().c_str());
+      break;
+    }
+    final_counts = t.evaluate(test_set, 500);
+    EpochMetrics const m{.epoch = epoch + 1,
+                         .train_loss = r.train.mean_loss(),
+                         .test_loss = final_counts.mean_loss(),
+                         .test_accuracy = final_counts.accuracy(),
+                         .test_correct = final_counts.correct,
+                         .test_total = final_counts.total,
+                         .seconds = r.seconds,
+                         .steps = r.steps,
+                         .samples = r.train.total,
+                         .lr = lr};
+    log.add(m);
+    if (leader) {
+      std::printf("%s\n", format_epoch_summary(m, cfg.epochs).c_str());
+      std::fflush(stdout);
+    }
+    schedule.end_epoch(epoch + 1);
+    pos = {.epoch = epoch + 1,
+           .step = 0,
+           .global_step = pos.global_step,
+           .scheduler_epoch = schedule.counter(),
+           .world_size = world,
+           .global_batch = cfg.global_batch,
+           .seed = cfg.seed};
+    if (!cfg.checkpoint.empty()) {
+      save(pos);
+      if (leader)
+        std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoint.string().c_str(),
+                    static_cast<long long>(epoch + 1));
+    }
+    if (stopped && leader)
+      std::printf("stopped after %lld optimizer steps (--max-steps) at the end of epoch %lld\n",
+                  static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1));
+  }
+
+  if (!cfg.trace_dir.empty()) {
+    timeline.write_json((cfg.trace_dir / detail::cat("trace_rank", rank, ".json")).string());
+    if (leader)
+      std::printf("timeline: %s (one per rank; open in ui.perfetto.dev or chrome://tracing)\n",
+                  (cfg.trace_dir / "trace_rank*.json").string().c_str());
+  }
+  if (!leader) return;
+  if (!cfg.out_dir.empty() && !log.empty()) {
+    log.write_csv(cfg.out_dir / "metrics.csv");
+    log.write_svg(cfg.out_dir / "metrics.svg",
+                  detail::cat("Fashion-MNIST, ", cfg.model, ", ", cfg.optimizer, ", world size ", world));
+    std::printf("metrics: %s, %s\n", (cfg.out_dir / "metrics.csv").string().c_str(),
+                (cfg.out_dir / "metrics.svg").string().c_str());
+  }
+  if (final_counts.total > 0 && !stopped)
+    std::printf("test accuracy: %.2f%% (%lld/%lld) after %lld epoch%s, %.1f s in total (training and evaluation)\n",
+                100.0 * final_counts.accuracy(), static_cast<long long>(final_counts.correct),
+                static_cast<long long>(final_counts.total), static_cast<long long>(cfg.epochs),
+                cfg.epochs == 1 ? "" : "s", std::chrono::duration<double>(Clock::now() - run_start).count());
+  else if (!stopped)
+    std::printf("nothing to train: the checkpoint is already at epoch %lld of %lld\n",
+                static_cast<long long>(pos.epoch), static_cast<long long>(cfg.epochs));
+  std::fflush(stdout);
+}
+
+// One rank's job on tensors of space S (host, or device with --device cuda): the model, its trainer (DDP with
+// the chosen bucket cap, the chosen optimizer) and train().
 template <MemorySpace S, class Comm>
 void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train_set,
          TensorDataset<std::int32_t> const& test_set) {
-  int const rank = comm.rank(), world = comm.world_size();
-  bool const leader = rank == 0;
-  if (cfg.global_batch % world != 0)
-    throw ArgumentError(detail::cat("--batch-size ", cfg.global_batch, " must be a multiple of the world size ", world,
-                                    " (it is the global batch; each rank takes batch-size / world-size)"));
-  std::int64_t const local_batch = cfg.global_batch / world;
-
   Generator init(static_cast<std::uint64_t>(cfg.seed));  // the same on every rank (DDP broadcasts rank 0's anyway)
   Net<S> net = cfg.model == "cnn" ? make_cnn<S>(init) : make_mlp<S>(init);
-  Timeline timeline(rank);
+  Timeline timeline(comm.rank());
   auto const cap = static_cast<std::size_t>(cfg.bucket_cap_mb * double(1 << 20));
-  DistributedDataParallel ddp(
-      net.seq, comm, DdpOptions{.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
-      SizeCapped{BucketConfig{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
-
-  auto body = [&](auto& opt) {
-    DistributedSampler sampler(static_cast<std::int64_t>(train_set.size()), comm,
-                               {.shuffle = true, .seed = static_cast<std::uint64_t>(cfg.seed)});
-    std::int64_t const steps_per_epoch = DataLoader(train_set, sampler, {.batch_size = local_batch}).num_batches();
-    // step: ×0.7 per epoch (the seeds' StepLR); cosine: annealed to 0 over all steps, updated every step
-    // (its counter is the global step). The counter is part of the checkpoint.
-    optim::StepLR step_lr(opt, {.step_size = 1, .gamma = 0.7});
-    optim::CosineAnnealingLR cosine(opt, {.t_max = std::max<std::int64_t>(1, cfg.epochs * steps_per_epoch)});
-    auto set_schedule = [&](std::int64_t e) {
-      if (cfg.schedule == "step") step_lr.set_epoch(e);
-      if (cfg.schedule == "cosine") cosine.set_epoch(e);
-    };
-    auto schedule_counter = [&] {
-      return cfg.schedule == "step" ? step_lr.epoch() : cfg.schedule == "cosine" ? cosine.epoch() : 0;
-    };
-    TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
-
-    if (leader) {
-      std::printf(
-          "fashion_mnist: model %s (%s parameters), %s backend, %s tensors, world size %d, global batch %lld (%lld per "
-          "rank)\n",
-          cfg.model.c_str(), thousands(ddp.parameters().parameter_numel()).c_str(),
-          cfg.device == "cuda"                         ? "nccl"
-          : cfg.backend == examples::Backend::kThreads ? "threads"
-                                                       : "mpi",
-          std::same_as<S, HostSpace> ? "host" : "device (cuda)", world, static_cast<long long>(cfg.global_batch),
-          static_cast<long long>(local_batch));
-      std::printf("optimizer %s lr %g, schedule %s, %lld epoch%s of %lld steps, seed %lld\n", cfg.optimizer.c_str(),
-                  cfg.lr, cfg.schedule.c_str(), static_cast<long long>(cfg.epochs), cfg.epochs == 1 ? "" : "s",
-                  static_cast<long long>(steps_per_epoch), static_cast<long long>(cfg.seed));
-      std::printf("data: %lld train / %lld test images from %s\n", static_cast<long long>(train_set.size()),
-                  static_cast<long long>(test_set.size()), cfg.data_dir.string().c_str());
-      std::printf("%s\n", ddp.describe().c_str());
-      std::fflush(stdout);
-    }
-
-    MetricsLog log;  // rank 0's epochs so far; kept in the checkpoint so a resumed run's CSV and plot are whole
-    if (!cfg.resume.empty()) {
-      std::string history;
-      pos = load_checkpoint(cfg.resume, comm, ddp.module(), opt, &history);
-      if (!history.empty()) {
-        auto const saved = MetricsLog::from_csv(history, cfg.resume.string() + " (metrics)");
-        for (auto const& m : saved.epochs())
-          if (m.epoch <= pos.epoch) log.add(m);
-      }
-      // Mid-epoch, the sampler position must mean the same samples. Global step s takes positions
-      // [s·B, (s+1)·B) of the epoch's shuffled order on any world size (rank r has positions r, r + W, ...),
-      // so the global batch B and the seed must match; the world size and the bucket cap may change.
-      if (pos.step > 0 && (pos.global_batch != cfg.global_batch || pos.seed != cfg.seed))
-        throw ArgumentError(detail::cat("checkpoint ", cfg.resume.string(), " was taken at step ", pos.step,
-                                        " of an epoch with global batch ", pos.global_batch, " and seed ", pos.seed,
-                                        "; resuming mid-epoch needs the same two (this run: ", cfg.global_batch, ", ",
-                                        cfg.seed, ")"));
-      pos.world_size = world;
-      pos.global_batch = cfg.global_batch;
-      pos.seed = cfg.seed;
-      if (leader)
-        std::printf("resumed from %s: epoch %lld, step %lld (%lld optimizer steps so far)\n",
-                    cfg.resume.string().c_str(), static_cast<long long>(pos.epoch + 1),
-                    static_cast<long long>(pos.step), static_cast<long long>(pos.global_step));
-    }
-    set_schedule(pos.scheduler_epoch);
-
-    Counts final_counts;
-    bool stopped = false;  // --max-steps reached
-    auto const run_start = Clock::now();
-    for (std::int64_t epoch = pos.epoch; epoch < cfg.epochs; ++epoch) {
-      sampler.set_epoch(epoch);
-      DataLoader loader(train_set, sampler, {.batch_size = local_batch});
-      std::optional<ProgressBar> bar;
-      if (leader)
-        bar.emplace(epoch + 1, cfg.epochs, loader.num_batches(), cfg.global_batch,
-                    ProgressOptions{.interactive = stdout_is_terminal()}, pos.step);
-      double const lr = opt.lr();
-      Counts train_counts;
-      auto const t0 = Clock::now();
-      std::int64_t step = pos.step;
-      for (auto const& b : loader.from(pos.step)) {
-        reseed_dropouts(net, cfg.seed, rank, epoch, step);
-        if (cfg.schedule == "cosine") cosine.set_epoch(pos.global_step);
-        opt.zero_grad();
-        Variable<float, S> loss = cross_entropy(ddp(Variable<float, S>(to_space<S>(b.x))), to_space<S>(b.y));
-        backward(loss);  // DDP averages the gradients over the ranks, overlapping backward
-        {
-          auto span = timeline.scope("optimizer step", "step");
-          opt.step();
-        }
-        ++step;
-        ++pos.global_step;
-        double const l = loss.item();
-        train_counts.add_batch(0, b.y.numel(), l);
-        if (bar) bar->update(step, l);
-        stopped = cfg.max_steps > 0 && pos.global_step >= cfg.max_steps;
-        bool const periodic = cfg.checkpoint_every > 0 && pos.global_step % cfg.checkpoint_every == 0;
-        if (!cfg.checkpoint.empty() && (periodic || stopped) &&
-            step < loader.num_batches())  // mid-epoch: the sampler position is `step`
-          save_checkpoint(cfg.checkpoint, comm, ddp.module(), opt,
-                          TrainPosition{.epoch = epoch,
-                                        .step = step,
-                                        .global_step = pos.global_step,
-                                        .scheduler_epoch = schedule_counter(),
-                                        .world_size = world,
-                                        .global_batch = cfg.global_batch,
-                                        .seed = cfg.seed},
-                          log.csv());
-        if (stopped && step < loader.num_batches()) break;
-      }
-      double const seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (bar) bar->finish();
-      if (stopped && step < loader.num_batches()) {  // mid-epoch: no evaluation, the checkpoint has the position
-        if (leader)
-          std::printf("stopped after %lld optimizer steps (--max-steps) at epoch %lld, step %lld%s%s\n",
-                      static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1),
-                      static_cast<long long>(step),
-                      cfg.checkpoint.empty() ? "" : "; checkpoint: ", cfg.checkpoint.string().c_str());
-        break;
-      }
-      std::int64_t const steps_done = step - pos.step;
-      Counts const train_all = all_reduce_counts(comm, train_counts);
-      Counts const test_all = evaluate(comm, net.seq, test_set);
-      final_counts = test_all;
-      EpochMetrics m{.epoch = epoch + 1,
-                     .train_loss = train_all.mean_loss(),
-                     .test_loss = test_all.mean_loss(),
-                     .test_accuracy = test_all.accuracy(),
-                     .test_correct = test_all.correct,
-                     .test_total = test_all.total,
-                     .seconds = seconds,
-                     .steps = steps_done,
-                     .samples = train_all.total,
-                     .lr = lr};
-      log.add(m);
-      if (leader) {
-        std::printf("%s\n", format_epoch_summary(m, cfg.epochs).c_str());
-        std::fflush(stdout);
-      }
-      if (cfg.schedule == "step") step_lr.set_epoch(epoch + 1);
-      pos.epoch = epoch + 1;
-      pos.step = 0;
-      pos.scheduler_epoch = schedule_counter();
-      if (!cfg.checkpoint.empty()) {
-        save_checkpoint(cfg.checkpoint, comm, ddp.module(), opt, pos, log.csv());
-        if (leader)
-          std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoint.string().c_str(),
-                      static_cast<long long>(epoch + 1));
-      }
-      if (stopped) {
-        if (leader)
-          std::printf("stopped after %lld optimizer steps (--max-steps) at the end of epoch %lld\n",
-                      static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1));
-        break;
-      }
-    }
-
-    if (!cfg.trace_dir.empty()) {
-      auto const file = cfg.trace_dir / detail::cat("trace_rank", rank, ".json");
-      timeline.write_json(file.string());
-      if (leader)
-        std::printf("timeline: %s (one per rank; open in ui.perfetto.dev or chrome://tracing)\n",
-                    (cfg.trace_dir / "trace_rank*.json").string().c_str());
-    }
-    if (leader) {
-      if (!cfg.out_dir.empty() && !log.empty()) {
-        log.write_csv(cfg.out_dir / "metrics.csv");
-        log.write_svg(cfg.out_dir / "metrics.svg",
-                      detail::cat("Fashion-MNIST, ", cfg.model, ", ", cfg.optimizer, ", world size ", world));
-        std::printf("metrics: %s, %s\n", (cfg.out_dir / "metrics.csv").string().c_str(),
-                    (cfg.out_dir / "metrics.svg").string().c_str());
-      }
-      if (final_counts.total > 0 && !stopped)
-        std::printf("test accuracy: %.2f%% (%lld/%lld) after %lld epoch%s, %.1f s in total (training and evaluation)\n",
-                    100.0 * final_counts.accuracy(), static_cast<long long>(final_counts.correct),
-                    static_cast<long long>(final_counts.total), static_cast<long long>(cfg.epochs),
-                    cfg.epochs == 1 ? "" : "s", std::chrono::duration<double>(Clock::now() - run_start).count());
-      else if (!stopped)
-        std::printf("nothing to train: the checkpoint is already at epoch %lld of %lld\n",
-                    static_cast<long long>(pos.epoch), static_cast<long long>(cfg.epochs));
-      std::fflush(stdout);
-    }
+  SizeCapped const bucketer{BucketConfig{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}};
+  TrainerOptions const opts{.seed = static_cast<std::uint64_t>(cfg.seed),
+                            .drop_last = false,
+                            .ddp = {.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
+                            .global_batch = cfg.global_batch};
+  auto go = [&]<optim::Optimizer O>(std::type_identity<O>, typename O::options_type const& o) {
+    basic_trainer<nn::AnySequential<float, S>, Comm, O> t(net.seq, comm, o, opts, bucketer);
+    train(t, net, timeline, cfg, train_set, test_set);
   };
-
-  auto& arena = ddp.parameters();
-  if (cfg.optimizer == "adamw") {
-    optim::basic_adamw<float, S> opt(arena, {.lr = cfg.lr});
-    body(opt);
-  } else if (cfg.optimizer == "adam") {
-    optim::basic_adam_l2<float, S> opt(arena, {.lr = cfg.lr});
-    body(opt);
-  } else {
-    optim::basic_sgd<float, S> opt(arena, {.lr = cfg.lr, .momentum = 0.9});
-    body(opt);
-  }
+  if (cfg.optimizer == "adamw")
+    go(std::type_identity<optim::basic_adamw<float, S>>{}, {.lr = cfg.lr});
+  else if (cfg.optimizer == "adam")
+    go(std::type_identity<optim::basic_adam_l2<float, S>>{}, {.lr = cfg.lr});
+  else
+    go(std::type_identity<optim::basic_sgd<float, S>>{}, {.lr = cfg.lr, .momentum = 0.9});
 }
 
 // Parses and checks the flags; throws ArgumentError. Returns nullopt after --help.
@@ -335,7 +295,7 @@ std::optional<Config> parse(int argc, char** argv) {
   c.model = f.choice("model", {"cnn", "mlp"});
   c.backend = examples::launch_choice(f).backend;  // also validates --world-size
   c.optimizer = f.choice("optimizer", {"sgd", "adam", "adamw"});
-  c.schedule = f.choice("schedule", {"none", "step", "cosine"});
+  c.schedule = optim::parse_schedule_kind(f.choice("schedule", {"none", "step", "cosine"}));
   c.device = f.choice("device", {"cpu", "cuda"});
 #if !defined(__CUDACC__)
   if (c.device == "cuda")

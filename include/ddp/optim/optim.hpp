@@ -1,7 +1,8 @@
-// The optim layer: Optimizer concept, SGD, Adam, AdamW and learning-rate schedules.
+// The optim layer: Optimizer concept, SGD, Adam, AdamW, learning-rate schedules and the run-time Schedule choice.
 #pragma once
 
 #include "ddp/optim/adam.hpp"
 #include "ddp/optim/lr_scheduler.hpp"
 #include "ddp/optim/optimizer.hpp"
+#include "ddp/optim/schedule.hpp"
 #include "ddp/optim/sgd.hpp"

@@ -59,6 +59,24 @@ struct TrainPosition {
   friend bool operator==(TrainPosition const&, TrainPosition const&) = default;
 };
 
+// The position a run resumes from: `saved` (read from checkpoint `file`) with this run's world size, global
+// batch and seed (taken from `run`; its other fields are ignored), so that the run's next checkpoint describes
+// itself. At an epoch boundary (saved.step == 0) anything may change. Mid-epoch, the sampler position must
+// mean the same samples: global step s of an epoch takes positions [s·B, (s+1)·B) of the epoch's shuffled
+// order on any world size (rank r has positions r, r + W, ...), so the global batch B and the seed must match
+// (ArgumentError naming the file, the step and both values); the world size (and the bucket plan) may change.
+inline TrainPosition resume_position(TrainPosition saved, TrainPosition const& run, std::string_view file) {
+  if (saved.step > 0 && (saved.global_batch != run.global_batch || saved.seed != run.seed))
+    throw ArgumentError(detail::cat("checkpoint ", file, " was taken at step ", saved.step,
+                                    " of an epoch with global batch ", saved.global_batch, " and seed ", saved.seed,
+                                    "; resuming mid-epoch needs the same two (this run: ", run.global_batch, ", ",
+                                    run.seed, ")"));
+  saved.world_size = run.world_size;
+  saved.global_batch = run.global_batch;
+  saved.seed = run.seed;
+  return saved;
+}
+
 // One parameter or buffer as stored: name, shape and values.
 template <class T>
 struct TensorRecord {

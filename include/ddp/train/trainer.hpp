@@ -1,6 +1,8 @@
 // basic_trainer<Model, Comm, Optimizer, Bucketer>: the standard data-parallel loop (sampler per epoch,
 // DDP forward/backward, optimizer step, exact distributed evaluation) for users who do not want to
-// write it. The explicit loop stays available: trainer.ddp() and trainer.optimizer() are the pieces.
+// write it, with what a real job adds: a global batch, starting an epoch part-way (mid-epoch resume),
+// per-step hooks (before: reseed, schedule; after: progress, checkpoints, early stop) and train-loss counts
+// over all ranks. The explicit loop stays available: trainer.ddp() and trainer.optimizer() are the pieces.
 #pragma once
 
 #include <chrono>
@@ -12,27 +14,70 @@
 #include "ddp/data/sampler.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/trace/timeline.hpp"
 
 namespace ddp {
 
 struct TrainerOptions {
-  std::int64_t batch_size = 32;  // per rank
+  std::int64_t batch_size = 32;  // per rank (used when global_batch is 0)
   bool shuffle = true;
   std::uint64_t seed = 0;  // sampler seed (the shuffle is the same on every rank)
   bool drop_last = true;   // drop each epoch's incomplete last batch (DataLoader's drop_last)
-  DdpOptions ddp{};
+  DdpOptions ddp{};        // ddp.timeline, when set, also records each "optimizer step" (category "step")
+  // When positive: samples per step over all ranks; each rank takes global_batch / world_size, which must be
+  // a whole number (ArgumentError otherwise), and batch_size is not used.
+  std::int64_t global_batch = 0;
+};
+
+// Where an epoch starts: fit_epoch(data, EpochStart{.epoch = e, .step = s, .global_step = g}, ...) visits
+// batches s, s + 1, ... of epoch e (DataLoader::from(s): exactly the batches an uninterrupted run visits
+// there), counting optimizer steps on from g.
+struct EpochStart {
+  std::int64_t epoch = 0;
+  std::int64_t step = 0;         // batches of the epoch already done (a checkpoint's TrainPosition::step)
+  std::int64_t global_step = 0;  // optimizer steps taken before (TrainPosition::global_step)
+};
+
+// Where training stands, as the step hooks see it: before a step, `step` and `global_step` count the steps
+// done before it (so `step` is the index of the batch about to run); after a step, they include it.
+struct StepPosition {
+  std::int64_t epoch = 0;
+  std::int64_t step = 0;
+  std::int64_t steps_in_epoch = 0;
+  std::int64_t global_step = 0;
+};
+
+// What an after-step hook asks of the loop.
+enum class StepControl { kContinue, kStop };
+
+// Called on every rank, in the rank's thread. before_step runs before zero_grad (e.g. reseed dropout, set a
+// per-step learning rate); after_step after the optimizer step with this rank's loss (e.g. progress, a
+// checkpoint, early stop). A hook that stops must decide the same on every rank (from the position, not the
+// rank's loss), or ranks fall out of step. Empty hooks are skipped.
+struct StepHooks {
+  std::function<void(StepPosition const&)> before_step;
+  std::function<StepControl(StepPosition const&, double loss)> after_step;
 };
 
 struct EpochResult {
   std::int64_t epoch = 0;
-  std::int64_t steps = 0;
-  double mean_loss = 0;  // over ranks and steps (each step's mean loss, averaged)
-  double seconds = 0;
+  std::int64_t steps = 0;     // steps taken by this call
+  double mean_loss = 0;       // over ranks and steps (each step's mean loss, averaged)
+  double seconds = 0;         // wall time of the steps (hooks included; sampler set-up and reductions excluded)
+  Counts train{};             // per-sample train loss over all ranks: loss_sum and total (correct is 0)
+  std::int64_t end_step = 0;  // the epoch's batches done after this call (EpochStart::step + steps)
+  std::int64_t steps_in_epoch = 0;
+  std::int64_t global_step = 0;  // optimizer steps taken after this call
+  bool stopped = false;          // an after_step hook returned StepControl::kStop
+  bool complete() const noexcept { return end_step == steps_in_epoch; }
 };
 
 // Per-step callback: (epoch, step, steps_in_epoch, this rank's loss).
 using StepCallback = std::function<void(std::int64_t, std::int64_t, std::int64_t, double)>;
 
+// Determinism: with a deterministic communicator (threads, MPI) the run is bitwise identical across runs,
+// and a run resumed with fit_epoch(EpochStart{...}) from a checkpoint equals the uninterrupted one bitwise
+// at the same world size. Not thread-safe: one trainer per rank.
 template <nn::Model M, AsyncCommunicator C, optim::Optimizer O, GradientBucketer B = SizeCapped>
 class basic_trainer {
  public:
@@ -40,40 +85,83 @@ class basic_trainer {
   using V = Variable<typename M::value_type, S>;
 
   basic_trainer(M& model, C& comm, typename O::options_type opt, TrainerOptions opts = {}, B bucketer = {})
-      : comm_(&comm), opts_(opts), ddp_(model, comm, opts.ddp, std::move(bucketer)), opt_(ddp_.parameters(), opt) {
-    if (opts.batch_size < 1)
-      throw ArgumentError(detail::cat("trainer: batch_size must be positive, got ", opts.batch_size));
-  }
+      : comm_(&comm),
+        opts_(opts),
+        batch_(rank_batch(opts, comm.world_size())),
+        ddp_(model, comm, opts.ddp, std::move(bucketer)),
+        opt_(ddp_.parameters(), opt) {}
 
-  // One epoch over `data` (each rank its DistributedSampler share). loss(output, batch) -> scalar Var. Batches
-  // are host tensors; each input is copied to the model's space (loss gets the host batch: copy its targets with
-  // to_space<S> for a device model).
+  // One whole epoch over `data` (each rank its DistributedSampler share). loss(output, batch) -> scalar Var.
+  // Batches are host tensors; each input is copied to the model's space (loss gets the host batch: copy its
+  // targets with to_space<S> for a device model).
   template <Dataset D, class LossFn>
   EpochResult fit_epoch(D const& data, std::int64_t epoch, LossFn&& loss, StepCallback const& on_step = {}) {
-    auto const t0 = std::chrono::steady_clock::now();
+    StepHooks hooks;
+    if (on_step)
+      hooks.after_step = [&](StepPosition const& p, double l) {
+        on_step(p.epoch, p.step - 1, p.steps_in_epoch, l);
+        return StepControl::kContinue;
+      };
+    return fit_epoch(data, EpochStart{.epoch = epoch}, std::forward<LossFn>(loss), hooks);
+  }
+
+  // The epoch from `start` to its end, or until an after_step hook returns kStop. Collective: every rank
+  // calls it with the same start. The step loop is the explicit one: before_step, zero_grad, forward, loss,
+  // backward (DDP averages the gradients), optimizer step, after_step.
+  template <Dataset D, class LossFn>
+  EpochResult fit_epoch(D const& data, EpochStart const& start, LossFn&& loss, StepHooks const& hooks) {
     DistributedSampler sampler(data.size(), *comm_, {.shuffle = opts_.shuffle, .seed = opts_.seed, .drop_last = false});
-    sampler.set_epoch(epoch);
-    DataLoader loader(data, sampler, {.batch_size = opts_.batch_size, .drop_last = opts_.drop_last});
+    sampler.set_epoch(start.epoch);
+    DataLoader loader(data, sampler, {.batch_size = batch_, .drop_last = opts_.drop_last});
     ddp_.module().set_mode(Mode::kTrain);
+    StepPosition p{.epoch = start.epoch,
+                   .step = start.step,
+                   .steps_in_epoch = loader.num_batches(),
+                   .global_step = start.global_step};
+    EpochResult r{.epoch = start.epoch, .steps_in_epoch = p.steps_in_epoch};
+    Counts local;
     std::vector<double> sum{0.0};
-    std::int64_t step = 0;
-    std::int64_t const steps = loader.num_batches();
-    for (auto const& batch : loader) {
+    auto const t0 = std::chrono::steady_clock::now();
+    for (auto const& batch : loader.from(start.step)) {
+      if (hooks.before_step) hooks.before_step(p);
       opt_.zero_grad();
       V l = loss(ddp_(V(to_space<S>(batch.x))), batch);
       backward(l);
-      opt_.step();
+      {
+        Timeline::Scope span(opts_.ddp.timeline, "optimizer step", "step", Timeline::kCompute);
+        opt_.step();
+      }
+      ++p.step;
+      ++p.global_step;
       double const lv = l.item();
+      local.add_batch(0, batch.size(), lv);
       sum[0] += lv;
-      if (on_step) on_step(epoch, step, steps, lv);
-      ++step;
+      if (hooks.after_step && hooks.after_step(p, lv) == StepControl::kStop) {
+        r.stopped = true;
+        break;
+      }
     }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.steps = p.step - start.step;
+    r.end_step = p.step;
+    r.global_step = p.global_step;
+    r.train = all_reduce_counts(*comm_, local);
     host_all_reduce(*comm_, std::span<double>(sum), ReduceOp::kAvg);
-    return {epoch, steps, steps ? sum[0] / double(steps) : 0.0,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+    r.mean_loss = r.steps ? sum[0] / double(r.steps) : 0.0;
+    return r;
   }
 
-  // Classification accuracy over `data`, each sample counted exactly once across ranks (EvalSampler).
+  // Batches per epoch on this rank (the same on every rank): what fit_epoch's steps_in_epoch will be.
+  template <Dataset D>
+  std::int64_t steps_per_epoch(D const& data) const {
+    DistributedSampler sampler(data.size(), *comm_, {.shuffle = false, .drop_last = false});
+    std::int64_t const n = sampler.size();
+    return opts_.drop_last ? n / batch_ : (n + batch_ - 1) / batch_;
+  }
+
+  // Classification accuracy and loss over `data`, each sample counted exactly once across ranks
+  // (EvalSampler, integer counts summed exactly). The model runs without DDP (no collectives per batch, so
+  // ranks with one batch more or less stay in step), in Mode::kEval and without autograd.
   template <Dataset D>
   requires std::same_as<typename D::target_type, std::int32_t> Counts evaluate(D const& data,
                                                                                std::int64_t batch_size = 256) {
@@ -91,13 +179,30 @@ class basic_trainer {
     return all_reduce_counts(*comm_, c);
   }
 
+  // Samples per step on this rank, and over all ranks.
+  std::int64_t batch_size() const noexcept { return batch_; }
+  std::int64_t global_batch() const noexcept { return batch_ * comm_->world_size(); }
+
   DistributedDataParallel<M, C, B>& ddp() noexcept { return ddp_; }
   O& optimizer() noexcept { return opt_; }
   C& comm() noexcept { return *comm_; }
 
  private:
+  static std::int64_t rank_batch(TrainerOptions const& o, int world) {
+    if (o.global_batch > 0) {
+      if (o.global_batch % world != 0)
+        throw ArgumentError(detail::cat("trainer: global batch ", o.global_batch,
+                                        " must be a multiple of the world size ", world,
+                                        " (each rank takes global batch / world size)"));
+      return o.global_batch / world;
+    }
+    if (o.batch_size < 1) throw ArgumentError(detail::cat("trainer: batch_size must be positive, got ", o.batch_size));
+    return o.batch_size;
+  }
+
   C* comm_;
   TrainerOptions opts_;
+  std::int64_t batch_;
   DistributedDataParallel<M, C, B> ddp_;
   O opt_;
 };

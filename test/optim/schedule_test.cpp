@@ -1,0 +1,93 @@
+// optim::Schedule: the run-time schedule choice (none, step per epoch, cosine per step), its counter and restore.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "ddp/ddp.hpp"
+
+using namespace ddp;
+
+namespace {
+struct Setup {
+  Var w{from_values<float>({2}, {0.5f, -1.0f}), RequiresGrad::kYes};
+  nn::ParameterArena<float> arena{std::vector<nn::NamedParameter<float, HostSpace>>{{"w", w}}};
+};
+}  // namespace
+
+TEST_CASE("schedule names parse and print; an unknown one is an error naming it") {
+  for (auto k : {optim::ScheduleKind::kNone, optim::ScheduleKind::kStep, optim::ScheduleKind::kCosine})
+    CHECK(optim::parse_schedule_kind(optim::schedule_name(k)) == k);
+  CHECK(optim::schedule_name(optim::ScheduleKind::kCosine) == "cosine");
+  CHECK_THROWS_WITH_AS(optim::parse_schedule_kind("linear"), "schedule must be one of none|step|cosine, got 'linear'",
+                       ArgumentError);
+}
+
+TEST_CASE("none leaves the lr alone and keeps counter 0") {
+  Setup s;
+  optim::SGD opt(s.arena, {.lr = 0.3});
+  optim::Schedule sched(opt, {.kind = optim::ScheduleKind::kNone});
+  sched.start_step(7);
+  sched.end_epoch(3);
+  sched.restore(5);
+  CHECK(opt.lr() == 0.3);
+  CHECK(sched.counter() == 0);
+  CHECK(sched.name() == "none");
+}
+
+TEST_CASE("step moves once per epoch (not per step), as StepLR's closed form") {
+  Setup s;
+  optim::SGD opt(s.arena, {.lr = 1.0});
+  optim::Schedule sched(opt, {.kind = optim::ScheduleKind::kStep, .step = {.step_size = 1, .gamma = 0.7}});
+  sched.start_step(100);
+  CHECK(opt.lr() == 1.0);
+  sched.end_epoch(1);
+  CHECK(opt.lr() == 0.7);
+  sched.end_epoch(2);
+  CHECK(opt.lr() == std::pow(0.7, 2.0));
+  CHECK(sched.counter() == 2);
+}
+
+TEST_CASE("cosine moves before every step (its counter is the global step) and ignores epoch ends") {
+  Setup s;
+  optim::SGD opt(s.arena, {.lr = 0.1});
+  optim::Schedule sched(opt, {.kind = optim::ScheduleKind::kCosine, .cosine = {.t_max = 4}});
+  sched.start_step(2);
+  CHECK(opt.lr() == doctest::Approx(0.05));
+  sched.end_epoch(1);
+  CHECK(opt.lr() == doctest::Approx(0.05));
+  CHECK(sched.counter() == 2);
+  sched.start_step(3);
+  CHECK(opt.lr() == 0.1 * (1 + std::cos(std::numbers::pi * 3.0 / 4.0)) / 2);
+}
+
+TEST_CASE("restore(counter) gives a new schedule the lr and counter of the one that saved it, bitwise") {
+  for (auto kind : {optim::ScheduleKind::kStep, optim::ScheduleKind::kCosine}) {
+    CAPTURE(optim::schedule_name(kind));
+    optim::ScheduleOptions const o{.kind = kind, .step = {.gamma = 0.7}, .cosine = {.t_max = 50}};
+    Setup s;
+    optim::SGD a(s.arena, {.lr = 0.01}), b(s.arena, {.lr = 0.01});
+    optim::Schedule first(a, o);
+    for (int e = 0; e < 3; ++e) {
+      for (int k = 0; k < 10; ++k) first.start_step(e * 10 + k);
+      first.end_epoch(e + 1);
+    }
+    optim::Schedule resumed(b, o);
+    resumed.restore(first.counter());
+    CHECK(resumed.counter() == first.counter());
+    CHECK(b.lr() == a.lr());
+    first.start_step(30);
+    resumed.start_step(30);
+    CHECK(b.lr() == a.lr());
+  }
+}
+
+TEST_CASE("only the chosen kind's options are checked") {
+  Setup s;
+  optim::SGD opt(s.arena, {.lr = 0.1});
+  CHECK_NOTHROW(optim::Schedule(opt, {.kind = optim::ScheduleKind::kStep, .cosine = {.t_max = 0}}));
+  CHECK_THROWS_AS(optim::Schedule(opt, {.kind = optim::ScheduleKind::kCosine, .cosine = {.t_max = 0}}), ArgumentError);
+  CHECK_THROWS_AS(optim::Schedule(opt, {.kind = optim::ScheduleKind::kStep, .step = {.step_size = 0}}), ArgumentError);
+  optim::Schedule sched(opt, {.kind = optim::ScheduleKind::kStep});
+  CHECK_THROWS_AS(sched.restore(-1), ArgumentError);
+}
