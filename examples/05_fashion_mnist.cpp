@@ -293,7 +293,8 @@ std::optional<Config> parse(int argc, char** argv) {
   if (!f.parse(argc, argv)) return std::nullopt;
   Config c;
   c.model = f.choice("model", {"cnn", "mlp"});
-  c.backend = examples::launch_choice(f).backend;  // also validates --world-size
+  examples::LaunchChoice const chosen = examples::launch_choice(f);
+  c.backend = chosen.backend;
   c.optimizer = f.choice("optimizer", {"sgd", "adam", "adamw"});
   c.schedule = optim::parse_schedule_kind(f.choice("schedule", {"none", "step", "cosine"}));
   c.device = f.choice("device", {"cpu", "cuda"});
@@ -312,8 +313,8 @@ std::optional<Config> parse(int argc, char** argv) {
     if (v < lo) throw ArgumentError(detail::cat("fashion_mnist: --", name, " must be at least ", lo, ", got ", v));
     return v;
   };
-  c.world_size =
-      c.backend == examples::Backend::kMpi && !f.is_set("world-size") ? 0 : static_cast<int>(f.integer("world-size"));
+  // launch_choice took the size from mpirun for --backend mpi; --device cuda switched to MPI after it.
+  c.world_size = c.backend == examples::Backend::kMpi && !f.is_set("world-size") ? 0 : chosen.world_size;
   c.epochs = positive("epochs", 1);
   c.global_batch = positive("batch-size", 1);
   c.limit_train = positive("limit-train", 0);

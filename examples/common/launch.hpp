@@ -74,11 +74,10 @@ int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn) {
   return 0;
 }
 
-}  // namespace ddp::examples
-
-namespace ddp::examples {
+// The same, with what add_launch_flags/launch_choice read.
 template <class F>
 int launch(LaunchChoice c, int& argc, char**& argv, F&& fn) {
   return launch(c.backend, c.world_size, argc, argv, std::forward<F>(fn));
 }
+
 }  // namespace ddp::examples
