@@ -40,7 +40,8 @@ struct Config {
   std::string model, optimizer, device;
   optim::ScheduleKind schedule = optim::ScheduleKind::kCosine;
   examples::Backend backend = examples::Backend::kThreads;
-  int world_size = 2;  // 0: take it from mpirun
+  int world_size = 2;        // 0: take it from mpirun
+  TimeoutOptions timeout{};  // --timeout
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
                max_steps = 0;
   double lr = 1e-3, bucket_cap_mb = 25;
@@ -295,6 +296,7 @@ std::optional<Config> parse(int argc, char** argv) {
   c.model = f.choice("model", {"cnn", "mlp"});
   examples::LaunchChoice const chosen = examples::launch_choice(f);
   c.backend = chosen.backend;
+  c.timeout = chosen.timeout;
   c.optimizer = f.choice("optimizer", {"sgd", "adam", "adamw"});
   c.schedule = optim::parse_schedule_kind(f.choice("schedule", {"none", "step", "cosine"}));
   c.device = f.choice("device", {"cpu", "cuda"});
@@ -375,7 +377,7 @@ int main(int argc, char** argv) {
         if (cfg->world_size != 0 && cfg->world_size != session.world_size())
           throw ArgumentError(detail::cat("--world-size ", cfg->world_size, " does not match the MPI job's ",
                                           session.world_size(), " ranks (set it with mpirun -n)"));
-        NcclBackend comm(session);
+        NcclBackend comm(session, NcclOptions{.timeout = cfg->timeout});
         run<DeviceSpace>(comm, *cfg, *train_set, *test_set);
       } catch (std::exception const& e) {
         session.abort(e.what());
@@ -383,8 +385,9 @@ int main(int argc, char** argv) {
       return 0;
     }
 #endif
-    return examples::launch(cfg->backend, cfg->world_size, argc, argv,
-                            [&](auto& comm) { run<HostSpace>(comm, *cfg, *train_set, *test_set); });
+    return examples::launch(
+        cfg->backend, cfg->world_size, argc, argv,
+        [&](auto& comm) { run<HostSpace>(comm, *cfg, *train_set, *test_set); }, cfg->timeout);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

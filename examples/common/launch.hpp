@@ -2,6 +2,9 @@
 // MPI (one rank per process, under mpirun), chosen at run time with --backend.
 #pragma once
 
+#include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -25,6 +28,8 @@ inline Backend parse_backend(std::string const& s) {
 struct LaunchChoice {
   Backend backend = Backend::kThreads;
   int world_size = 2;
+  // --timeout: each collective's deadline (unset: $DDP_TIMEOUT, else 10 minutes).
+  TimeoutOptions timeout{};
 };
 
 // The one spelling of the launch flags for every example and benchmark: --backend threads|mpi and
@@ -34,7 +39,10 @@ inline Flags& add_launch_flags(Flags& f, int default_world_size = 2) {
       .add("backend", "threads",
            "threads (ranks are threads of this process) or mpi (one rank per process, under mpirun -n N)")
       .add("world-size", std::to_string(default_world_size),
-           "ranks for the threads backend; with mpi it must match mpirun -n (default: take it)");
+           "ranks for the threads backend; with mpi it must match mpirun -n (default: take it)")
+      .add("timeout", "",
+           "seconds a collective waits for the other ranks before the job fails naming them (default: "
+           "$DDP_TIMEOUT, else 600); a warning comes at half of it");
 }
 inline LaunchChoice launch_choice(Flags const& f) {
   LaunchChoice c;
@@ -43,6 +51,12 @@ inline LaunchChoice launch_choice(Flags const& f) {
   if (ws < 1) throw ArgumentError(detail::cat(f.program(), ": --world-size must be at least 1, got ", ws));
   if (ws > 4096) throw ArgumentError(detail::cat(f.program(), ": --world-size ", ws, " is more than 4096"));
   c.world_size = c.backend == Backend::kMpi && !f.is_set("world-size") ? 0 : static_cast<int>(ws);
+  if (f.is_set("timeout")) {
+    double const s = f.real("timeout");
+    if (!(s > 0) || s > 365.0 * 24 * 3600)
+      throw ArgumentError(detail::cat(f.program(), ": --timeout must be a positive number of seconds, got ", s));
+    c.timeout.after = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(s * 1000)));
+  }
   return c;
 }
 
@@ -50,11 +64,12 @@ inline LaunchChoice launch_choice(Flags const& f) {
 // 0 on success; on failure prints the error (naming the rank) and returns 1 (threads) or aborts the whole
 // MPI job so mpirun never hangs. With MPI, `world_size` must be 0 or equal mpirun's -n.
 template <class F>
-int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn) {
+int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn, TimeoutOptions const& timeout = {}) {
   if (backend == Backend::kThreads) {
     if (world_size < 1) throw ArgumentError(detail::cat("--world-size must be at least 1, got ", world_size));
     try {
-      spawn(world_size, [&](ThreadsBackend& comm) { fn(comm); });
+      spawn(
+          world_size, [&](ThreadsBackend& comm) { fn(comm); }, ThreadsOptions{.timeout = timeout});
     } catch (std::exception const& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
       return 1;
@@ -66,7 +81,7 @@ int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn) {
     if (world_size != 0 && world_size != session.world_size())
       throw ArgumentError(detail::cat("--world-size ", world_size, " does not match the MPI job's ",
                                       session.world_size(), " ranks (set it with mpirun -n)"));
-    MpiBackend comm(session);
+    MpiBackend comm(session, MpiOptions{.timeout = timeout});
     fn(comm);
   } catch (std::exception const& e) {
     session.abort(e.what());
@@ -77,7 +92,7 @@ int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn) {
 // The same, with what add_launch_flags/launch_choice read.
 template <class F>
 int launch(LaunchChoice c, int& argc, char**& argv, F&& fn) {
-  return launch(c.backend, c.world_size, argc, argv, std::forward<F>(fn));
+  return launch(c.backend, c.world_size, argc, argv, std::forward<F>(fn), c.timeout);
 }
 
 }  // namespace ddp::examples

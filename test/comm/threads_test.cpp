@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -28,7 +29,7 @@ struct Threads {
       for (std::size_t small : {std::size_t{32 * 1024}, std::size_t{64}}) {
         CAPTURE(n);
         CAPTURE(small);
-        ddp::spawn(n, fn, ddp::ThreadsOptions{.timeout = 60s, .small_bytes = small});
+        ddp::spawn(n, fn, ddp::ThreadsOptions{.timeout = {.after = 60s}, .small_bytes = small});
       }
     }
   }
@@ -105,7 +106,7 @@ TEST_CASE("a rank that throws mid-run fails every other rank's collectives, nami
               throw;
             }
           },
-          ddp::ThreadsOptions{.timeout = 60s});
+          ddp::ThreadsOptions{.timeout = {.after = 60s}});
       FAIL("spawn returned normally");
     } catch (std::runtime_error const& e) {
       CHECK(std::string(e.what()) == "loss is NaN");  // the root cause, not a follow-up CommError
@@ -137,15 +138,85 @@ TEST_CASE("a collective that waits past the timeout names the operation and the 
             throw;
           }
         },
-        ddp::ThreadsOptions{.timeout = 200ms});
+        ddp::ThreadsOptions{.timeout = {.after = 200ms}});
     FAIL("spawn returned normally");
   } catch (ddp::CommError const& e) {
     std::string const what = e.what();
     CAPTURE(what);
-    CHECK(contains(what, "all_reduce [bucket:7]"));
-    CHECK(contains(what, "timed out after 200 ms"));
-    CHECK(contains(what, "ranks that did not arrive: 2 "));
+    CHECK(contains(what, "all_reduce #1 [bucket:7]"));
+    CHECK(contains(what, "timed out after 0.2 s: rank 2 did not arrive"));
   }
+}
+
+TEST_CASE("the stall inspector warns once, naming the missing rank, before the collective times out") {
+  std::mutex m;
+  std::vector<std::string> warnings;
+  std::atomic<bool> release{false};
+  auto const start = std::chrono::steady_clock::now();
+  try {
+    ddp::spawn(
+        2,
+        [&](ddp::ThreadsBackend& c) {
+          std::vector<float> v(4, 1.0f);
+          c.all_reduce(v, ddp::ReduceOp::kSum);
+          if (c.rank() == 1) {
+            while (!release.load()) std::this_thread::sleep_for(1ms);
+            return;
+          }
+          try {
+            c.all_reduce(v, ddp::ReduceOp::kSum, {"bucket", 2});
+          } catch (ddp::CommError const&) {
+            release.store(true);
+            throw;
+          }
+        },
+        ddp::ThreadsOptions{.timeout = {.after = 400ms, .warn_fraction = 0.25, .on_stall = [&](std::string const& w) {
+                                          std::lock_guard lock(m);
+                                          warnings.push_back(w);
+                                        }}});
+    FAIL("spawn returned normally");
+  } catch (ddp::CommError const& e) {
+    CHECK(contains(e.what(), "all_reduce #2 [bucket:2] on rank 0 of 2 timed out after 0.4 s: rank 1 did not arrive"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  REQUIRE(warnings.size() == 1);
+  CAPTURE(warnings[0]);
+  CHECK(contains(warnings[0],
+                 "ddp threads: warning: all_reduce #2 [bucket:2] on rank 0 of 2 has waited 0.1 s for "
+                 "rank 1; it fails at 0.4 s"));
+}
+
+TEST_CASE("the collective timeout comes from $DDP_TIMEOUT when the program does not set it") {
+  struct EnvGuard {
+    ~EnvGuard() { ::unsetenv("DDP_TIMEOUT"); }
+  } guard;
+  ::setenv("DDP_TIMEOUT", "0.3", 1);
+  try {
+    ddp::spawn(2, [](ddp::ThreadsBackend& c) {
+      if (c.rank() == 1) {
+        std::this_thread::sleep_for(1s);  // arrives after rank 0 gave up
+      }
+      std::vector<float> v(4);
+      c.all_reduce(v, ddp::ReduceOp::kSum);
+    });
+    FAIL("spawn returned normally");
+  } catch (ddp::CommError const& e) {
+    CHECK(contains(e.what(), "timed out after 0.3 s"));
+  }
+  ::setenv("DDP_TIMEOUT", "ten", 1);
+  CHECK_THROWS_WITH_AS(ddp::make_threads_group(2), doctest::Contains("DDP_TIMEOUT='ten' is not a timeout"),
+                       ddp::ArgumentError);
+  ::setenv("DDP_TIMEOUT", "-5", 1);
+  CHECK_THROWS_AS(ddp::make_threads_group(2), ddp::ArgumentError);
+  // An explicit option wins over the environment.
+  ddp::spawn(
+      2,
+      [](ddp::ThreadsBackend& c) {
+        std::vector<float> v(4, 1.0f);
+        c.all_reduce(v, ddp::ReduceOp::kSum);
+        CHECK(v[0] == 2.0f);
+      },
+      ddp::ThreadsOptions{.timeout = {.after = 60s}});
 }
 
 TEST_CASE("a rank that returns early fails its peers at once instead of at the timeout") {
@@ -158,7 +229,7 @@ TEST_CASE("a rank that returns early fails its peers at once instead of at the t
           std::vector<float> v(4);
           c.all_reduce(v, ddp::ReduceOp::kSum);
         },
-        ddp::ThreadsOptions{.timeout = 60s});
+        ddp::ThreadsOptions{.timeout = {.after = 60s}});
     FAIL("spawn returned normally");
   } catch (ddp::CommError const& e) {
     CHECK(contains(e.what(), "ranks that will never arrive: 1 (left"));
@@ -174,9 +245,25 @@ TEST_CASE("mismatched collectives are reported on every rank") {
     });
     FAIL("spawn returned normally");
   } catch (ddp::CommError const& e) {
-    CHECK(contains(e.what(), "collective mismatch"));
+    CHECK(contains(e.what(), "collective mismatch at collective #1"));
     CHECK(contains(e.what(), "all_reduce(count=10"));
     CHECK(contains(e.what(), "all_reduce(count=11"));
+  }
+}
+
+TEST_CASE("collectives that differ only in their tag are a mismatch, showing both tags") {
+  try {
+    ddp::spawn(2, [](ddp::ThreadsBackend& c) {
+      std::vector<float> v(8, 1.0f);
+      c.all_reduce(v, ddp::ReduceOp::kSum, {"bucket", 0});
+      c.all_reduce(v, ddp::ReduceOp::kSum, {"bucket", c.rank() == 0 ? 1 : 2});
+    });
+    FAIL("spawn returned normally");
+  } catch (ddp::CommError const& e) {
+    CAPTURE(e.what());
+    CHECK(contains(e.what(), "collective mismatch at collective #2"));
+    CHECK(contains(e.what(), "[bucket:1]"));
+    CHECK(contains(e.what(), "[bucket:2]"));
   }
 }
 

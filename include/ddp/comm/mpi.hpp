@@ -5,9 +5,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -15,11 +18,13 @@
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/detail/front_end.hpp"
+#include "ddp/comm/detail/mpi_watch.hpp"
 #include "ddp/comm/detail/progress.hpp"
 #include "ddp/comm/detail/reduce.hpp"
 #include "ddp/comm/env.hpp"
 #include "ddp/comm/mpi_session.hpp"
 #include "ddp/comm/trace.hpp"
+#include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"
 
 namespace ddp {
@@ -30,6 +35,10 @@ struct MpiOptions {
   MPI_Comm comm = MPI_COMM_WORLD;
   // Async collectives in flight before all_reduce_async blocks.
   std::size_t queue_capacity = 1024;
+  // Each collective's deadline and stall warning (default: $DDP_TIMEOUT seconds, else 10 minutes).
+  TimeoutOptions timeout{};
+  // Unset: $DDP_DEBUG=DETAIL selects kEvery, else kOnStall.
+  std::optional<CollectiveChecks> checks{};
   TraceOptions trace{};
 };
 
@@ -57,9 +66,13 @@ inline MPI_Op mpi_op(ReduceOp op) noexcept {
 }
 }  // namespace detail
 
-// Guarantees: the results of MPI_Allreduce on the same inputs (MPICH's algorithms are deterministic for a
+// Guarantees: the results of MPI_Iallreduce on the same inputs (MPICH's algorithms are deterministic for a
 // fixed world size and message size, and give every rank the same bits). kAvg costs one extra pass over
 // the buffer after the sum. Thread safety: one thread at a time issues this backend's collectives.
+// No hangs: every collective is nonblocking MPI under a deadline (MpiOptions::timeout); one that waits too
+// long warns, then throws a CommError naming itself (operation, sequence number, tag) and the ranks that did
+// not arrive, or both sides when ranks diverged. The backend is then unusable, and the job must end:
+// mpi_main and MpiSession's destructor call MPI_Abort.
 class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
  public:
   using accepted_spaces = SpaceList<HostSpace>;
@@ -70,11 +83,14 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   explicit MpiBackend(MpiSession const& session, MpiOptions const& opts = {})
       : CollectiveFrontEnd(opts.trace),
         session_(&session),
+        checks_(detail::resolve(opts.checks)),
         queue_(opts.queue_capacity, idle_policy(), detail::AllReduceExecutor<MpiBackend>{this}) {
+    detail::Deadlines deadlines = detail::resolve(opts.timeout, backend_name);
     check(MPI_Comm_dup(opts.comm, &comm_), "MPI_Comm_dup", {});
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &n_);
+    watch_ = std::make_unique<detail::MpiWatch>(comm_, std::move(deadlines), backend_name);
   }
   MpiBackend(MpiBackend const&) = delete;
   MpiBackend& operator=(MpiBackend const&) = delete;
@@ -84,6 +100,10 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
     } catch (...) {  // already reported by the Work handles
     }
     queue_.stop();
+    if (broken_.load()) {  // a collective is still pending on comm_: leave it to MPI_Abort
+      watch_->abandon();
+      return;
+    }
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -93,6 +113,9 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   int world_size() const noexcept { return n_; }
   MpiSession const& session() const noexcept { return *session_; }
   MPI_Comm comm() const noexcept { return comm_; }
+  CollectiveChecks checks() const noexcept { return checks_; }
+  // The deadline each collective runs under (resolved from MpiOptions::timeout and $DDP_TIMEOUT).
+  std::chrono::nanoseconds timeout() const noexcept { return watch_->deadlines().timeout; }
 
   // The collectives come from CollectiveFrontEnd; all_reduce_async runs MPI_Allreduce on this rank's
   // progress thread, in issue order. Below: the transport.
@@ -123,18 +146,80 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   detail::AllReduceQueue<MpiBackend>& progress_queue() noexcept { return queue_; }
 
   // Blocking collectives wait for queued async work, so the communicator runs one collective at a time.
-  void enter(CollectiveKind, CollectiveTag) {
+  void enter(CollectiveKind kind, CollectiveTag tag) {
     if (!queue_.idle()) queue_.drain();
+    if (broken_.load(std::memory_order_acquire)) {
+      throw CommError(detail::cat("ddp mpi: ", name(kind), detail::tag_suffix(tag), " on rank ", rank_, " of ", n_,
+                                  ": an earlier collective of this backend failed; it is out of step with its peers "
+                                  "and cannot be used (end the job: mpi_main does)"),
+                      rank_);
+    }
+  }
+
+  // Starts one nonblocking collective (start(&request) returns its MPI code) and waits for it under the
+  // deadline. With CollectiveChecks::kEvery the ranks first compare the call. A failure marks the backend
+  // broken and the session failed (so it aborts instead of finalizing).
+  template <class Start>
+  void run(detail::CallRecord const& call, char const* op, CollectiveTag tag, Start&& start) {
+    try {
+      MPI_Request req = MPI_REQUEST_NULL;
+      check(start(&req), op, tag);
+      watch_->wait(req, call);
+    } catch (...) {
+      broken_.store(true, std::memory_order_release);
+      session_->note_failure();
+      throw;
+    }
+  }
+
+  detail::CallRecord record(CollectiveKind kind, std::size_t count, Dtype dt, ReduceOp op, int root,
+                            CollectiveTag tag) {
+    auto const call = detail::CallRecord::make(++calls_, kind, count, dt, op, root, tag);
+    if (checks_ == CollectiveChecks::kEvery && n_ > 1) verify(call);
+    return call;
+  }
+
+  // kEvery: the ranks agree on a digest of the call (max of d and of -d: equal exactly when every rank's d
+  // is the same), and on a mismatch gather the calls and raise the same error on every rank.
+  void verify(detail::CallRecord const& call) {
+    std::int64_t d[2] = {call.digest(), -call.digest()};
+    run(call, "collective check", {},
+        [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, d, 2, MPI_INT64_T, MPI_MAX, comm_, r); });
+    if (d[0] == -d[1]) return;
+    std::vector<detail::CallRecord> all(static_cast<std::size_t>(n_));
+    run(call, "collective check", {}, [&](MPI_Request* r) {
+      return MPI_Iallgather(&call, sizeof call, MPI_BYTE, all.data(), sizeof call, MPI_BYTE, comm_, r);
+    });
+    std::string sides;
+    std::vector<char> told(all.size(), 0);
+    for (std::size_t k = 0; k < all.size(); ++k) {
+      if (told[k]) continue;
+      std::vector<int> same;
+      for (std::size_t j = k; j < all.size(); ++j) {
+        if (!told[j] && all[j].same_call(all[k])) {
+          told[j] = 1;
+          same.push_back(static_cast<int>(j));
+        }
+      }
+      sides += detail::cat(sides.empty() ? "" : "; ", detail::rank_list(same), " issued ", detail::describe(all[k]));
+    }
+    broken_.store(true, std::memory_order_release);
+    session_->note_failure();
+    throw CommError(detail::cat("ddp mpi: collective mismatch at #", call.seq, " (seen by rank ", rank_, " of ", n_,
+                                "): ", sides, "; every rank must issue the same collectives in the same order"),
+                    rank_);
   }
 
   template <class T>
   void run_all_reduce(HostSpan<T> buf, ReduceOp op, CollectiveTag tag) {
+    auto const call = record(CollectiveKind::kAllReduce, buf.size(), dtype_of<T>, op, -1, tag);
     std::size_t off = 0;
     do {  // MPI counts are int: chunk, and still call once for an empty buffer
       std::size_t const m = std::min(kMaxChunk, buf.size() - off);
-      check(MPI_Allreduce(MPI_IN_PLACE, buf.data() + off, static_cast<int>(m), detail::mpi_type<T>(),
-                          detail::mpi_op(op), comm_),
-            "all_reduce", tag);
+      run(call, "all_reduce", tag, [&](MPI_Request* r) {
+        return MPI_Iallreduce(MPI_IN_PLACE, buf.data() + off, static_cast<int>(m), detail::mpi_type<T>(),
+                              detail::mpi_op(op), comm_, r);
+      });
       off += m;
     } while (off < buf.size());
     if (op == ReduceOp::kAvg) detail::average(buf.data(), buf.size(), n_);
@@ -142,10 +227,13 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
 
   template <class T>
   void run_broadcast(HostSpan<T> buf, int root, CollectiveTag tag) {
+    auto const call = record(CollectiveKind::kBroadcast, buf.size(), dtype_of<T>, ReduceOp::kSum, root, tag);
     std::size_t off = 0;
     do {  // as in run_all_reduce
       std::size_t const m = std::min(kMaxChunk, buf.size() - off);
-      check(MPI_Bcast(buf.data() + off, static_cast<int>(m), detail::mpi_type<T>(), root, comm_), "broadcast", tag);
+      run(call, "broadcast", tag, [&](MPI_Request* r) {
+        return MPI_Ibcast(buf.data() + off, static_cast<int>(m), detail::mpi_type<T>(), root, comm_, r);
+      });
       off += m;
     } while (off < buf.size());
   }
@@ -153,42 +241,54 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   template <class T>
   void run_all_gather(HostSpan<T const> src, HostSpan<T> dst, CollectiveTag tag) {
     int const m = block(src.size(), CollectiveKind::kAllGather);
+    auto const call = record(CollectiveKind::kAllGather, src.size(), dtype_of<T>, ReduceOp::kSum, -1, tag);
     void const* send = src.data() == dst.data() + static_cast<std::size_t>(rank_) * src.size() && m > 0
                            ? MPI_IN_PLACE
                            : static_cast<void const*>(src.data());
-    check(MPI_Allgather(send, m, detail::mpi_type<T>(), dst.data(), m, detail::mpi_type<T>(), comm_), "all_gather",
-          tag);
+    run(call, "all_gather", tag, [&](MPI_Request* r) {
+      return MPI_Iallgather(send, m, detail::mpi_type<T>(), dst.data(), m, detail::mpi_type<T>(), comm_, r);
+    });
   }
 
   template <class T>
   void run_reduce_scatter(HostSpan<T const> src, HostSpan<T> dst, ReduceOp op, CollectiveTag tag) {
     int const m = block(dst.size(), CollectiveKind::kReduceScatter);
-    check(MPI_Reduce_scatter_block(src.data(), dst.data(), m, detail::mpi_type<T>(), detail::mpi_op(op), comm_),
-          "reduce_scatter", tag);
+    auto const call = record(CollectiveKind::kReduceScatter, src.size(), dtype_of<T>, op, -1, tag);
+    run(call, "reduce_scatter", tag, [&](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(src.data(), dst.data(), m, detail::mpi_type<T>(), detail::mpi_op(op), comm_, r);
+    });
     if (op == ReduceOp::kAvg) detail::average(dst.data(), dst.size(), n_);
   }
 
   template <class T>
   void run_gather(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
     int const m = block(src.size(), CollectiveKind::kGather);
+    auto const call = record(CollectiveKind::kGather, src.size(), dtype_of<T>, ReduceOp::kSum, root, tag);
     bool const in_place =
         rank_ == root && m > 0 && src.data() == dst.data() + static_cast<std::size_t>(root) * src.size();
-    check(MPI_Gather(in_place ? MPI_IN_PLACE : static_cast<void const*>(src.data()), m, detail::mpi_type<T>(),
-                     dst.data(), m, detail::mpi_type<T>(), root, comm_),
-          "gather", tag);
+    run(call, "gather", tag, [&](MPI_Request* r) {
+      return MPI_Igather(in_place ? MPI_IN_PLACE : static_cast<void const*>(src.data()), m, detail::mpi_type<T>(),
+                         dst.data(), m, detail::mpi_type<T>(), root, comm_, r);
+    });
   }
 
   template <class T>
   void run_scatter(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
     int const m = block(dst.size(), CollectiveKind::kScatter);
+    auto const call = record(CollectiveKind::kScatter, dst.size(), dtype_of<T>, ReduceOp::kSum, root, tag);
     bool const in_place =
         rank_ == root && m > 0 && dst.data() == src.data() + static_cast<std::size_t>(root) * dst.size();
-    check(MPI_Scatter(src.data(), m, detail::mpi_type<T>(), in_place ? MPI_IN_PLACE : static_cast<void*>(dst.data()), m,
-                      detail::mpi_type<T>(), root, comm_),
-          "scatter", tag);
+    run(call, "scatter", tag, [&](MPI_Request* r) {
+      return MPI_Iscatter(src.data(), m, detail::mpi_type<T>(),
+                          in_place ? MPI_IN_PLACE : static_cast<void*>(dst.data()), m, detail::mpi_type<T>(), root,
+                          comm_, r);
+    });
   }
 
-  void run_barrier(CollectiveTag tag) { check(MPI_Barrier(comm_), "barrier", tag); }
+  void run_barrier(CollectiveTag tag) {
+    auto const call = record(CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1, tag);
+    run(call, "barrier", tag, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+  }
 
   void check(int rc, char const* op, CollectiveTag tag) const {
     if (rc == MPI_SUCCESS) return;
@@ -206,9 +306,13 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   }
 
   MpiSession const* session_;
+  CollectiveChecks checks_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int n_ = 1;
+  std::uint64_t calls_ = 0;  // collectives issued (their sequence numbers); touched by one thread at a time
+  std::atomic<bool> broken_{false};
+  std::unique_ptr<detail::MpiWatch> watch_;
   detail::AllReduceQueue<MpiBackend> queue_;
 };
 

@@ -85,6 +85,12 @@ class MpiSession {
   MpiSession& operator=(MpiSession const&) = delete;
   ~MpiSession() {
     if (hooked_) detail::exit_guard().live.fetch_sub(1);
+    if (failed_.load()) {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      // MPI_Finalize would wait for the peers a failed collective is still waiting for.
+      if (!finalized) abort("a collective of this job failed or timed out (its error was raised above)");
+    }
     if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -96,6 +102,11 @@ class MpiSession {
   // From MPI itself (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)): the ranks sharing this node.
   int local_rank() const noexcept { return local_rank_; }
   int local_size() const noexcept { return local_size_; }
+
+  // A backend's collective failed or timed out: the job is out of step, so the destructor aborts it
+  // (MPI_Abort) instead of finalizing, which would wait for the absent peers. Thread-safe.
+  void note_failure() const noexcept { failed_.store(true); }
+  bool failed() const noexcept { return failed_.load(); }
 
   // Prints "ddp: rank R of N failed: <why>; aborting the MPI job" and ends every rank of the job.
   [[noreturn]] void abort(std::string_view why, int code = 1) const noexcept {
@@ -202,6 +213,7 @@ class MpiSession {
 
   bool owns_ = false;
   bool hooked_ = false;
+  mutable std::atomic<bool> failed_{false};
   int rank_ = 0;
   int world_size_ = 1;
   int local_rank_ = 0;

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -16,8 +17,10 @@
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/detail/front_end.hpp"
+#include "ddp/comm/detail/mpi_watch.hpp"
 #include "ddp/comm/mpi_session.hpp"
 #include "ddp/comm/trace.hpp"
+#include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"
 #include "ddp/tensor/device_buffer.hpp"
 
@@ -31,6 +34,9 @@ struct NcclOptions {
   cudaStream_t compute_stream = nullptr;
   // Async handles in flight before events are reused (a reused event only makes an old handle wait longer).
   std::size_t max_in_flight = 256;
+  // The deadline of every host wait on a collective (NcclWork::wait, barrier), and its stall warning
+  // (default: $DDP_TIMEOUT seconds, else 10 minutes). On expiry the communicator is aborted (ncclCommAbort).
+  TimeoutOptions timeout{};
   TraceOptions trace{};
 };
 
@@ -68,19 +74,24 @@ class NcclBackend;
 class NcclWork {
  public:
   NcclWork() = default;
-  NcclWork(NcclBackend const* owner, cudaEvent_t event) noexcept : owner_(owner), event_(event) {}
+  NcclWork(NcclBackend* owner, cudaEvent_t event, detail::CallRecord const& call) noexcept
+      : owner_(owner), event_(event), call_(call) {}
   inline void wait() const;
   inline bool test() const;
 
  private:
-  NcclBackend const* owner_ = nullptr;
+  NcclBackend* owner_ = nullptr;
   cudaEvent_t event_ = nullptr;
+  detail::CallRecord call_{};
 };
 
 // Collectives are stream-ordered, as in NCCL: they return once enqueued; later work on the compute stream
 // (and synchronous copies on the legacy default stream) sees the result. barrier() and NcclWork::wait()
 // block the host. Results of kSum/kAvg follow NCCL's algorithms: identical on every rank, deterministic for
 // a fixed topology and message size (NCCL's own guarantee). One thread at a time issues collectives.
+// No hangs: the host waits poll under NcclOptions::timeout, answering and asking peers over MPI what they
+// wait for; a wait past the deadline aborts the communicator (ncclCommAbort, so kernels stuck on absent
+// peers end) and throws a CommError naming the collective and the ranks; the job then ends (mpi_main).
 class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
  public:
   using accepted_spaces = SpaceList<DeviceSpace>;
@@ -89,8 +100,14 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
 
   // Collective over MPI_COMM_WORLD: rank 0 creates the ncclUniqueId and broadcasts it with MPI.
   explicit NcclBackend(MpiSession const& session, NcclOptions const& opts = {})
-      : CollectiveFrontEnd(opts.trace), rank_(session.rank()), n_(session.world_size()), compute_(opts.compute_stream) {
+      : CollectiveFrontEnd(opts.trace),
+        session_(&session),
+        rank_(session.rank()),
+        n_(session.world_size()),
+        compute_(opts.compute_stream) {
     try {
+      watch_ =
+          std::make_unique<detail::MpiWatch>(MPI_COMM_WORLD, detail::resolve(opts.timeout, backend_name), backend_name);
       init(session, opts);
     } catch (...) {
       release();
@@ -112,9 +129,35 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
 
   // Throws if NCCL reported an asynchronous error (a peer failed, a network error).
   void check_async(char const* op, CollectiveTag tag) const {
+    if (comm_ == nullptr) {
+      throw CommError(detail::cat("ddp nccl: ", op, detail::tag_suffix(tag), " on rank ", rank_, " of ", n_,
+                                  ": the communicator was aborted after an earlier collective failed"),
+                      rank_);
+    }
     ncclResult_t async = ncclSuccess;
     nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
     if (async != ncclSuccess) nccl(async, op, tag);
+  }
+
+  // Blocks until `event` (recorded after collective `call`) completed, under the deadline; see the class.
+  void wait_event(cudaEvent_t event, detail::CallRecord const& call) {
+    try {
+      watch_->wait_until(
+          [&] {
+            cudaError_t const rc = cudaEventQuery(event);
+            if (rc == cudaErrorNotReady) {
+              check_async(name(call.collective()).data(), call.tag());
+              return false;
+            }
+            cuda(rc, "cudaEventQuery");
+            check_async(name(call.collective()).data(), call.tag());
+            return true;
+          },
+          call);
+    } catch (...) {
+      abort_comm();
+      throw;
+    }
   }
 
  private:
@@ -134,21 +177,33 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
     nccl(ncclCommInitRank(&comm_, n_, id, rank_), "ncclCommInitRank");
     cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
     cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda(cudaEventCreateWithFlags(&barrier_, cudaEventDisableTiming), "cudaEventCreate");
     events_.resize(std::max<std::size_t>(opts.max_in_flight, 1));
     for (auto& e : events_) cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     scratch_ = DeviceBuffer<std::int32_t>(1);
   }
+  // Ends every kernel of this communicator (they may wait forever for absent peers) and poisons the backend.
+  void abort_comm() noexcept {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    aborted_ = true;
+    session_->note_failure();
+    if (watch_) watch_->abandon();
+  }
+
   void release() noexcept {
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (!aborted_ && stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (comm_ != nullptr) ncclCommDestroy(comm_);
     for (auto e : events_) {
       if (e != nullptr) cudaEventDestroy(e);
     }
     if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (barrier_ != nullptr) cudaEventDestroy(barrier_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     comm_ = nullptr;
     stream_ = nullptr;
     ready_ = nullptr;
+    barrier_ = nullptr;
     events_.clear();
   }
 
@@ -177,7 +232,8 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
     run_all_reduce(buf, op, tag);
     cudaEvent_t const e = events_[next_event_++ % events_.size()];
     cuda(cudaEventRecord(e, stream_), "cudaEventRecord");
-    return NcclWork(this, e);
+    return NcclWork(this, e,
+                    detail::CallRecord::make(calls_, CollectiveKind::kAllReduce, buf.size(), dtype_of<T>, op, -1, tag));
   }
 
   template <class T>
@@ -251,13 +307,16 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
   void run_barrier(CollectiveTag tag) {
     enqueue([&] { return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclInt32, ncclSum, comm_, stream_); },
             "barrier", tag);
-    cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    check_async("barrier", tag);
+    cuda(cudaEventRecord(barrier_, stream_), "cudaEventRecord(barrier)");
+    wait_event(barrier_,
+               detail::CallRecord::make(calls_, CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1, tag));
   }
 
   // Orders the collective after the compute stream's queued work, and later compute work after it.
   template <class Launch>
   void enqueue(Launch&& launch, char const* op, CollectiveTag tag) {
+    check_async(op, tag);  // fails at once after an abort
+    ++calls_;
     cuda(cudaEventRecord(ready_, compute_), "cudaEventRecord(compute)");
     cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
     nccl(launch(), op, tag);
@@ -282,13 +341,18 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
 
   friend class NcclWork;
 
+  MpiSession const* session_;
   int rank_;
   int n_;
   int device_ = 0;
   cudaStream_t compute_;
+  std::unique_ptr<detail::MpiWatch> watch_;  // deadlines, and peers' questions over MPI
+  std::uint64_t calls_ = 0;                  // collectives enqueued (their sequence numbers)
+  bool aborted_ = false;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
+  cudaEvent_t barrier_ = nullptr;
   std::vector<cudaEvent_t> events_;
   std::size_t next_event_ = 0;
   DeviceBuffer<std::int32_t> scratch_;
@@ -299,8 +363,7 @@ static_assert(AsyncCommunicator<NcclBackend>);
 
 inline void NcclWork::wait() const {
   if (owner_ == nullptr) return;
-  owner_->cuda(cudaEventSynchronize(event_), "cudaEventSynchronize");
-  owner_->check_async("all_reduce (async)", {});
+  owner_->wait_event(event_, call_);
 }
 inline bool NcclWork::test() const {
   if (owner_ == nullptr) return true;

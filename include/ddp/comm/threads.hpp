@@ -103,7 +103,7 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
     std::size_t const bytes = count * sizeof(T);
     bool const small = bytes <= group_->staging_bytes();
     std::uint64_t const seq =
-        publish(detail::Publication{CollectiveKind::kAllReduce, dtype_of<T>, op, -1, count, data, nullptr});
+        publish(detail::Publication{CollectiveKind::kAllReduce, dtype_of<T>, op, -1, count, data, nullptr, tag});
     if (small && bytes != 0) std::memcpy(group_->staging(rank_, seq), data, bytes);
     arrive(seq, CollectiveKind::kAllReduce, tag);
     auto& ptrs = pointers<T>();
@@ -126,7 +126,7 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
     std::size_t const bytes = count * sizeof(T);
     bool const small = bytes <= group_->staging_bytes();
     std::uint64_t const seq = publish(
-        detail::Publication{CollectiveKind::kBroadcast, dtype_of<T>, ReduceOp::kSum, root, count, data, nullptr});
+        detail::Publication{CollectiveKind::kBroadcast, dtype_of<T>, ReduceOp::kSum, root, count, data, nullptr, tag});
     if (small && rank_ == root && bytes != 0) std::memcpy(group_->staging(rank_, seq), data, bytes);
     arrive(seq, CollectiveKind::kBroadcast, tag);
     if (small) {
@@ -144,8 +144,8 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   template <class T>
   void run_all_gather(HostSpan<T const> src, HostSpan<T> dst, CollectiveTag tag) {
     std::size_t const m = src.size();
-    std::uint64_t const seq = publish(
-        detail::Publication{CollectiveKind::kAllGather, dtype_of<T>, ReduceOp::kSum, -1, m, dst.data(), src.data()});
+    std::uint64_t const seq = publish(detail::Publication{CollectiveKind::kAllGather, dtype_of<T>, ReduceOp::kSum, -1,
+                                                          m, dst.data(), src.data(), tag});
     arrive(seq, CollectiveKind::kAllGather, tag);
     for (int k = 0; k < n_; ++k) copy(dst.data() + k * m, static_cast<T const*>(peer(k, seq).in), m);
     arrive(++seq_, CollectiveKind::kAllGather, tag);
@@ -154,8 +154,8 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   template <class T>
   void run_reduce_scatter(HostSpan<T const> src, HostSpan<T> dst, ReduceOp op, CollectiveTag tag) {
     std::size_t const m = dst.size();
-    std::uint64_t const seq =
-        publish(detail::Publication{CollectiveKind::kReduceScatter, dtype_of<T>, op, -1, m, dst.data(), src.data()});
+    std::uint64_t const seq = publish(
+        detail::Publication{CollectiveKind::kReduceScatter, dtype_of<T>, op, -1, m, dst.data(), src.data(), tag});
     arrive(seq, CollectiveKind::kReduceScatter, tag);
     auto& srcs = pointers<T>();
     for (int k = 0; k < n_; ++k) srcs[k] = const_cast<T*>(static_cast<T const*>(peer(k, seq).in)) + rank_ * m;
@@ -167,8 +167,8 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   template <class T>
   void run_gather(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
     std::size_t const m = src.size();
-    std::uint64_t const seq = publish(
-        detail::Publication{CollectiveKind::kGather, dtype_of<T>, ReduceOp::kSum, root, m, dst.data(), src.data()});
+    std::uint64_t const seq = publish(detail::Publication{CollectiveKind::kGather, dtype_of<T>, ReduceOp::kSum, root, m,
+                                                          dst.data(), src.data(), tag});
     arrive(seq, CollectiveKind::kGather, tag);
     copy(static_cast<T*>(peer(root, seq).out) + rank_ * m, src.data(), m);
     arrive(++seq_, CollectiveKind::kGather, tag);
@@ -177,21 +177,22 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   template <class T>
   void run_scatter(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
     std::size_t const m = dst.size();
-    std::uint64_t const seq = publish(
-        detail::Publication{CollectiveKind::kScatter, dtype_of<T>, ReduceOp::kSum, root, m, dst.data(), src.data()});
+    std::uint64_t const seq = publish(detail::Publication{CollectiveKind::kScatter, dtype_of<T>, ReduceOp::kSum, root,
+                                                          m, dst.data(), src.data(), tag});
     arrive(seq, CollectiveKind::kScatter, tag);
     copy(dst.data(), static_cast<T const*>(peer(root, seq).in) + rank_ * m, m);
     arrive(++seq_, CollectiveKind::kScatter, tag);
   }
 
   void run_barrier(CollectiveTag tag) {
-    std::uint64_t const seq =
-        publish(detail::Publication{CollectiveKind::kBarrier, Dtype::kInt32, ReduceOp::kSum, -1, 0, nullptr, nullptr});
+    std::uint64_t const seq = publish(
+        detail::Publication{CollectiveKind::kBarrier, Dtype::kInt32, ReduceOp::kSum, -1, 0, nullptr, nullptr, tag});
     arrive(seq, CollectiveKind::kBarrier, tag);
   }
 
   // Announces this rank's next collective in the slot for its next barrier; returns that barrier's number.
   std::uint64_t publish(detail::Publication const& p) {
+    ++ops_;
     std::uint64_t const seq = ++seq_;
     group_->slot(rank_).pub[seq & 1] = p;
     published_ = seq;
@@ -201,25 +202,25 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   // The first barrier of a collective (seq from publish()) also checks that every peer issued the same one;
   // the closing barrier (++seq_) only waits, so peers have finished with this rank's buffers.
   void arrive(std::uint64_t seq, CollectiveKind kind, CollectiveTag tag) {
-    group_->arrive_and_wait(rank_, seq, kind, tag);
-    if (published_ == seq) verify(seq, tag);
+    group_->arrive_and_wait(rank_, seq, kind, tag, ops_);
+    if (published_ == seq) verify(seq);
   }
 
   detail::Publication const& peer(int k, std::uint64_t seq) noexcept { return group_->slot(k).pub[seq & 1]; }
 
   // After a barrier: every peer must have issued the same collective (kind, dtype, count, op, root).
-  void verify(std::uint64_t seq, CollectiveTag tag) {
+  void verify(std::uint64_t seq) {
     detail::Publication const& me = peer(rank_, seq);
     for (int k = 0; k < n_; ++k) {
       detail::Publication const& p = peer(k, seq);
       bool const reduces = me.kind == CollectiveKind::kAllReduce || me.kind == CollectiveKind::kReduceScatter;
-      if (p.kind == me.kind &&
+      if (p.kind == me.kind && p.tag.label == me.tag.label && p.tag.id == me.tag.id &&
           (me.kind == CollectiveKind::kBarrier ||
            (p.dtype == me.dtype && p.count == me.count && p.root == me.root && (!reduces || p.op == me.op)))) {
         continue;
       }
-      std::string const msg = detail::cat("ddp threads: collective mismatch: rank ", rank_, " issued ", describe(me),
-                                          detail::tag_suffix(tag), " but rank ", k, " issued ", describe(p),
+      std::string const msg = detail::cat("ddp threads: collective mismatch at collective #", ops_, ": rank ", rank_,
+                                          " issued ", describe(me), " but rank ", k, " issued ", describe(p),
                                           "; every rank must issue the same collectives in the same order");
       group_->abort(rank_, msg);
       throw CommError(msg, k);
@@ -231,7 +232,7 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
                        p.kind == CollectiveKind::kAllReduce || p.kind == CollectiveKind::kReduceScatter
                            ? detail::cat(", ", name(p.op))
                            : std::string(),
-                       p.root >= 0 ? detail::cat(", root=", p.root) : std::string(), ")");
+                       p.root >= 0 ? detail::cat(", root=", p.root) : std::string(), ")", detail::tag_suffix(p.tag));
   }
 
   // Before a blocking collective: let queued async work finish (so collectives stay in issue order) and
@@ -264,6 +265,7 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   std::shared_ptr<detail::ThreadsGroup> group_;
   int rank_;
   int n_;
+  std::uint64_t ops_ = 0;        // collectives this rank has issued (their sequence numbers, from 1)
   std::uint64_t seq_ = 0;        // barriers this rank has entered
   std::uint64_t published_ = 0;  // the barrier whose publication slot was written last
   std::tuple<std::vector<float*>, std::vector<double*>, std::vector<std::int32_t*>, std::vector<std::int64_t*>> ptrs_;

@@ -12,18 +12,21 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/detail/wait.hpp"
 #include "ddp/comm/trace.hpp"
+#include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"
 
 namespace ddp {
 
-// ThreadsBackend settings; ThreadsOptions{.timeout = 30s}.
+// ThreadsBackend settings; ThreadsOptions{.timeout = {.after = 30s}}.
 struct ThreadsOptions {
-  // A collective that waits longer than this for its peers fails, naming the ranks that did not arrive.
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // A collective that waits longer than this for its peers fails on every rank, naming the operation, its
+  // sequence number and the ranks that did not arrive; a stall warning comes first (see TimeoutOptions).
+  TimeoutOptions timeout{};
   // Busy-wait before sleeping; negative: 20 us when every rank has a core, 0 when oversubscribed.
   std::chrono::nanoseconds spin{-1};
   // all_reduce / broadcast up to this many bytes go through per-rank staging with a single barrier.
@@ -44,6 +47,7 @@ struct Publication {
   std::size_t count = 0;
   void* out = nullptr;
   void const* in = nullptr;
+  CollectiveTag tag{};
 };
 
 struct alignas(64) RankSlot {
@@ -59,6 +63,7 @@ class ThreadsGroup {
   ThreadsGroup(int world_size, ThreadsOptions const& opts)
       : n_(checked_world_size(world_size)),
         opts_(opts),
+        deadlines_(resolve(opts.timeout, "threads")),
         slots_(new RankSlot[static_cast<std::size_t>(world_size)]),
         staging_bytes_((std::max<std::size_t>(opts.small_bytes, 64) + 63) / 64 * 64),
         staging_(static_cast<std::byte*>(
@@ -112,33 +117,39 @@ class ThreadsGroup {
                      f);
   }
 
-  // Arrives at barrier `seq` (the rank's own count, 1-based) and waits for every peer. Throws CommError
-  // when the group failed, a peer left, or the timeout passed (the latter two also fail the group).
-  void arrive_and_wait(int rank, std::uint64_t seq, CollectiveKind kind, CollectiveTag tag) {
+  // Arrives at barrier `seq` (the rank's own count, 1-based) of collective number `op` and waits for every
+  // peer. Throws CommError when the group failed, a peer left, or the timeout passed (the latter two also
+  // fail the group). Past the warning point it reports the ranks still missing, once.
+  void arrive_and_wait(int rank, std::uint64_t seq, CollectiveKind kind, CollectiveTag tag, std::uint64_t op) {
     slot(rank).arrived.store(seq, std::memory_order_seq_cst);
     notifier_.notify();
     if (all_arrived(seq) && failed_rank_.load(std::memory_order_relaxed) < 0) return;
-    auto const deadline = deadline_after(opts_.timeout);
-    notifier_.wait(
-        [&] { return failed_rank_.load(std::memory_order_acquire) >= 0 || all_arrived(seq) || any_left(seq); }, policy_,
-        deadline);
+    auto const start = Clock::now();
+    auto const done = [&] {
+      return failed_rank_.load(std::memory_order_acquire) >= 0 || all_arrived(seq) || any_left(seq);
+    };
+    if (deadlines_.warn.count() > 0 && !notifier_.wait(done, policy_, start + deadlines_.warn)) {
+      deadlines_.warn_stall(cat("ddp threads: warning: ", name(kind), " #", op, tag_suffix(tag), " on rank ", rank,
+                                " of ", n_, " has waited ", seconds_text(deadlines_.warn), " for ",
+                                rank_list(missing(seq)), "; it fails at ", seconds_text(deadlines_.timeout),
+                                " (the collective timeout)"));
+    }
+    notifier_.wait(done, policy_, start + deadlines_.timeout);
     if (failed_rank() >= 0) throw failure_error(rank, kind, tag);
     if (all_arrived(seq)) return;
-    std::string missing;
-    bool left = false;
-    for (int k = 0; k < n_; ++k) {
-      if (slot(k).arrived.load(std::memory_order_acquire) >= seq) continue;
-      bool const gone = slot(k).departed.load(std::memory_order_acquire);
-      left = left || gone;
-      missing += detail::cat(missing.empty() ? "" : ", ", k, gone ? " (left: its backend was destroyed)" : "");
+    std::string gone;
+    for (int k : missing(seq)) {
+      if (slot(k).departed.load(std::memory_order_acquire)) gone += detail::cat(gone.empty() ? "" : ", ", k);
     }
+    std::string const what =
+        detail::cat("ddp threads: ", name(kind), " #", op, tag_suffix(tag), " on rank ", rank, " of ", n_);
     std::string const msg =
-        left ? detail::cat("ddp threads: ", name(kind), tag_suffix(tag), " on rank ", rank,
-                           " cannot complete: ranks that will never arrive: ", missing, " (world size ", n_,
-                           "); every rank must issue the same collectives")
-             : detail::cat("ddp threads: ", name(kind), tag_suffix(tag), " on rank ", rank, " timed out after ",
-                           opts_.timeout.count(), " ms; ranks that did not arrive: ", missing, " (world size ", n_,
-                           "); raise ThreadsOptions::timeout if they are just slow");
+        !gone.empty()
+            ? detail::cat(what, " cannot complete: ranks that will never arrive: ", gone,
+                          " (left: their backend was destroyed); every rank must issue the same collectives")
+            : detail::cat(what, " timed out after ", seconds_text(deadlines_.timeout), ": ", rank_list(missing(seq)),
+                          " did not arrive; raise the timeout (ThreadsOptions::timeout, $", kTimeoutEnvVar,
+                          ") if they are just slow");
     abort(rank, msg);
     throw CommError(msg, rank);
   }
@@ -155,6 +166,13 @@ class ThreadsGroup {
     }
     return true;
   }
+  std::vector<int> missing(std::uint64_t seq) const {
+    std::vector<int> m;
+    for (int k = 0; k < n_; ++k) {
+      if (slots_[static_cast<std::size_t>(k)].arrived.load(std::memory_order_acquire) < seq) m.push_back(k);
+    }
+    return m;
+  }
   bool any_left(std::uint64_t seq) const noexcept {
     for (int k = 0; k < n_; ++k) {
       auto const& s = slots_[static_cast<std::size_t>(k)];
@@ -165,6 +183,7 @@ class ThreadsGroup {
 
   int n_;
   ThreadsOptions opts_;
+  Deadlines deadlines_;
   WaitPolicy policy_{};
   std::unique_ptr<RankSlot[]> slots_;
   std::size_t staging_bytes_;
