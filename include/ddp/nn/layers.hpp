@@ -181,7 +181,16 @@ class basic_dropout : public Module<T, S> {
       : p_(p), gen_(this->register_generator("generator", std::make_shared<Generator>(seed))) {
     if (!(p >= 0.0 && p < 1.0)) throw ArgumentError(ddp::detail::cat("Dropout: p must be in [0, 1), got ", p));
   }
-  Variable<T, S> forward(Variable<T, S> const& x) { return dropout(x, p_, this->mode(), *gen_); }
+  // Draws from the generator's stream; inside a SampleKeyScope (deterministic training), from the
+  // counter-based key instead, seeded by the generator's state (so re-seeding the layer, or restoring it
+  // from a checkpoint, selects its masks), which is then not advanced.
+  Variable<T, S> forward(Variable<T, S> const& x) {
+    if (auto key = current_sample_key()) {
+      GeneratorState const st = gen_->state();
+      return dropout(x, p_, this->mode(), ddp::detail::mix64(st.state ^ ddp::detail::mix64(st.inc)), *key);
+    }
+    return dropout(x, p_, this->mode(), *gen_);
+  }
   Variable<T, S> operator()(Variable<T, S> const& x) { return forward(x); }
   Generator& generator() noexcept { return *gen_; }
 

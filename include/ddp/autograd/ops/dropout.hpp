@@ -2,6 +2,7 @@
 #pragma once
 
 #include "ddp/autograd/mode.hpp"
+#include "ddp/autograd/sample_key.hpp"
 #include "ddp/autograd/variable.hpp"
 #include "ddp/tensor/host_allocator.hpp"
 #include "ddp/tensor/kernels.hpp"
@@ -9,19 +10,20 @@
 
 namespace ddp {
 
-// The mask is drawn from `gen` on the host (portable: same seed, same mask on every platform).
-template <class T, MemorySpace S>
-Variable<T, S> dropout(Variable<T, S> const& x, double p, Mode mode, Generator& gen) {
+namespace detail {
+
+// y = x · mask, where mask[i] = 0 when bits(i) < p·2³² and 1/(1-p) otherwise; bits(i) gives element i's 32
+// random bits. The mask is computed on the host (portable: the same bits give the same mask everywhere).
+template <class T, MemorySpace S, class Bits>
+Variable<T, S> dropout_with(Variable<T, S> const& x, double p, Bits&& bits) {
   using K = Kernels<S>;
-  if (!(p >= 0.0 && p < 1.0)) throw ArgumentError(detail::cat("dropout: p must be in [0, 1), got ", p));
-  if (mode == Mode::kEval || p == 0.0) return x;
   std::int64_t const n = x.numel();
   T const keep_scale = T(1.0 / (1.0 - p));
   auto const threshold = static_cast<std::uint32_t>(p * 4294967296.0);  // drop when u32 < p·2³²
   Tensor<T> host_mask(x.shape());
   {
     detail::HostBuffer<std::uint32_t> u(static_cast<std::size_t>(n));
-    gen.fill_u32(u.data(), n);  // the same values as n calls of next_u32()
+    bits(u.data(), n);
     T* m = host_mask.data();
     for (std::int64_t i = 0; i < n; ++i) m[i] = u.data()[i] < threshold ? T(0) : keep_scale;
   }
@@ -42,6 +44,34 @@ Variable<T, S> dropout(Variable<T, S> const& x, double p, Mode mode, Generator& 
         K::mul(n, self.grad.data(), mask.data(), beta, xn.grad.data());
       },
       x);
+}
+
+}  // namespace detail
+
+// The mask is drawn from `gen` (n values of its stream, in element order).
+template <class T, MemorySpace S>
+Variable<T, S> dropout(Variable<T, S> const& x, double p, Mode mode, Generator& gen) {
+  if (!(p >= 0.0 && p < 1.0)) throw ArgumentError(detail::cat("dropout: p must be in [0, 1), got ", p));
+  if (mode == Mode::kEval || p == 0.0) return x;
+  return detail::dropout_with(x, p, [&](std::uint32_t* u, std::int64_t n) {
+    gen.fill_u32(u, n);  // the same values as n calls of next_u32()
+  });
+}
+
+// Counter-based: element j of row i (x's first dimension indexes samples) is kept or dropped by
+// counter_u32(seed, key.step, key.first_sample + i, j), so a sample's mask depends only on the seed, the step
+// and the sample's global index: the same on any rank, in any micro-batch (deterministic training).
+template <class T, MemorySpace S>
+Variable<T, S> dropout(Variable<T, S> const& x, double p, Mode mode, std::uint64_t seed, SampleKey key) {
+  if (!(p >= 0.0 && p < 1.0)) throw ArgumentError(detail::cat("dropout: p must be in [0, 1), got ", p));
+  if (mode == Mode::kEval || p == 0.0) return x;
+  std::int64_t const rows = x.shape().rank() == 0 ? 1 : x.shape()[0];
+  std::int64_t const per_row = rows == 0 ? 0 : x.numel() / rows;
+  return detail::dropout_with(x, p, [&](std::uint32_t* u, std::int64_t) {
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < per_row; ++j)
+        u[i * per_row + j] = detail::counter_u32(seed, key.step, key.first_sample + i, j);
+  });
 }
 
 }  // namespace ddp

@@ -135,8 +135,9 @@ class ThreadsGroup {
                                 " (the collective timeout)"));
     }
     notifier_.wait(done, policy_, start + deadlines_.timeout);
-    if (failed_rank() >= 0) throw failure_error(rank, kind, tag);
+    // Every peer arrived: this collective completed, even if a peer failed right after leaving it.
     if (all_arrived(seq)) return;
+    if (failed_rank() >= 0) throw failure_error(rank, kind, tag);
     std::string gone;
     for (int k : missing(seq)) {
       if (slot(k).departed.load(std::memory_order_acquire)) gone += detail::cat(gone.empty() ? "" : ", ", k);

@@ -1,0 +1,46 @@
+// Deterministic mode under mpirun -n N: every run of det_cases::all_runs() trained over MPI must give, on every
+// rank, the very bytes a single process gives (rank 0 trains the reference on a one-rank threads group), and a
+// checkpoint written by a two-rank threads run must resume here bit for bit. Exits non-zero on a mismatch.
+#include <cstdio>
+
+#include "ddp/comm/mpi.hpp"
+#include "test/parallel/deterministic_cases.hpp"
+
+using namespace det_cases;
+
+int main(int argc, char** argv) {
+  return ddp::mpi_main(argc, argv, [](ddp::MpiSession& session) {
+    ddp::MpiBackend comm(session);
+    int failures = 0;
+    auto compare = [&](std::string const& what, std::vector<std::uint8_t> const& got, auto&& reference) {
+      std::int64_t mine = static_cast<std::int64_t>(digest(got) >> 1), want = 0;
+      if (comm.rank() == 0) want = static_cast<std::int64_t>(digest(reference()) >> 1);
+      comm.broadcast(std::span(&want, 1), 0);
+      std::int64_t worst[2] = {mine == want ? 0 : 1, 0};
+      comm.all_reduce(std::span(worst, 2), ddp::ReduceOp::kMax);
+      if (comm.rank() == 0)
+        std::printf("%-40s world size %d: %s\n", what.c_str(), comm.world_size(),
+                    worst[0] == 0 ? "identical to one process, on every rank" : "DIFFERENT");
+      failures += worst[0] != 0;
+    };
+    for (Run const& run : all_runs()) {
+      compare(describe(run), train(comm, run), [&] {
+        std::vector<std::uint8_t> ref;
+        ddp::spawn(1, [&](ddp::ThreadsBackend& c) { ref = train(c, run); });
+        return ref;
+      });
+    }
+    // Resume: a checkpoint after 3 of 6 steps, written by 2 thread ranks on every process alike.
+    for (auto model : {ModelKind::kMlp, ModelKind::kCnn}) {
+      Run const run{.model = model, .optimizer = OptKind::kAdamW, .steps = 6};
+      CheckpointData<float> midway;
+      ddp::spawn(2, [&](ddp::ThreadsBackend& c) { train(c, run, nullptr, 3, c.rank() == 0 ? &midway : nullptr); });
+      compare("resume(ws2 -> this) " + describe(run), train(comm, run, &midway), [&] {
+        std::vector<std::uint8_t> ref;
+        ddp::spawn(1, [&](ddp::ThreadsBackend& c) { ref = train(c, run); });
+        return ref;
+      });
+    }
+    if (failures != 0) throw std::runtime_error(ddp::detail::cat(failures, " deterministic runs differ"));
+  });
+}
