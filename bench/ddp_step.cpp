@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "ddp/parallel/deterministic.hpp"
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
 
@@ -86,19 +87,89 @@ void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_
   }
 }
 
+// Deterministic mode next to the default DDP, A/B interleaved step by step on two copies of the model (the
+// same machine conditions for both): DDP's overlapped float all-reduce vs DeterministicDataParallel with V
+// micro-batches (exact integer sums). Rank 0 reports medians.
+template <class Comm, class MakeModel, class MakeOpt, class Loss>
+void bench_det(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x,
+               Tensor<std::int32_t> const& y, Loss&& loss, std::int64_t v, int warmup, int iters) {
+  auto dm = make_model();
+  DistributedDataParallel ddp(dm, comm);
+  auto dopt = make_opt(ddp.parameters());
+  auto zm = make_model();
+  DeterministicDataParallel det(zm, comm, {.micro_batches = v});
+  auto zopt = make_opt(det.parameters());
+  std::vector<double> a, b;
+  comm.barrier();
+  for (int i = 0; i < warmup + iters; ++i) {
+    auto const t0 = Clock::now();
+    dopt.zero_grad();
+    backward(loss(ddp(Var(x))));
+    dopt.step();
+    auto const t1 = Clock::now();
+    zopt.zero_grad();
+    det.compute_gradients(static_cast<std::uint64_t>(i), x, y,
+                          [](Var const& o, Tensor<std::int32_t> const& t) { return cross_entropy(o, t); });
+    zopt.step();
+    auto const t2 = Clock::now();
+    if (i < warmup) continue;
+    a.push_back(std::chrono::duration<double>(t1 - t0).count());
+    b.push_back(std::chrono::duration<double>(t2 - t1).count());
+  }
+  if (comm.rank() == 0) {
+    double const da = median(a) * 1e3, db = median(b) * 1e3;
+    std::printf("%-5s ws=%d  ddp %8.3f ms | deterministic V=%lld %8.3f ms | det/ddp %.3f | target <= 1.25 %s\n", name,
+                comm.world_size(), da, static_cast<long long>(v), db, db / da,
+                v == comm.world_size() ? (db <= 1.25 * da ? "OK" : "MISS") : "(more micro-batches than ranks)");
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   examples::Flags flags("ddp_step", "DDP step time split into phases, vs plain training.");
-  examples::add_launch_flags(flags).add("models", "toy,mlp,wide", "comma-separated subset of toy,mlp,wide,cnn");
+  examples::add_launch_flags(flags)
+      .add("models", "toy,mlp,wide", "comma-separated subset of toy,mlp,wide,cnn")
+      .add("deterministic", "", "only compare deterministic mode with DDP, for a subset of mlp,cnn (e.g. mlp,cnn)");
   try {
     if (!flags.parse(argc, argv)) return 0;
     auto const launch = examples::launch_choice(flags);
     std::string const models = "," + flags.str("models") + ",";
+    std::string const det = "," + flags.str("deterministic") + ",";
     return examples::launch(launch, argc, argv, [&](auto& comm) {
       Generator g(1 + static_cast<std::uint64_t>(comm.rank()));
       if (comm.rank() == 0)
         std::printf("ddp_step: backend %s, world size %d\n", flags.str("backend").c_str(), comm.world_size());
+      if (det != ",,") {
+        auto x = rnd({32, 1, 28, 28}, g);
+        Tensor<std::int32_t> y(Shape{32});
+        for (int i = 0; i < 32; ++i) y[i] = static_cast<std::int32_t>(g.below(10));
+        auto ce = [&](Var const& o) { return cross_entropy(o, y); };
+        auto const ws = static_cast<std::int64_t>(comm.world_size());
+        for (std::int64_t v : {ws, 4 * ws}) {
+          if (det.find(",mlp,") != std::string::npos)
+            bench_det(
+                comm, "mlp",
+                [] {
+                  Generator i(0);
+                  return nn::Sequential(nn::Flatten(), nn::Linear(784, 256, i), nn::ReLU(), nn::Linear(256, 128, i),
+                                        nn::ReLU(), nn::Linear(128, 10, i));
+                },
+                [](auto& p) { return optim::SGD(p, {.lr = 0.01, .momentum = 0.9}); }, x, y, ce, v, 30, 300);
+          if (det.find(",cnn,") != std::string::npos)
+            bench_det(
+                comm, "cnn",
+                [] {
+                  Generator i(0);
+                  return nn::Sequential(nn::Conv2d(1, 32, 3, i), nn::ReLU(), nn::Conv2d(32, 64, 3, i), nn::ReLU(),
+                                        nn::MaxPool2d(2), nn::Dropout(0.25, 7), nn::Flatten(), nn::Linear(9216, 128, i),
+                                        nn::ReLU(), nn::Dropout(0.5, 8), nn::Linear(128, 10, i));
+                },
+                [](auto& p) { return optim::AdamW(p, {.lr = 1e-3}); }, x, y, ce, v, 5, 40);
+        }
+        return;
+      }
       if (models.find(",toy,") != std::string::npos) {
         auto x = rnd({5, 10}, g), y = rnd({5, 5}, g);
         bench(

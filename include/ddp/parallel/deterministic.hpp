@@ -16,6 +16,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -101,7 +102,7 @@ class DeterministicDataParallel {
     }
     std::size_t const n = static_cast<std::size_t>(arena_.numel());
     held_.assign(static_cast<std::size_t>(per_rank_ - 1) * n, T(0));
-    sums_.assign(n, 0);
+    sums_.assign(n + static_cast<std::size_t>(opts_.micro_batches), 0);
     words_.assign(2 * arena_.count(), 0);
     // |q| <= 2^bits for each of V terms, so the sum stays within int64: V * 2^bits <= 2^62.
     bits_ = 62 - static_cast<int>(std::bit_width(static_cast<std::uint64_t>(opts_.micro_batches - 1)));
@@ -170,7 +171,19 @@ class DeterministicDataParallel {
                                  " in parameter", bad.find(',') == std::string::npos ? " " : "s ", bad,
                                  " (on some rank); every rank raises this"));
 
-    // 3. Exact sums: each micro-batch gradient as an integer multiple of its parameter's quantum.
+    // 3. Exact sums: each micro-batch gradient as an integer multiple of its parameter's quantum; then 4. the
+    // mean, converted back once. One micro-batch on one rank: both in one pass, nothing to add or exchange.
+    if (comm_->world_size() == 1 && per_rank_ == 1) {
+      for (std::size_t p = 0; p < np; ++p) {
+        auto const& e = arena_.entries()[p];
+        double const scale = std::ldexp(1.0, shift(p));
+        double const factor = std::ldexp(1.0, -shift(p)) / static_cast<double>(opts_.micro_batches);
+        T* const g = grads + e.offset;
+        for (std::int64_t i = 0; i < e.numel; ++i)
+          g[i] = static_cast<T>(static_cast<double>(quantize(g[i], scale)) * factor);
+      }
+      return mean_loss(losses_);
+    }
     for (std::size_t p = 0; p < np; ++p) {
       auto const& e = arena_.entries()[p];
       double const scale = std::ldexp(1.0, shift(p));
@@ -182,17 +195,25 @@ class DeterministicDataParallel {
         for (std::int64_t i = 0; i < e.numel; ++i) acc[i] += quantize(g[i], scale);
       }
     }
+    // The losses ride along after the gradients: micro-batch m's slot holds its loss's bits on the rank that
+    // computed it and 0 elsewhere, so the integer sum delivers every loss exactly.
+    std::int64_t* const slots = sums_.data() + n;
+    std::fill(slots, slots + opts_.micro_batches, 0);
+    for (std::int64_t j = 0; j < per_rank_; ++j)
+      slots[comm_->rank() * per_rank_ + j] = std::bit_cast<std::int64_t>(losses_[static_cast<std::size_t>(j)]);
     if (comm_->world_size() > 1) {
       for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
         auto const& bucket = plan_.buckets[b];
-        if (bucket.params.empty()) continue;
-        std::int64_t const lo = arena_.entries()[bucket.params.front()].offset;
-        comm_->all_reduce(std::span<std::int64_t>(sums_.data() + lo, static_cast<std::size_t>(bucket.numel)),
-                          ReduceOp::kSum, CollectiveTag{"det.bucket", static_cast<std::int64_t>(b)});
+        std::int64_t const lo = bucket.params.empty() ? 0 : arena_.entries()[bucket.params.front()].offset;
+        bool const last_bucket = b + 1 == plan_.buckets.size();  // it ends at the arena's end: the slots follow
+        auto const count = static_cast<std::size_t>(bucket.numel + (last_bucket ? opts_.micro_batches : 0));
+        comm_->all_reduce(std::span<std::int64_t>(sums_.data() + lo, count), ReduceOp::kSum,
+                          CollectiveTag{"det.bucket", static_cast<std::int64_t>(b)});
       }
+      if (plan_.buckets.empty())
+        comm_->all_reduce(std::span<std::int64_t>(slots, static_cast<std::size_t>(opts_.micro_batches)), ReduceOp::kSum,
+                          CollectiveTag{"det.bucket", 0});
     }
-
-    // 4. The mean, converted back once.
     for (std::size_t p = 0; p < np; ++p) {
       auto const& e = arena_.entries()[p];
       double const factor = std::ldexp(1.0, -shift(p)) / static_cast<double>(opts_.micro_batches);
@@ -200,20 +221,19 @@ class DeterministicDataParallel {
       T* const g = grads + e.offset;
       for (std::int64_t i = 0; i < e.numel; ++i) g[i] = static_cast<T>(static_cast<double>(acc[i]) * factor);
     }
-
-    // The mean loss: the V micro-batch losses gathered and added in micro-batch order.
     std::vector<double> all(static_cast<std::size_t>(opts_.micro_batches));
-    if (comm_->world_size() > 1) {
-      comm_->all_gather(std::span<double const>(losses_), std::span<double>(all), CollectiveTag{"det.loss", -1});
-    } else {
-      all = losses_;
-    }
+    for (std::size_t m = 0; m < all.size(); ++m) all[m] = std::bit_cast<double>(slots[m]);
+    return mean_loss(all);
+  }
+
+ private:
+  // The mean of the V micro-batch losses, added in micro-batch order.
+  double mean_loss(std::vector<double> const& all) const {
     double total = 0;
     for (double v : all) total += v;
     return total / static_cast<double>(opts_.micro_batches);
   }
 
- private:
   // Exponent of the smallest quantum used for an all-zero parameter (keeps 2^shift finite in double).
   static constexpr int kFloorExponent = -200;
 
@@ -227,21 +247,22 @@ class DeterministicDataParallel {
                               Shape::from_range(dims.begin(), dims.end()));
   }
 
-  // Running max of each parameter's exponent (words_[p]) and its non-finite flag (words_[np + p]).
+  // Running max of each parameter's exponent (words_[p]) and its non-finite flag (words_[np + p]). The
+  // largest magnitude is found on the bit patterns (IEEE magnitudes order like unsigned integers, and NaN and
+  // Inf sit above every finite value): one vectorised integer max per parameter.
   void note_magnitudes(T const* grads) {
+    using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    constexpr Bits kMagnitude = ~Bits(0) >> 1;
+    constexpr Bits kInfinity = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
     std::size_t const np = arena_.count();
     for (std::size_t p = 0; p < np; ++p) {
       auto const& e = arena_.entries()[p];
       T const* g = grads + e.offset;
-      T top = 0;
-      bool finite = true;
-      for (std::int64_t i = 0; i < e.numel; ++i) {
-        T const a = std::abs(g[i]);
-        finite = finite && std::isfinite(a);
-        top = std::max(top, a);
-      }
+      Bits top = 0;
+      for (std::int64_t i = 0; i < e.numel; ++i) top = std::max(top, std::bit_cast<Bits>(g[i]) & kMagnitude);
+      bool const finite = top < kInfinity;
       int exp = kFloorExponent;
-      if (top > 0 && finite) std::frexp(static_cast<double>(top), &exp);  // top < 2^exp
+      if (finite && top != 0) std::frexp(static_cast<double>(std::bit_cast<T>(top)), &exp);  // max < 2^exp
       words_[p] = std::max<std::int64_t>(words_[p], std::max(exp, kFloorExponent));
       words_[np + p] = std::max<std::int64_t>(words_[np + p], finite ? 0 : 1);
     }
@@ -250,11 +271,12 @@ class DeterministicDataParallel {
   // Quantum of parameter p: 2^-shift; every |gradient| < 2^e maps to |q| <= 2^bits_.
   int shift(std::size_t p) const noexcept { return bits_ - static_cast<int>(words_[p]); }
 
-  // Round to nearest (ties away from zero). x * scale is exact (scale is a power of two, far from overflow),
-  // and adding 0.5 to a value with at most 24 (float) or 53 (double) significant bits is exact below 2^52.
+  // Round to nearest (ties away from zero), branch-free so the loops vectorise. x * scale is exact (scale is a
+  // power of two, far from overflow); adding ±0.5 is exact below 2^52 for T's significand, and above it x is
+  // already an integer that the addition leaves unchanged.
   static std::int64_t quantize(T g, double scale) noexcept {
     double const x = static_cast<double>(g) * scale;
-    return static_cast<std::int64_t>(x >= 0 ? x + 0.5 : x - 0.5);
+    return static_cast<std::int64_t>(x + std::copysign(0.5, x));
   }
 
   M* model_;
@@ -266,7 +288,7 @@ class DeterministicDataParallel {
   std::int64_t per_rank_ = 1;
   int bits_ = 62;
   std::vector<T> held_;              // gradients of this step's earlier micro-batches
-  std::vector<std::int64_t> sums_;   // the exact sums, laid out as the arena
+  std::vector<std::int64_t> sums_;   // the exact sums, laid out as the arena, then V loss slots
   std::vector<std::int64_t> words_;  // per parameter: exponent, then non-finite flag
   std::vector<double> losses_;       // this rank's micro-batch losses
 };
