@@ -16,8 +16,11 @@
 #include <string>
 #include <type_traits>
 
+#include <ddp/data/global_batch_sampler.hpp>
 #include <ddp/ddp.hpp>
+#include <ddp/parallel/deterministic.hpp>
 #include <ddp/train/checkpoint.hpp>
+#include <ddp/train/evaluate.hpp>
 #include <ddp/train/metrics_log.hpp>
 #include <ddp/train/progress.hpp>
 
@@ -44,6 +47,8 @@ struct Config {
   TimeoutOptions timeout{};  // --timeout
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
                max_steps = 0;
+  bool deterministic = false;  // --deterministic: DeterministicDataParallel, bitwise the same for any world size
+  std::int64_t micro_batches = 8;
   double lr = 1e-3, bucket_cap_mb = 25;
   fs::path data_dir, checkpoint, resume, trace_dir, out_dir;
 };
@@ -235,6 +240,167 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   std::fflush(stdout);
 }
 
+// FNV-1a (64 bits) of the parameters' bytes in registration order: two runs' final weights at a glance.
+template <nn::Model M>
+std::string weights_digest(M const& model) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (auto const& p : model.named_parameters()) {
+    Tensor<float> const host = to_space<HostSpace>(p.var.value());
+    auto const* b = reinterpret_cast<unsigned char const*>(host.data());
+    for (std::size_t i = 0; i < static_cast<std::size_t>(host.numel()) * sizeof(float); ++i)
+      h = (h ^ b[i]) * 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// --deterministic: DeterministicDataParallel with --micro-batches V and GlobalBatchSampler, so the final weights
+// (printed as a digest) are bitwise the same for every world size dividing V, every --bucket-cap-mb and every
+// backend, and a checkpoint resumes bit for bit at any of those world sizes. Dropout masks are keyed by the
+// step and the sample's place in the global batch (SampleKeyScope), not by the rank.
+template <class Comm>
+void run_deterministic(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train_set,
+                       TensorDataset<std::int32_t> const& test_set) {
+  int const world = comm.world_size();
+  bool const leader = comm.rank() == 0;
+  if (cfg.micro_batches % world != 0 || cfg.global_batch % cfg.micro_batches != 0)
+    throw ArgumentError(detail::cat("fashion_mnist: --deterministic needs the world size (", world,
+                                    ") to divide --micro-batches (", cfg.micro_batches,
+                                    ") and --micro-batches to divide --batch-size (", cfg.global_batch, ")"));
+  Generator init(static_cast<std::uint64_t>(cfg.seed));
+  Net<HostSpace> net = cfg.model == "cnn" ? make_cnn<HostSpace>(init) : make_mlp<HostSpace>(init);
+  for (std::size_t k = 0; k < net.dropouts.size(); ++k)  // one counter stream per layer, the same on every rank
+    net.dropouts[k].generator().seed(static_cast<std::uint64_t>(cfg.seed), examples::mix(k + 1));
+  auto const cap = static_cast<std::size_t>(cfg.bucket_cap_mb * double(1 << 20));
+  DeterministicDataParallel dp(
+      net.seq, comm, {.micro_batches = cfg.micro_batches},
+      SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
+  auto go = [&](auto& opt) {
+    GlobalBatchSampler sampler(train_set.size(), cfg.global_batch, comm,
+                               {.seed = static_cast<std::uint64_t>(cfg.seed)});
+    std::int64_t const steps = sampler.batches();
+    if (steps == 0)
+      throw ArgumentError(detail::cat("fashion_mnist: ", train_set.size(), " training images make no global batch of ",
+                                      cfg.global_batch));
+    optim::Schedule schedule(opt, {.kind = cfg.schedule,
+                                   .step = {.step_size = 1, .gamma = 0.7},
+                                   .cosine = {.t_max = std::max<std::int64_t>(1, cfg.epochs * steps)}});
+    TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
+    if (!cfg.resume.empty()) {
+      pos = resume_position(load_checkpoint(cfg.resume, comm, net.seq, opt), pos, cfg.resume.string());
+      if (leader)
+        std::printf("resumed from %s: epoch %lld, step %lld (%lld optimizer steps so far)\n",
+                    cfg.resume.string().c_str(), static_cast<long long>(pos.epoch + 1),
+                    static_cast<long long>(pos.step), static_cast<long long>(pos.global_step));
+    }
+    schedule.restore(pos.scheduler_epoch);
+    if (leader) {
+      std::printf(
+          "fashion_mnist: model %s (%s parameters), deterministic: %lld micro-batches of %lld per global batch of "
+          "%lld, world size %d (%lld micro-batches per rank)\n",
+          cfg.model.c_str(), thousands(dp.parameters().parameter_numel()).c_str(),
+          static_cast<long long>(cfg.micro_batches), static_cast<long long>(cfg.global_batch / cfg.micro_batches),
+          static_cast<long long>(cfg.global_batch), world, static_cast<long long>(dp.micro_batches_per_rank()));
+      std::printf("optimizer %s lr %g, schedule %s, %lld epochs of %lld steps, seed %lld\n", cfg.optimizer.c_str(),
+                  cfg.lr, std::string(optim::schedule_name(cfg.schedule)).c_str(), static_cast<long long>(cfg.epochs),
+                  static_cast<long long>(steps), static_cast<long long>(cfg.seed));
+      std::fflush(stdout);
+    }
+    auto save = [&](TrainPosition const& p) {
+      if (!cfg.checkpoint.empty()) save_checkpoint(cfg.checkpoint, comm, net.seq, opt, p);
+    };
+    auto const ce = [](Var const& out, Tensor<std::int32_t> const& y) { return cross_entropy(out, y); };
+    Counts counts;
+    bool stopped = false;
+    for (std::int64_t epoch = pos.epoch; epoch < cfg.epochs && !stopped; ++epoch) {
+      sampler.set_epoch(epoch);
+      DataLoader loader(train_set, sampler, {.batch_size = sampler.local_batch(), .drop_last = true});
+      std::optional<ProgressBar> bar;
+      if (leader)
+        bar.emplace(epoch + 1, cfg.epochs, steps, cfg.global_batch,
+                    ProgressOptions{.interactive = stdout_is_terminal()}, pos.step);
+      double const lr = opt.lr();
+      auto const start = Clock::now();
+      double loss_sum = 0;
+      std::int64_t step = 0, done = 0;
+      for (auto const& batch : loader) {
+        if (step++ < pos.step) continue;  // resumed mid-epoch: the global batches already trained
+        schedule.start_step(pos.global_step);
+        opt.zero_grad();
+        double const l = dp.compute_gradients(static_cast<std::uint64_t>(pos.global_step), batch.x, batch.y, ce);
+        opt.step();
+        ++pos.global_step;
+        ++done;
+        loss_sum += l;
+        if (bar) bar->update(step, l);
+        if (cfg.max_steps > 0 && pos.global_step >= cfg.max_steps) {
+          stopped = true;
+          break;
+        }
+      }
+      if (bar) bar->finish();
+      if (stopped && step < steps) {
+        save({.epoch = epoch,
+              .step = step,
+              .global_step = pos.global_step,
+              .scheduler_epoch = schedule.counter(),
+              .world_size = world,
+              .global_batch = cfg.global_batch,
+              .seed = cfg.seed});
+        if (leader)
+          std::printf("stopped after %lld optimizer steps (--max-steps) at epoch %lld, step %lld\n",
+                      static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1),
+                      static_cast<long long>(step));
+        break;
+      }
+      counts = evaluate(net.seq, comm, test_set, 500);
+      schedule.end_epoch(epoch + 1);
+      pos = {.epoch = epoch + 1,
+             .step = 0,
+             .global_step = pos.global_step,
+             .scheduler_epoch = schedule.counter(),
+             .world_size = world,
+             .global_batch = cfg.global_batch,
+             .seed = cfg.seed};
+      save(pos);
+      if (leader) {
+        EpochMetrics const m{.epoch = epoch + 1,
+                             .train_loss = done > 0 ? loss_sum / static_cast<double>(done) : 0.0,
+                             .test_loss = counts.mean_loss(),
+                             .test_accuracy = counts.accuracy(),
+                             .test_correct = counts.correct,
+                             .test_total = counts.total,
+                             .seconds = std::chrono::duration<double>(Clock::now() - start).count(),
+                             .steps = done,
+                             .samples = done * cfg.global_batch,
+                             .lr = lr};
+        std::printf("%s\n", format_epoch_summary(m, cfg.epochs).c_str());
+        std::fflush(stdout);
+      }
+    }
+    if (leader) {
+      if (counts.total > 0 && !stopped)
+        std::printf("test accuracy: %.2f%% (%lld/%lld) after %lld epoch%s\n", 100.0 * counts.accuracy(),
+                    static_cast<long long>(counts.correct), static_cast<long long>(counts.total),
+                    static_cast<long long>(cfg.epochs), cfg.epochs == 1 ? "" : "s");
+      std::printf("weights: %s (FNV-1a 64 of the final parameters; the same for every world size dividing %lld)\n",
+                  weights_digest(net.seq).c_str(), static_cast<long long>(cfg.micro_batches));
+      std::fflush(stdout);
+    }
+  };
+  if (cfg.optimizer == "adamw") {
+    optim::AdamW opt(dp.parameters(), {.lr = cfg.lr});
+    go(opt);
+  } else if (cfg.optimizer == "adam") {
+    optim::basic_adam_l2<float, HostSpace> opt(dp.parameters(), {.lr = cfg.lr});
+    go(opt);
+  } else {
+    optim::SGD opt(dp.parameters(), {.lr = cfg.lr, .momentum = 0.9});
+    go(opt);
+  }
+}
+
 // One rank's job on tensors of space S (host, or device with --device cuda): the model, its trainer (DDP with
 // the chosen bucket cap, the chosen optimizer) and train().
 template <MemorySpace S, class Comm>
@@ -290,7 +456,11 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("trace", "", "write a Chrome/Perfetto timeline per rank into this directory (trace_rank<r>.json)")
       .add("out", "", "write metrics.csv and metrics.svg (loss and accuracy per epoch) into this directory")
       .add("limit-train", "0", "use only the first N training images (0: all 60000)")
-      .add("limit-test", "0", "use only the first N test images (0: all 10000)");
+      .add("limit-test", "0", "use only the first N test images (0: all 10000)")
+      .add("deterministic", "false",
+           "bitwise-identical training for every world size dividing --micro-batches (prints a digest of the "
+           "final weights)")
+      .add("micro-batches", "8", "with --deterministic: micro-batches per global batch (a multiple of the world size)");
   if (!f.parse(argc, argv)) return std::nullopt;
   Config c;
   c.model = f.choice("model", {"cnn", "mlp"});
@@ -324,6 +494,13 @@ std::optional<Config> parse(int argc, char** argv) {
   c.seed = positive("seed", 0);
   c.checkpoint_every = positive("checkpoint-every", 0);
   c.max_steps = positive("max-steps", 0);
+  c.deterministic = f.boolean("deterministic");
+  c.micro_batches = positive("micro-batches", 1);
+  if (c.deterministic &&
+      (c.device == "cuda" || !f.str("trace").empty() || !f.str("out").empty() || c.checkpoint_every > 0))
+    throw ArgumentError(
+        "fashion_mnist: --deterministic trains host tensors and writes checkpoints at epoch ends and --max-steps; "
+        "drop --device cuda, --trace, --out and --checkpoint-every");
   c.lr = f.str("lr").empty() ? (c.model == "cnn" ? 1e-3 : 2e-3) : f.real("lr");
   if (!(c.lr > 0 && c.lr < 100))
     throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
@@ -387,7 +564,13 @@ int main(int argc, char** argv) {
 #endif
     return examples::launch(
         cfg->backend, cfg->world_size, argc, argv,
-        [&](auto& comm) { run<HostSpace>(comm, *cfg, *train_set, *test_set); }, cfg->timeout);
+        [&](auto& comm) {
+          if (cfg->deterministic)
+            run_deterministic(comm, *cfg, *train_set, *test_set);
+          else
+            run<HostSpace>(comm, *cfg, *train_set, *test_set);
+        },
+        cfg->timeout);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

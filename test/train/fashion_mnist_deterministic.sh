@@ -1,0 +1,42 @@
+#!/bin/bash
+# usage: fashion_mnist_deterministic.sh BINARY: the main job with --deterministic prints the same weights digest
+# for world sizes 1, 2 and 4 (threads) and under mpirun -n 2, for bucket caps 1 KiB and 25 MiB, for the CNN (with
+# dropout) and the MLP; and a run stopped mid-epoch at world size 2 and resumed at world size 4 ends with the
+# uninterrupted run's digest.
+set -euo pipefail
+bin="$1"
+dir="${TEST_TMPDIR:-$(mktemp -d)}/fmdet"
+mkdir -p "$dir"
+log="$dir/log.txt"
+fail() { echo "FAIL: $*"; exit 1; }
+digest() {  # ARGS...: runs the job, prints its weights digest
+  timeout --kill-after=5 300 "$@" >"$log" 2>&1 || { cat "$log"; fail "$* exited non-zero"; }
+  grep -E '^(fashion_mnist|epoch|weights)' "$log" >&2
+  sed -n 's/^weights: \([0-9a-f]\{16\}\) .*/\1/p' "$log"
+}
+for model in cnn mlp; do
+  common=(--deterministic --model "$model" --micro-batches 4 --batch-size 32 --limit-train 256 --limit-test 128
+    --epochs 2 --optimizer adamw)
+  ref=$(digest "$bin" "${common[@]}" --world-size 1)
+  [[ "$ref" =~ ^[0-9a-f]{16}$ ]] || fail "$model: no weights digest at world size 1"
+  for ws in 2 4; do
+    for cap in 0.001 25; do
+      got=$(digest "$bin" "${common[@]}" --world-size "$ws" --bucket-cap-mb "$cap")
+      [[ "$got" == "$ref" ]] || fail "$model: world size $ws, cap $cap MiB: weights $got, world size 1: $ref"
+    done
+  done
+  got=$(digest mpirun -n 2 "$bin" "${common[@]}" --backend mpi --bucket-cap-mb 0.001)
+  [[ "$got" == "$ref" ]] || fail "$model: mpirun -n 2: weights $got, world size 1: $ref"
+  # Stopped mid-epoch 2 (step 3 of 8) at world size 2, resumed at world size 4.
+  digest "$bin" "${common[@]}" --world-size 2 --max-steps 11 --checkpoint "$dir/$model.ckpt" >/dev/null
+  grep -q '^stopped after 11 optimizer steps (--max-steps) at epoch 2, step 3' "$log" || fail "$model: no stop line"
+  got=$(digest "$bin" "${common[@]}" --world-size 4 --resume "$dir/$model.ckpt")
+  [[ "$got" == "$ref" ]] || fail "$model: resumed at world size 4: weights $got, uninterrupted: $ref"
+  echo "$model: weights $ref at world sizes 1, 2, 4, caps 1 KiB and 25 MiB, under MPI, and resumed at another world size"
+done
+# Misuse: a world size that does not divide the micro-batches.
+if "$bin" --deterministic --micro-batches 4 --world-size 3 --batch-size 24 --limit-train 64 --limit-test 32 >"$log" 2>&1; then
+  fail "world size 3 with 4 micro-batches was accepted"
+fi
+grep -q 'needs the world size (3) to divide --micro-batches (4)' "$log" || { cat "$log"; fail "no clear error for world size 3"; }
+echo PASS
