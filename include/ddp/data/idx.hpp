@@ -231,7 +231,7 @@ class IdxSource {
       }
       throw IoError(
           cat(name_, ": trailing garbage after the gzip stream: ", extra >= (std::uint64_t{1} << 20) ? "at least " : "",
-              extra, " byte", extra == 1 ? "" : "s", " that are not a gzip member"));
+              extra, extra == 1 ? " byte that is not" : " bytes that are not", " a gzip member"));
     }
     if (inflateReset(&z_) != Z_OK) throw IoError(cat(name_, ": zlib could not restart inflation"));
     member_done_ = false;
