@@ -198,9 +198,11 @@ class ByteReader {
                                      b_.size(), " but its content needs more (read position ", pos_, ", need ", n,
                                      " more); the file was not written by this version of ddp"));
   }
-  // count elements of `size` bytes follow (no overflow for any count).
-  void need_elements(std::uint64_t count, std::size_t size) const {
-    if (count > remaining() / size) need(remaining() + 1);
+  // count elements of `size` bytes follow (no overflow for any count); checked before anything is allocated
+  // for them. `what` names the elements in the error.
+  void need_elements(std::uint64_t count, std::size_t size, std::string_view what) const {
+    if (count > remaining() / size)
+      fail(what, ": ", count, " × ", size, " bytes announced, but only ", remaining(), " bytes remain");
   }
   template <class... Ts>
   [[noreturn]] void fail(Ts const&... what) const {
@@ -249,8 +251,8 @@ inline std::int64_t get_shape(ByteReader& r, std::vector<std::int64_t>& shape, s
   return numel;
 }
 template <class T>
-void get_values(ByteReader& r, std::vector<T>& v, std::int64_t numel) {
-  r.need_elements(static_cast<std::uint64_t>(numel), sizeof(T));
+void get_values(ByteReader& r, std::vector<T>& v, std::int64_t numel, std::string_view what) {
+  r.need_elements(static_cast<std::uint64_t>(numel), sizeof(T), what);
   v.resize(static_cast<std::size_t>(numel));
   r.get_array(v.data(), v.size());
 }
@@ -258,12 +260,14 @@ template <class T>
 std::vector<TensorRecord<T>> get_tensors(ByteReader& r, char const* kind) {
   std::vector<TensorRecord<T>> ts;
   auto const n = r.get<std::uint32_t>();
-  r.need_elements(n, 8);  // each record has at least a name length and a rank
+  r.need_elements(n, 8, ddp::detail::cat(kind, " count"));  // each record: at least a name length and a rank
   ts.reserve(n);
   for (std::uint32_t i = 0; i < n; ++i) {
     TensorRecord<T> t;
     t.name = r.get_string();
-    get_values(r, t.values, get_shape(r, t.shape, ddp::detail::cat(kind, " '", t.name, "'")));
+    auto const what = ddp::detail::cat(kind, " '", t.name, "'");
+    auto const numel = get_shape(r, t.shape, what);
+    get_values(r, t.values, numel, ddp::detail::cat(what, " ", shape_string(t.shape), " values"));
     ts.push_back(std::move(t));
   }
   r.expect_end();
@@ -441,7 +445,7 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
   std::vector<Section> secs;
   std::unordered_set<std::uint32_t> tags;
   detail::ByteReader r(payload, file, "table");
-  r.need_elements(nsections, 16);  // each section has a 16-byte head
+  r.need_elements(nsections, 16, "section count");  // each section has a 16-byte head
   for (std::uint32_t i = 0; i < nsections; ++i) {
     auto const tag = r.get<std::uint32_t>();
     if (auto const reserved = r.get<std::uint32_t>(); reserved != 0)
@@ -465,7 +469,7 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
   {
     detail::ByteReader s = find("META");
     auto const n = s.get<std::uint32_t>();
-    s.need_elements(n, 12);  // each entry: a string length and a value
+    s.need_elements(n, 12, "entry count");  // each entry: a string length and a value
     std::unordered_map<std::string, std::int64_t> kv;
     for (std::uint32_t i = 0; i < n; ++i) {
       auto k = s.get_string();
@@ -511,16 +515,19 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
       s.fail(nb, " state buffers per parameter (at most ", kCheckpointMaxStateBuffers, " accepted)");
     for (std::uint32_t b = 0; b < nb; ++b) o.buffer_names.push_back(s.get_string());
     auto const np = s.get<std::uint32_t>();
-    s.need_elements(np, 16);  // each entry: a name length, a rank and its steps
+    s.need_elements(np, 16, "parameter count");  // each entry: a name length, a rank and its steps
     o.parameters.reserve(np);
     for (std::uint32_t i = 0; i < np; ++i) {
       optim::ParameterState<T> ps;
       ps.name = s.get_string();
       auto const what = ddp::detail::cat("optimizer state of '", ps.name, "'");
       auto const numel = detail::get_shape(s, ps.shape, what);
-      ps.steps = detail::checked_count(s, what + " has steps", s.get<std::int64_t>());
+      ps.steps = detail::checked_count(s, ddp::detail::cat("steps of ", what), s.get<std::int64_t>());
       ps.buffers.resize(nb);
-      for (auto& b : ps.buffers) detail::get_values(s, b, numel);
+      for (std::uint32_t b = 0; b < nb; ++b)
+        detail::get_values(
+            s, ps.buffers[b], numel,
+            ddp::detail::cat(what, " ", detail::shape_string(ps.shape), " buffer '", o.buffer_names[b], "' values"));
       o.parameters.push_back(std::move(ps));
     }
     s.expect_end();
@@ -529,10 +536,10 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
     detail::ByteReader s = find("RNGS");
     auto& g = c.generators;
     auto const ng = s.get<std::uint32_t>();
-    s.need_elements(ng, 4);
+    s.need_elements(ng, 4, "generator count");
     for (std::uint32_t i = 0; i < ng; ++i) g.names.push_back(s.get_string());
     auto const nr = detail::checked_count(s, "the number of ranks", s.get<std::uint32_t>(), kCheckpointMaxRanks);
-    s.need_elements(static_cast<std::uint64_t>(nr) * ng, 32);
+    s.need_elements(static_cast<std::uint64_t>(nr) * ng, 32, "generator states (ranks × generators)");
     g.ranks.resize(nr);
     for (auto& rank : g.ranks)
       for (std::uint32_t i = 0; i < ng; ++i) {
