@@ -12,6 +12,8 @@ expect() {  # expect REGEX ARGS...: exit status 2 and REGEX on stderr
   echo "ok: $* -> $err"
 }
 expect "unknown flag --bogus" --bogus 1
+expect "unknown flag --bogus (valid flags: " --epochs 1 --bogus
+expect "unknown flag --bogus" --bogus=1
 expect "must be one of cnn|mlp, got 'resnet'" --model resnet
 expect "must be one of threads|mpi" --backend nccl
 expect "--epochs must be an integer, got 'two'" --epochs two
@@ -24,6 +26,7 @@ expect "--optimizer must be one of sgd|adam|adamw" --optimizer lbfgs
 expect "flag --epochs needs a value" --epochs
 expect "does not exist" --resume /nonexistent/ckpt.bin
 expect "unexpected argument 'extra'" extra
+expect "checkpoint /dev/zero is a character device, not a regular file" --limit-train 64 --limit-test 64 --resume /dev/zero
 expect "must be one of cpu|cuda, got 'tpu'" --device tpu
 expect "--device cuda needs the CUDA build: bazel build //examples:fashion_mnist_cuda" --device cuda
 # A missing data directory is a clear error (exit 1), naming the directory and what to do.
