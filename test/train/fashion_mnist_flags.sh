@@ -26,7 +26,6 @@ expect "--optimizer must be one of sgd|adam|adamw" --optimizer lbfgs
 expect "flag --epochs needs a value" --epochs
 expect "does not exist" --resume /nonexistent/ckpt.bin
 expect "unexpected argument 'extra'" extra
-expect "checkpoint /dev/zero is a character device, not a regular file" --limit-train 64 --limit-test 64 --resume /dev/zero
 expect "must be one of cpu|cuda, got 'tpu'" --device tpu
 expect "--device cuda needs the CUDA build: bazel build //examples:fashion_mnist_cuda" --device cuda
 # A missing data directory is a clear error (exit 1), naming the directory and what to do.
@@ -34,6 +33,11 @@ err=$(timeout 30 "$bin" --data-dir /nonexistent/fm 2>&1 >/dev/null); rc=$?
 [ "$rc" -eq 1 ] || fail "--data-dir /nonexistent/fm exited $rc, expected 1"
 echo "$err" | grep -qF "/nonexistent/fm does not exist" || fail "missing data dir message: $err"
 echo "ok: --data-dir /nonexistent/fm -> $err"
+# --resume /dev/zero: refused at once (a run-time error, exit 1), naming the file and what it is; no endless read.
+err=$(timeout 30 "$bin" --limit-train 64 --limit-test 64 --resume /dev/zero 2>&1 >/dev/null); rc=$?
+[ "$rc" -eq 1 ] || fail "--resume /dev/zero exited $rc, expected 1 (stderr: $err)"
+echo "$err" | grep -qF "checkpoint /dev/zero is a character device, not a regular file" || fail "--resume /dev/zero: $err"
+echo "ok: --resume /dev/zero -> $err"
 out=$("$bin" --help) || fail "--help exited non-zero"
 echo "$out" | grep -q -- "--limit-train" || fail "--help does not list --limit-train"
 echo PASS
