@@ -153,7 +153,7 @@ class ByteWriter {
   }
   template <class V>
   void put_array(std::span<V const> v) {
-    out_.append(reinterpret_cast<char const*>(v.data()), v.size_bytes());
+    if (!v.empty()) out_.append(reinterpret_cast<char const*>(v.data()), v.size_bytes());
   }
   std::string& bytes() noexcept { return out_; }
 
@@ -184,6 +184,7 @@ class ByteReader {
   template <class V>
   void get_array(V* out, std::size_t count) {
     if (count > (b_.size() - pos_) / sizeof(V)) need(b_.size() - pos_ + 1);
+    if (count == 0) return;  // `out` may be null (an empty vector's data()): memcpy must not see it
     std::memcpy(out, b_.data() + pos_, count * sizeof(V));
     pos_ += count * sizeof(V);
   }
