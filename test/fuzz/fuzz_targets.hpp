@@ -4,11 +4,14 @@
 // crash, a sanitizer report, another exception or a huge allocation is a bug.
 #pragma once
 
+#include <zlib.h>
+
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ddp/data/idx.hpp"
 #include "ddp/error.hpp"
@@ -27,8 +30,24 @@ bool accepts(F&& f) {
   }
 }
 
-// The IDX reader on `data`: images and labels (all of the file, and the first item only) and the header alone.
-inline int idx_one(std::span<std::uint8_t const> data) {
+// `data` as a gzip file (one member), so that mutations of the content reach the gzip path with valid streams
+// (mutating compressed bytes mostly stops at a CRC or deflate error).
+inline std::vector<std::uint8_t> gzip_of(std::span<std::uint8_t const> data) {
+  z_stream z{};
+  if (deflateInit2(&z, 1, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK) return {};
+  std::vector<std::uint8_t> out(deflateBound(&z, static_cast<uLong>(data.size())));
+  z.next_in = const_cast<Bytef*>(data.data());
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = out.data();
+  z.avail_out = static_cast<uInt>(out.size());
+  int const rc = deflate(&z, Z_FINISH);
+  out.resize(rc == Z_STREAM_END ? z.total_out : 0);
+  deflateEnd(&z);
+  return out;
+}
+
+// The IDX reader on one input: images and labels (all of the file, and the first item only) and the header alone.
+inline int idx_input(std::span<std::uint8_t const> data) {
   int ok = 0;
   ok += accepts([&] { (void)decode_idx_images(data, "fuzz-input", {}); });
   ok += accepts(
@@ -40,6 +59,12 @@ inline int idx_one(std::span<std::uint8_t const> data) {
     (void)detail::read_idx_header(src, 0, "uint8 IDX files", "dimensions");
   });
   return ok;
+}
+
+// The IDX reader on `data` as it is and gzip-compressed.
+inline int idx_one(std::span<std::uint8_t const> data) {
+  auto const gz = gzip_of(data);
+  return idx_input(data) + idx_input(gz);
 }
 
 // `bytes` with the header's magic, payload length and both checksums made consistent, so that mutations reach

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -90,7 +91,7 @@ class IdxSource {
     if (!std::filesystem::exists(st)) throw IoError(cat(name_, ": cannot open: no such file"));
     if (std::filesystem::is_directory(st)) throw IoError(cat(name_, ": cannot open: is a directory, not an IDX file"));
     errno = 0;
-    file_ = std::fopen(name_.c_str(), "rb");
+    file_.reset(std::fopen(name_.c_str(), "rb"));
     if (!file_) throw IoError(cat(name_, ": cannot open: ", std::strerror(errno)));
     if (std::filesystem::is_regular_file(st)) {
       raw_size_ = static_cast<std::uint64_t>(std::filesystem::file_size(path, ec));
@@ -106,7 +107,6 @@ class IdxSource {
   IdxSource(IdxSource const&) = delete;
   IdxSource& operator=(IdxSource const&) = delete;
   ~IdxSource() {
-    if (file_) std::fclose(file_);
     if (inflating_) inflateEnd(&z_);
   }
 
@@ -191,8 +191,8 @@ class IdxSource {
       mem_pos_ += got;
       return got;
     }
-    std::size_t const got = std::fread(dst, 1, n, file_);
-    if (got < n && std::ferror(file_)) throw IoError(cat(name_, ": read error: ", std::strerror(errno)));
+    std::size_t const got = std::fread(dst, 1, n, file_.get());
+    if (got < n && std::ferror(file_.get())) throw IoError(cat(name_, ": read error: ", std::strerror(errno)));
     return got;
   }
 
@@ -239,7 +239,10 @@ class IdxSource {
   }
 
   std::string name_;
-  std::FILE* file_ = nullptr;
+  struct Closer {
+    void operator()(std::FILE* f) const noexcept { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, Closer> file_;  // closed also when a constructor throws after opening it
   std::span<std::uint8_t const> mem_;
   std::size_t mem_pos_ = 0;
   std::uint64_t raw_size_ = kUnknownSize;

@@ -222,7 +222,8 @@ template <class T>
 void write_checkpoint_file(std::filesystem::path const& path, CheckpointData<T> const& c) {
   detail::write_file_atomically(path, encode_checkpoint(c));
 }
-// Reads and validates a checkpoint file (IoError naming the file on any problem). Single process.
+// Reads and validates a checkpoint file (IoError naming the file on any problem): a regular file only, its
+// header checked before the payload is read (read_checkpoint_bytes), then decode_checkpoint. Single process.
 template <class T>
 CheckpointData<T> read_checkpoint_file(std::filesystem::path const& path) {
   return decode_checkpoint<T>(detail::read_checkpoint_bytes(path), path.string());
