@@ -222,7 +222,7 @@ TEST_CASE("OPTM: negative or absurd step counts are refused, naming the paramete
 
 TEST_CASE("OPTM: more state buffers per parameter than any optimizer keeps is refused") {
   CHECK(decode_error(with_section("OPTM", optm_body(0.1, 1, 1000))) ==
-        "checkpoint f.ckpt: section OPTM: 1000 state buffers per parameter (at most 64 accepted)");
+        "checkpoint f.ckpt: section OPTM: 1000 state buffers per parameter (at most 16 accepted)");
 }
 
 TEST_CASE("META: negative or absurd counters, a huge world size, duplicate keys and a missing key are refused") {

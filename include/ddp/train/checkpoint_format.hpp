@@ -365,7 +365,7 @@ std::string encode_checkpoint(CheckpointData<T> const& c) {
 inline constexpr std::int64_t kCheckpointMaxCounter = std::int64_t{1} << 53;  // steps, epochs: exact in a double
 inline constexpr std::int64_t kCheckpointMaxRanks = std::int64_t{1} << 20;
 inline constexpr double kCheckpointMaxLr = 1e6;
-inline constexpr std::uint32_t kCheckpointMaxStateBuffers = 64;  // per parameter (ddp's optimizers keep 0 to 2)
+inline constexpr std::uint32_t kCheckpointMaxStateBuffers = 16;  // per parameter (ddp's optimizers keep 0 to 2)
 
 // What the 32-byte header says, once validated.
 struct CheckpointHeader {
@@ -426,8 +426,9 @@ inline std::int64_t checked_count(ByteReader const& r, std::string_view field, s
 // length (truncation), payload checksum (corruption), then each section: every count and length is checked
 // against the bytes that remain before anything is allocated for it, counters (epochs, steps) must lie in
 // [0, 2^53], the learning rate must be finite in [0, 1e6]. Throws IoError; never reads out of bounds, and
-// allocates at most a small multiple of bytes.size(). The same code reads files (read_checkpoint_file) and
-// bytes from anywhere else (the fuzzer, a broadcast).
+// allocates at most a bounded multiple of bytes.size() (under 30×, e.g. optimizer entries of empty tensors)
+// plus 24 MiB (2^20 ranks without generators). The same code reads files (read_checkpoint_file) and bytes from
+// anywhere else (the fuzzer, a broadcast).
 template <class T>
 CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& file) {
   using detail::fourcc;
