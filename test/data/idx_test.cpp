@@ -231,6 +231,15 @@ TEST_CASE("hostile IDX headers are IoErrors naming the file and the field, witho
           p.string() +
               ": header's dimensions 4294967295×4294967295×4294967295 (N, rows, cols) multiply to more than 1 TiB of "
               "data; the header is corrupt");
+    // 2^20 × 2^20 × 2^24 = 2^64 wraps to 0 when multiplied unchecked: such a 16-byte file passed as "0 bytes of
+    // data" and then asked for a (2^20, 1, 2^20, 2^24) tensor.
+    Bytes wrap;
+    for (std::uint32_t v : {0x00000803u, 0x100000u, 0x100000u, 0x1000000u}) put_u32(wrap, v);
+    auto const pw = write_plain("wrap-to-zero", wrap);
+    CHECK(io_error([&] { read_idx_images(pw); }) ==
+          pw.string() +
+              ": header's dimensions 1048576×1048576×16777216 (N, rows, cols) multiply to more than 1 TiB of data; "
+              "the header is corrupt");
     Bytes four;  // four dimensions: the unchecked product would wrap around 2^64
     for (std::uint32_t v : {0x00000804u, 0x10000u, 0x10000u, 0x10000u, 0x10000u}) put_u32(four, v);
     auto const p4 = write_plain("overflow-4d", four);

@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
   write(id / "trailing-after-gzip.gz", gz(images) + "junk");
   write(id / "zero-dim", idx({0x803, 3, 0, 5}, 0));
   write(id / "dims-overflow", idx({0x803, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}, 0));
+  write(id / "dims-wrap-to-zero", idx({0x803, 1u << 20, 1u << 20, 1u << 24}, 0));  // 2^64 bytes: 0 if unchecked
   write(id / "huge-declared.gz", gz(idx({0x803, 100000, 1000, 1000}, 100)));
   write(id / "float32-dtype", idx({0xD03, 1, 1, 1}, 4));
   write(id / "empty", "");
