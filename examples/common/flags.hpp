@@ -41,7 +41,8 @@ class Flags {
         name = name.substr(0, eq);
       } else {
         auto it = flags_.find(name);
-        if (it != flags_.end() && (it->second.value == "true" || it->second.value == "false") &&
+        if (it == flags_.end()) throw unknown(name);  // before looking for its value: `prog --bogus` is unknown too
+        if ((it->second.value == "true" || it->second.value == "false") &&
             (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0)) {
           value = "true";  // boolean flag given alone
         } else {
@@ -50,7 +51,7 @@ class Flags {
         }
       }
       auto it = flags_.find(name);
-      if (it == flags_.end()) throw ArgumentError(detail::cat(program_, ": unknown flag --", name, " (see --help)"));
+      if (it == flags_.end()) throw unknown(name);
       it->second.value = value;
       it->second.set = true;
     }
@@ -110,6 +111,11 @@ class Flags {
     std::string value, help;
     bool set;
   };
+  ArgumentError unknown(std::string const& name) const {
+    std::string valid;
+    for (auto const& n : order_) valid += (valid.empty() ? "--" : ", --") + n;
+    return ArgumentError(detail::cat(program_, ": unknown flag --", name, " (valid flags: ", valid, "; see --help)"));
+  }
   Flag const& get(std::string const& name) const {
     auto it = flags_.find(name);
     if (it == flags_.end())

@@ -222,6 +222,117 @@ TEST_CASE("defective IDX files throw IoError naming the file and the defect") {
   }
 }
 
+TEST_CASE("hostile IDX headers are IoErrors naming the file and the field, without allocating what they declare") {
+  SUBCASE("a 16-byte file whose dimensions overflow 64 bits") {
+    Bytes b;
+    for (std::uint32_t v : {0x00000803u, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu}) put_u32(b, v);
+    auto const p = write_plain("overflow-images", b);
+    CHECK(io_error([&] { read_idx_images(p); }) ==
+          p.string() +
+              ": header's dimensions 4294967295×4294967295×4294967295 (N, rows, cols) multiply to more than 1 TiB of "
+              "data; the header is corrupt");
+    // 2^20 × 2^20 × 2^24 = 2^64 wraps to 0 when multiplied unchecked: such a 16-byte file passed as "0 bytes of
+    // data" and then asked for a (2^20, 1, 2^20, 2^24) tensor.
+    Bytes wrap;
+    for (std::uint32_t v : {0x00000803u, 0x100000u, 0x100000u, 0x1000000u}) put_u32(wrap, v);
+    auto const pw = write_plain("wrap-to-zero", wrap);
+    CHECK(io_error([&] { read_idx_images(pw); }) ==
+          pw.string() +
+              ": header's dimensions 1048576×1048576×16777216 (N, rows, cols) multiply to more than 1 TiB of data; "
+              "the header is corrupt");
+    Bytes four;  // four dimensions: the unchecked product would wrap around 2^64
+    for (std::uint32_t v : {0x00000804u, 0x10000u, 0x10000u, 0x10000u, 0x10000u}) put_u32(four, v);
+    auto const p4 = write_plain("overflow-4d", four);
+    CHECK(io_error([&] { read_idx_dims(p4); }).find(p4.string() + ": header's dimensions 65536×65536×65536×65536") ==
+          0);
+  }
+  SUBCASE("a small gzip file declaring 100 GB: refused by max_data_bytes, or truncated when allowed") {
+    Bytes b;
+    for (std::uint32_t v : {0x00000803u, 100000u, 1000u, 1000u}) put_u32(b, v);
+    b.insert(b.end(), 100, 7);
+    auto const g = write_gz("huge-images.gz", b);
+    CHECK(io_error([&] { read_idx_images(g); }) ==
+          g.string() +
+              ": header's dimensions 100000×1000×1000 (N, rows, cols) declare 100000000000 bytes of data, more than "
+              "the limit of 17179869184 (ImageOptions::max_data_bytes; raise it for a genuine file this large)");
+    // Allowed up to 1 TiB, it must fail as truncated after reading what is there, not allocate 100 GB first.
+    CHECK(io_error([&] { read_idx_images(g, {.max_data_bytes = std::uint64_t{1} << 40}); }) ==
+          g.string() +
+              ": truncated: header says 100000×1000×1000 = 100000000000 bytes of data, found 100 after "
+              "decompression");
+    Bytes l;
+    for (std::uint32_t v : {0x00000801u, 0xFFFFFFFFu}) put_u32(l, v);
+    l.insert(l.end(), {1, 2, 3});
+    auto const gl = read_all(write_gz("huge-labels.gz", l));
+    CHECK(io_error([&] { decode_idx_labels(gl, "huge-labels (memory)"); }) ==
+          "huge-labels (memory): truncated: header says 4294967295 = 4294967295 bytes of data, found 3 after "
+          "decompression");
+    CHECK(io_error([&] {
+            decode_idx_labels(gl, "m", {.max_data_bytes = 1000});
+          }).find("more than the limit of 1000 (LabelOptions::max_data_bytes;") != std::string::npos);
+  }
+  SUBCASE("rank 0 and rank 5 magic numbers name the dimension count") {
+    Bytes b;
+    put_u32(b, 0x00000800);
+    auto const p = write_plain("rank0", b);
+    CHECK(io_error([&] { read_idx_dims(p); }) ==
+          p.string() +
+              ": magic number 0x00000800 says 0 dimensions, but uint8 IDX files have 1 to 4 dimensions (expected "
+              "magic 0x000008nn)");
+    b[3] = 5;
+    auto const p5 = write_plain("rank5", b);
+    CHECK(io_error([&] { read_idx_dims(p5); }).find("says 5 dimensions") != std::string::npos);
+  }
+  SUBCASE("/dev/zero (not a regular file) fails at once on its magic number") {
+    CHECK(io_error([] { read_idx_images("/dev/zero"); }) ==
+          "/dev/zero: magic number 0x00000000 has dtype byte 0x00 (unknown); only 0x08 (uint8) is supported "
+          "(expected 0x00000803 for images)");
+  }
+}
+
+TEST_CASE("gzip framing: concatenated members are one stream, anything else after the stream is an error") {
+  auto const img = image_file(3, 4, 5);
+  auto first = read_all(write_gz("part1.gz", Bytes(img.begin(), img.begin() + 20)));
+  auto const second = read_all(write_gz("part2.gz", Bytes(img.begin() + 20, img.end())));
+  auto both = first;
+  both.insert(both.end(), second.begin(), second.end());
+  auto const x = decode_idx_images(both, "two members", kRaw);
+  REQUIRE(x.shape() == Shape{3, 1, 4, 5});
+  CHECK(x[59] == static_cast<float>(img.back()) / 255.0f);
+
+  auto whole = read_all(write_gz("whole-images.gz", img));
+  auto junk = whole;
+  junk.insert(junk.end(), {'j', 'u', 'n', 'k'});
+  auto const p = write_plain("junk-after.gz", junk);
+  CHECK(io_error([&] { read_idx_images(p); }) ==
+        p.string() + ": trailing garbage after the gzip stream: 4 bytes that are not a gzip member");
+  junk.resize(whole.size() + 1);  // a single byte cannot even start a member
+  CHECK(io_error([&] { decode_idx_images(junk, "m"); }) ==
+        "m: trailing garbage after the gzip stream: 1 byte that is not a gzip member");
+
+  auto bad_method = whole;
+  bad_method[2] = 7;  // compression method: only 8 (deflate) exists
+  CHECK(io_error([&] { decode_idx_images(bad_method, "bad-method.gz"); }) ==
+        "bad-method.gz: corrupt gzip data (zlib: unknown compression method)");
+}
+
+TEST_CASE("decode_idx_images / decode_idx_labels read bytes in memory exactly as the file readers read files") {
+  auto const img = image_file(5, 4, 3);
+  auto const lbl = label_file({3, 0, 9, 1});
+  auto const from_file = read_idx_images(write_plain("mem-images", img), kRaw);
+  auto const gz = read_all(write_gz("mem-images.gz", img));
+  for (auto const& bytes : {img, gz}) {
+    auto const x = decode_idx_images(bytes, "in memory", kRaw);
+    REQUIRE(x.shape() == from_file.shape());
+    for (std::int64_t i = 0; i < x.numel(); ++i) CHECK(x[i] == from_file[i]);
+  }
+  CHECK(decode_idx_labels(lbl, "labels")[2] == 9);
+  Bytes cut(img.begin(), img.end() - 1);
+  CHECK(io_error([&] { decode_idx_images(cut, "cut (memory)"); }) ==
+        "cut (memory): truncated: header says 5×4×3 = 60 bytes of data, found 59");
+  CHECK(io_error([&] { decode_idx_images({}, "empty"); }).find("empty: truncated: the file has 0 bytes") == 0);
+}
+
 TEST_CASE("FashionMnist::load checks the directory, the image size and that images and labels agree") {
   auto const dir = temp_dir() / "fmnist";
   fs::create_directories(dir);

@@ -12,6 +12,8 @@ expect() {  # expect REGEX ARGS...: exit status 2 and REGEX on stderr
   echo "ok: $* -> $err"
 }
 expect "unknown flag --bogus" --bogus 1
+expect "unknown flag --bogus (valid flags: " --epochs 1 --bogus
+expect "unknown flag --bogus" --bogus=1
 expect "must be one of cnn|mlp, got 'resnet'" --model resnet
 expect "must be one of threads|mpi" --backend nccl
 expect "--epochs must be an integer, got 'two'" --epochs two
@@ -31,6 +33,11 @@ err=$(timeout 30 "$bin" --data-dir /nonexistent/fm 2>&1 >/dev/null); rc=$?
 [ "$rc" -eq 1 ] || fail "--data-dir /nonexistent/fm exited $rc, expected 1"
 echo "$err" | grep -qF "/nonexistent/fm does not exist" || fail "missing data dir message: $err"
 echo "ok: --data-dir /nonexistent/fm -> $err"
+# --resume /dev/zero: refused at once (a run-time error, exit 1), naming the file and what it is; no endless read.
+err=$(timeout 30 "$bin" --limit-train 64 --limit-test 64 --resume /dev/zero 2>&1 >/dev/null); rc=$?
+[ "$rc" -eq 1 ] || fail "--resume /dev/zero exited $rc, expected 1 (stderr: $err)"
+echo "$err" | grep -qF "checkpoint /dev/zero is a character device, not a regular file" || fail "--resume /dev/zero: $err"
+echo "ok: --resume /dev/zero -> $err"
 out=$("$bin" --help) || fail "--help exited non-zero"
 echo "$out" | grep -q -- "--limit-train" || fail "--help does not list --limit-train"
 echo PASS

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
@@ -86,14 +87,63 @@ inline void write_file_atomically(std::filesystem::path const& path, std::string
   }
 }
 
-inline std::string read_whole_file(std::filesystem::path const& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    throw IoError(ddp::detail::cat("checkpoint ", path.string(), " does not exist"));
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw IoError(ddp::detail::cat("cannot open checkpoint ", path.string(), ": ", errno_text(errno)));
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) throw IoError(ddp::detail::cat("error reading checkpoint ", path.string()));
+// What a path that is not a regular file is, for errors.
+inline char const* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+// Reads a checkpoint file's bytes, bounded by its size: only regular files (a device such as /dev/zero, a FIFO
+// or a directory is refused at once, without reading), and the 32-byte header is validated
+// (check_checkpoint_header) before the rest is read, so a file that is not a checkpoint costs 32 bytes of reading
+// and no allocation beyond them. IoError naming the file.
+inline std::string read_checkpoint_bytes(std::filesystem::path const& path) {
+  std::string const file = path.string();
+  auto err = [&](auto const&... what) { return IoError(ddp::detail::cat("checkpoint ", file, what...)); };
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below anyway.
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    int const e = errno;
+    if (e == ENOENT) throw err(" does not exist");
+    throw IoError(ddp::detail::cat("cannot open checkpoint ", file, ": ", errno_text(e)));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw err(": fstat failed: ", errno_text(errno));
+  if (!S_ISREG(st.st_mode))
+    throw err(" is ", file_kind(st.st_mode),
+              ", not a regular file: a checkpoint is a file written by save_checkpoint / write_checkpoint_file");
+  auto const size = static_cast<std::uint64_t>(st.st_size);
+  auto read_into = [&](char* dst, std::size_t n) {
+    std::size_t done = 0;
+    while (done < n) {
+      ssize_t const got = ::read(fd, dst + done, n - done);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw err(": read error after ", done, " bytes: ", errno_text(errno));
+      if (got == 0) break;
+      done += static_cast<std::size_t>(got);
+    }
+    return done;
+  };
+  std::string bytes(static_cast<std::size_t>(std::min<std::uint64_t>(size, kCheckpointHeaderBytes)), '\0');
+  bytes.resize(read_into(bytes.data(), bytes.size()));
+  check_checkpoint_header(bytes, size, file);  // magic, checksum, version, length: before reading the payload
+  try {
+    bytes.resize(static_cast<std::size_t>(size));
+  } catch (std::bad_alloc const&) {
+    throw err(": ", size, " bytes (the file's size, which its header confirms) cannot be allocated in memory");
+  }
+  std::size_t const got = read_into(bytes.data() + kCheckpointHeaderBytes, bytes.size() - kCheckpointHeaderBytes);
+  if (got != bytes.size() - kCheckpointHeaderBytes)
+    throw err(": the file shrank while being read (", kCheckpointHeaderBytes + got, " of ", size,
+              " bytes); is another process writing it in place?");
   return bytes;
 }
 
@@ -172,10 +222,11 @@ template <class T>
 void write_checkpoint_file(std::filesystem::path const& path, CheckpointData<T> const& c) {
   detail::write_file_atomically(path, encode_checkpoint(c));
 }
-// Reads and validates a checkpoint file (IoError naming the file on any problem). Single process.
+// Reads and validates a checkpoint file (IoError naming the file on any problem): a regular file only, its
+// header checked before the payload is read (read_checkpoint_bytes), then decode_checkpoint. Single process.
 template <class T>
 CheckpointData<T> read_checkpoint_file(std::filesystem::path const& path) {
-  return decode_checkpoint<T>(detail::read_whole_file(path), path.string());
+  return decode_checkpoint<T>(detail::read_checkpoint_bytes(path), path.string());
 }
 
 // What an optimizer must offer to be checkpointed (every ddp::optim optimizer does).
@@ -413,7 +464,7 @@ requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesy
   if (comm.rank() == 0) {
     kind = detail::run_classified(
         [&] {
-          text = detail::read_whole_file(path);
+          text = detail::read_checkpoint_bytes(path);
           (void)decode_checkpoint<T>(text, file);  // container checks once, before shipping the bytes
         },
         text);

@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <bit>
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,8 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ddp/error.hpp"
@@ -150,7 +153,7 @@ class ByteWriter {
   }
   template <class V>
   void put_array(std::span<V const> v) {
-    out_.append(reinterpret_cast<char const*>(v.data()), v.size_bytes());
+    if (!v.empty()) out_.append(reinterpret_cast<char const*>(v.data()), v.size_bytes());
   }
   std::string& bytes() noexcept { return out_; }
 
@@ -181,6 +184,7 @@ class ByteReader {
   template <class V>
   void get_array(V* out, std::size_t count) {
     if (count > (b_.size() - pos_) / sizeof(V)) need(b_.size() - pos_ + 1);
+    if (count == 0) return;  // `out` may be null (an empty vector's data()): memcpy must not see it
     std::memcpy(out, b_.data() + pos_, count * sizeof(V));
     pos_ += count * sizeof(V);
   }
@@ -195,9 +199,11 @@ class ByteReader {
                                      b_.size(), " but its content needs more (read position ", pos_, ", need ", n,
                                      " more); the file was not written by this version of ddp"));
   }
-  // count elements of `size` bytes follow (no overflow for any count).
-  void need_elements(std::uint64_t count, std::size_t size) const {
-    if (count > remaining() / size) need(remaining() + 1);
+  // count elements of `size` bytes follow (no overflow for any count); checked before anything is allocated
+  // for them. `what` names the elements in the error.
+  void need_elements(std::uint64_t count, std::size_t size, std::string_view what) const {
+    if (count > remaining() / size)
+      fail(what, ": ", count, " × ", size, " bytes announced, but only ", remaining(), " bytes remain");
   }
   template <class... Ts>
   [[noreturn]] void fail(Ts const&... what) const {
@@ -246,8 +252,8 @@ inline std::int64_t get_shape(ByteReader& r, std::vector<std::int64_t>& shape, s
   return numel;
 }
 template <class T>
-void get_values(ByteReader& r, std::vector<T>& v, std::int64_t numel) {
-  r.need_elements(static_cast<std::uint64_t>(numel), sizeof(T));
+void get_values(ByteReader& r, std::vector<T>& v, std::int64_t numel, std::string_view what) {
+  r.need_elements(static_cast<std::uint64_t>(numel), sizeof(T), what);
   v.resize(static_cast<std::size_t>(numel));
   r.get_array(v.data(), v.size());
 }
@@ -255,10 +261,14 @@ template <class T>
 std::vector<TensorRecord<T>> get_tensors(ByteReader& r, char const* kind) {
   std::vector<TensorRecord<T>> ts;
   auto const n = r.get<std::uint32_t>();
+  r.need_elements(n, 8, ddp::detail::cat(kind, " count"));  // each record: at least a name length and a rank
+  ts.reserve(n);
   for (std::uint32_t i = 0; i < n; ++i) {
     TensorRecord<T> t;
     t.name = r.get_string();
-    get_values(r, t.values, get_shape(r, t.shape, ddp::detail::cat(kind, " '", t.name, "'")));
+    auto const what = ddp::detail::cat(kind, " '", t.name, "'");
+    auto const numel = get_shape(r, t.shape, what);
+    get_values(r, t.values, numel, ddp::detail::cat(what, " ", shape_string(t.shape), " values"));
     ts.push_back(std::move(t));
   }
   r.expect_end();
@@ -351,38 +361,82 @@ std::string encode_checkpoint(CheckpointData<T> const& c) {
   return h.bytes() + body;
 }
 
+// Limits on what a checkpoint may declare: larger values are corrupt (or from no run ddp can resume).
+inline constexpr std::int64_t kCheckpointMaxCounter = std::int64_t{1} << 53;  // steps, epochs: exact in a double
+inline constexpr std::int64_t kCheckpointMaxRanks = std::int64_t{1} << 20;
+inline constexpr double kCheckpointMaxLr = 1e6;
+inline constexpr std::uint32_t kCheckpointMaxStateBuffers = 16;  // per parameter (ddp's optimizers keep 0 to 2)
+
+// What the 32-byte header says, once validated.
+struct CheckpointHeader {
+  std::uint32_t version = 0;
+  std::uint32_t sections = 0;
+  std::uint64_t payload_bytes = 0;
+  std::uint32_t payload_crc = 0;
+};
+
+namespace detail {
+
+// Validates a checkpoint's header (the first min(32, file size) bytes of `head`) against the file's size
+// `file_bytes`: magic, header checksum, version, and that the payload length it announces is what follows.
+// Lets a reader reject a file after reading 32 bytes of it. Throws IoError naming `file`.
+inline CheckpointHeader check_checkpoint_header(std::string_view head, std::uint64_t file_bytes,
+                                                std::string const& file) {
+  auto err = [&](auto const&... what) { return IoError(ddp::detail::cat("checkpoint ", file, ": ", what...)); };
+  if (file_bytes < kCheckpointHeaderBytes || head.size() < kCheckpointHeaderBytes) {
+    if (head.size() >= sizeof(kCheckpointMagic) && std::memcmp(head.data(), kCheckpointMagic, 8) != 0)
+      throw err("wrong magic number: this is not a ddp checkpoint");
+    throw err("truncated: the file has ", file_bytes, " bytes, less than the ", kCheckpointHeaderBytes, "-byte header");
+  }
+  if (std::memcmp(head.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) != 0)
+    throw err("wrong magic number: this is not a ddp checkpoint");
+  ByteReader h(head.substr(8, kCheckpointHeaderBytes - 8), file, "header");
+  CheckpointHeader out;
+  out.version = h.get<std::uint32_t>();
+  out.sections = h.get<std::uint32_t>();
+  out.payload_bytes = h.get<std::uint64_t>();
+  out.payload_crc = h.get<std::uint32_t>();
+  auto const header_crc = h.get<std::uint32_t>();
+  if (crc32_of(head.data(), kCheckpointHeaderBytes - 4) != header_crc)
+    throw err("the header's checksum does not match: the file is corrupted");
+  if (out.version == 1)
+    throw err("format version 1 is no longer read (this build reads version ", kCheckpointVersion,
+              "): version 1 stored the optimizer state in the writing run's bucket layout, which cannot be mapped "
+              "back to parameters reliably; resume from a checkpoint written by this version, or start over");
+  if (out.version != kCheckpointVersion)
+    throw err("unsupported version ", out.version, " (this build reads version ", kCheckpointVersion, ")");
+  std::uint64_t const have = file_bytes - kCheckpointHeaderBytes;
+  if (have < out.payload_bytes)
+    throw err("truncated: the header announces ", out.payload_bytes, " payload bytes but only ", have, " follow it");
+  if (have > out.payload_bytes)
+    throw err(have - out.payload_bytes, " unexpected bytes after the ", out.payload_bytes, "-byte payload");
+  return out;
+}
+
+// A counter read from section `r` must lie in [0, kCheckpointMaxCounter] (or [0, max]).
+inline std::int64_t checked_count(ByteReader const& r, std::string_view field, std::int64_t v,
+                                  std::int64_t max = kCheckpointMaxCounter) {
+  if (v < 0 || v > max) r.fail(field, " = ", v, " is out of range (must be in [0, ", max, "])");
+  return v;
+}
+
+}  // namespace detail
+
 // Parses and validates bytes read from `file` (named in every error): magic, version, header checksum,
-// length (truncation), payload checksum (corruption), then each section. Throws IoError.
+// length (truncation), payload checksum (corruption), then each section: every count and length is checked
+// against the bytes that remain before anything is allocated for it, counters (epochs, steps) must lie in
+// [0, 2^53], the learning rate must be finite in [0, 1e6]. Throws IoError; never reads out of bounds, and
+// allocates at most a bounded multiple of bytes.size() (under 30×, e.g. optimizer entries of empty tensors)
+// plus 24 MiB (2^20 ranks without generators). The same code reads files (read_checkpoint_file) and bytes from
+// anywhere else (the fuzzer, a broadcast).
 template <class T>
 CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& file) {
   using detail::fourcc;
   auto err = [&](auto const&... what) { return IoError(ddp::detail::cat("checkpoint ", file, ": ", what...)); };
-  if (bytes.size() < kCheckpointHeaderBytes)
-    throw err("truncated: the file has ", bytes.size(), " bytes, less than the ", kCheckpointHeaderBytes,
-              "-byte header");
-  if (std::memcmp(bytes.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) != 0)
-    throw err("wrong magic number: this is not a ddp checkpoint");
-  detail::ByteReader h(bytes.substr(8, kCheckpointHeaderBytes - 8), file, "header");
-  auto const version = h.get<std::uint32_t>();
-  auto const nsections = h.get<std::uint32_t>();
-  auto const payload_bytes = h.get<std::uint64_t>();
-  auto const payload_crc = h.get<std::uint32_t>();
-  auto const header_crc = h.get<std::uint32_t>();
-  if (detail::crc32_of(bytes.data(), kCheckpointHeaderBytes - 4) != header_crc)
-    throw err("the header's checksum does not match: the file is corrupted");
-  if (version == 1)
-    throw err("format version 1 is no longer read (this build reads version ", kCheckpointVersion,
-              "): version 1 stored the optimizer state in the writing run's bucket layout, which cannot be mapped "
-              "back to parameters reliably; resume from a checkpoint written by this version, or start over");
-  if (version != kCheckpointVersion)
-    throw err("unsupported version ", version, " (this build reads version ", kCheckpointVersion, ")");
-  std::uint64_t const have = bytes.size() - kCheckpointHeaderBytes;
-  if (have < payload_bytes)
-    throw err("truncated: the header announces ", payload_bytes, " payload bytes but only ", have, " follow it");
-  if (have > payload_bytes)
-    throw err(have - payload_bytes, " unexpected bytes after the ", payload_bytes, "-byte payload");
+  auto const header = detail::check_checkpoint_header(bytes.substr(0, kCheckpointHeaderBytes), bytes.size(), file);
+  std::uint32_t const nsections = header.sections;
   std::string_view const payload = bytes.substr(kCheckpointHeaderBytes);
-  if (detail::crc32_of(payload.data(), payload.size()) != payload_crc)
+  if (detail::crc32_of(payload.data(), payload.size()) != header.payload_crc)
     throw err("checksum mismatch (CRC-32 of the payload): the file is corrupted");
 
   // Split into sections.
@@ -391,13 +445,17 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
     std::string_view body;
   };
   std::vector<Section> secs;
+  std::unordered_set<std::uint32_t> tags;
   detail::ByteReader r(payload, file, "table");
+  r.need_elements(nsections, 16, "section count");  // each section has a 16-byte head
   for (std::uint32_t i = 0; i < nsections; ++i) {
     auto const tag = r.get<std::uint32_t>();
-    r.get<std::uint32_t>();
+    if (auto const reserved = r.get<std::uint32_t>(); reserved != 0)
+      throw err("section ", detail::fourcc_name(tag), " has ", reserved, " in its reserved field (must be 0)");
     auto const len = r.get<std::uint64_t>();
     if (len > r.remaining())
       throw err("section ", detail::fourcc_name(tag), " claims ", len, " bytes but only ", r.remaining(), " remain");
+    if (!tags.insert(tag).second) throw err("section ", detail::fourcc_name(tag), " appears twice");
     std::size_t const at = payload.size() - r.remaining();
     secs.push_back({tag, payload.substr(at, len)});
     r.skip(len);
@@ -413,27 +471,31 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
   {
     detail::ByteReader s = find("META");
     auto const n = s.get<std::uint32_t>();
-    std::vector<std::pair<std::string, std::int64_t>> kv;
+    s.need_elements(n, 12, "entry count");  // each entry: a string length and a value
+    std::unordered_map<std::string, std::int64_t> kv;
     for (std::uint32_t i = 0; i < n; ++i) {
       auto k = s.get_string();
-      kv.emplace_back(std::move(k), s.get<std::int64_t>());
+      auto const v = s.get<std::int64_t>();
+      if (!kv.emplace(k, v).second) s.fail("entry '", k, "' appears twice");
     }
     s.expect_end();
-    auto get = [&](char const* key) {
-      for (auto const& [k, v] : kv)
-        if (k == key) return v;
+    auto raw = [&](char const* key) {
+      if (auto const it = kv.find(key); it != kv.end()) return it->second;
       throw err("META has no '", key, "' entry");
     };
-    auto const elem = get("element_bytes");
+    auto get = [&](char const* key, std::int64_t max = kCheckpointMaxCounter) {
+      return detail::checked_count(s, ddp::detail::cat("'", key, "'"), raw(key), max);
+    };
+    auto const elem = get("element_bytes", 16);
     if (elem != static_cast<std::int64_t>(sizeof(T)))
       throw err("values are stored with ", elem, "-byte elements, this model uses ", sizeof(T), "-byte elements");
     c.position = {.epoch = get("epoch"),
                   .step = get("step"),
                   .global_step = get("global_step"),
                   .scheduler_epoch = get("scheduler_epoch"),
-                  .world_size = get("world_size"),
+                  .world_size = get("world_size", kCheckpointMaxRanks),
                   .global_batch = get("global_batch"),
-                  .seed = get("seed")};
+                  .seed = raw("seed")};  // any value is a seed
   }
   {
     detail::ByteReader s = find("PARM");
@@ -448,16 +510,26 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
     auto& o = c.optimizer;
     o.kind = s.get_string();
     o.lr = s.get<double>();
+    if (!std::isfinite(o.lr) || o.lr < 0 || o.lr > kCheckpointMaxLr)
+      s.fail("lr = ", o.lr, " is not a learning rate (must be finite, >= 0 and <= ", kCheckpointMaxLr, ")");
     auto const nb = s.get<std::uint32_t>();
+    if (nb > kCheckpointMaxStateBuffers)
+      s.fail(nb, " state buffers per parameter (at most ", kCheckpointMaxStateBuffers, " accepted)");
     for (std::uint32_t b = 0; b < nb; ++b) o.buffer_names.push_back(s.get_string());
     auto const np = s.get<std::uint32_t>();
+    s.need_elements(np, 16, "parameter count");  // each entry: a name length, a rank and its steps
+    o.parameters.reserve(np);
     for (std::uint32_t i = 0; i < np; ++i) {
       optim::ParameterState<T> ps;
       ps.name = s.get_string();
-      auto const numel = detail::get_shape(s, ps.shape, ddp::detail::cat("optimizer state of '", ps.name, "'"));
-      ps.steps = s.get<std::int64_t>();
+      auto const what = ddp::detail::cat("optimizer state of '", ps.name, "'");
+      auto const numel = detail::get_shape(s, ps.shape, what);
+      ps.steps = detail::checked_count(s, ddp::detail::cat("steps of ", what), s.get<std::int64_t>());
       ps.buffers.resize(nb);
-      for (auto& b : ps.buffers) detail::get_values(s, b, numel);
+      for (std::uint32_t b = 0; b < nb; ++b)
+        detail::get_values(
+            s, ps.buffers[b], numel,
+            ddp::detail::cat(what, " ", detail::shape_string(ps.shape), " buffer '", o.buffer_names[b], "' values"));
       o.parameters.push_back(std::move(ps));
     }
     s.expect_end();
@@ -466,9 +538,10 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
     detail::ByteReader s = find("RNGS");
     auto& g = c.generators;
     auto const ng = s.get<std::uint32_t>();
+    s.need_elements(ng, 4, "generator count");
     for (std::uint32_t i = 0; i < ng; ++i) g.names.push_back(s.get_string());
-    auto const nr = s.get<std::uint32_t>();
-    s.need_elements(std::uint64_t{nr} * ng, 32);
+    auto const nr = detail::checked_count(s, "the number of ranks", s.get<std::uint32_t>(), kCheckpointMaxRanks);
+    s.need_elements(static_cast<std::uint64_t>(nr) * ng, 32, "generator states (ranks × generators)");
     g.ranks.resize(nr);
     for (auto& rank : g.ranks)
       for (std::uint32_t i = 0; i < ng; ++i) {
@@ -476,7 +549,11 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
         st.state = s.get<std::uint64_t>();
         st.inc = s.get<std::uint64_t>();
         st.spare = s.get<double>();
-        st.has_spare = s.get<std::uint64_t>() != 0;
+        auto const has_spare = s.get<std::uint64_t>();
+        if (has_spare > 1 || (has_spare == 1 && !std::isfinite(st.spare)))
+          s.fail("generator '", g.names[i], "' has a bad spare normal value (has_spare = ", has_spare,
+                 ", spare = ", st.spare, ")");
+        st.has_spare = has_spare == 1;
         rank.push_back(st);
       }
     s.expect_end();
