@@ -12,6 +12,7 @@ PKGS=(
   nlohmann-json3-dev   # JSON (fixture meta.json, trace files)
   dataset-fashion-mnist  # the main job's data under /usr/share/datasets/fashion-mnist
   clang-format         # //test/tools:format_test (the tree follows .clang-format)
+  clang-14             # tools/fuzz.sh builds the fuzzers with clang++-14
   libfuzzer-14-dev     # tools/fuzz.sh: libFuzzer for clang++-14 -fsanitize=fuzzer (the IDX and checkpoint fuzzers)
   cmake                # the CMake package test (test/cmake): add_subdirectory and find_package consumers
 )
