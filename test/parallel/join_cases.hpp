@@ -216,7 +216,7 @@ void trainer_uneven(C& comm) {
     for (int e = 0; e < 2; ++e) {
       EpochResult const res = t.fit_epoch(data, e, ce);
       expect(res.steps == batches && res.steps_in_epoch == most && res.end_step == most &&
-                 res.global_step == (e + 1) * most && res.complete(),
+                 res.global_step == most && res.complete(),
              detail::cat("trainer epoch ", e, " on rank ", r, ": steps ", res.steps, " (expected ", batches,
                          "), steps_in_epoch ", res.steps_in_epoch, ", end_step ", res.end_step, ", global_step ",
                          res.global_step));
