@@ -18,8 +18,7 @@ struct Layout {
 // Buckets one after another, each followed by its status words.
 Layout layout(int world) {
   Layout l;
-  l.plan =
-      assign_buckets(std::vector<std::int64_t>{6, 4, 3, 5}, sizeof(float), {.cap_bytes = 0, .first_cap_bytes = 0});
+  l.plan = assign_buckets(std::vector<std::int64_t>{6, 4, 3, 5}, sizeof(float), {.cap_bytes = 0, .first_cap_bytes = 0});
   for (auto const& b : l.plan.buckets) {
     l.offsets.push_back(l.total);
     l.total += b.numel + BucketReducer<float, HostSpace, ThreadsBackend>::status_slots(b.params.size(), world);

@@ -215,8 +215,8 @@ void trainer_uneven(C& comm) {
     std::int64_t seen = 0;
     for (int e = 0; e < 2; ++e) {
       EpochResult const res = t.fit_epoch(data, e, ce);
-      expect(res.steps == batches && res.steps_in_epoch == most && res.end_step == most &&
-                 res.global_step == most && res.complete(),
+      expect(res.steps == batches && res.steps_in_epoch == most && res.end_step == most && res.global_step == most &&
+                 res.complete(),
              detail::cat("trainer epoch ", e, " on rank ", r, ": steps ", res.steps, " (expected ", batches,
                          "), steps_in_epoch ", res.steps_in_epoch, ", end_step ", res.end_step, ", global_step ",
                          res.global_step));

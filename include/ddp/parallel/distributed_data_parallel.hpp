@@ -314,7 +314,7 @@ class DistributedDataParallel {
       if (nodes_[i]->grad_defined && !detail::all_finite<T, S>(es[i].numel, nodes_[i]->grad.data()))
         non_finite_.push_back(es[i].name);
     if (non_finite_.empty() && ranks.empty()) return;
-    if (comm_->world_size() == 1) ranks = {0};  // its own gradients are the "averaged" ones
+    if (comm_->world_size() == 1) ranks = {0};       // its own gradients are the "averaged" ones
     for (auto* n : nodes_) n->grad_defined = false;  // optimizers skip parameters without a gradient
     if (opts_.non_finite == NonFinite::kSkipStep) {
       step_skipped_ = true;
