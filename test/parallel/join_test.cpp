@@ -111,3 +111,26 @@ TEST_CASE("join: the joined ranks' shadow rounds issue the active ranks' collect
     CHECK(buckets > 0);
   }
 }
+
+TEST_CASE("join: one join at a time per DDP; an exception in the body leaves the DDP usable") {
+  spawn(2, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 16, 4, 1);
+    DistributedDataParallel ddp(model, comm);
+    optim::SGD opt(ddp.parameters(), {.lr = 0.1});
+    auto data = test::make_data(4, 8, 4, 1);
+    auto step = [&] {
+      opt.zero_grad();
+      backward(mse_loss(ddp(Var(data.x)), data.y));
+      opt.step();
+    };
+    CHECK_THROWS_WITH_AS(join(ddp, [&] { join(ddp, step); }), doctest::Contains("already inside a join"),
+                         ArgumentError);
+    JoinResult const r = join(ddp, opt, [&] {
+      for (int s = 0; s < 3; ++s) step();
+    });
+    CHECK(r.rounds == 3);
+    CHECK_FALSE(r.uneven);
+    step();  // outside any join again
+    CHECK(test::same_on_every_rank(comm, test::weights(ddp.parameters())));
+  });
+}

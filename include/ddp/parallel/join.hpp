@@ -43,6 +43,10 @@ namespace detail {
 
 struct JoinAccess {
   template <class D>
+  static bool attached(D const& d) noexcept {
+    return d.join_ != nullptr;
+  }
+  template <class D>
   static void attach(D& d, JoinHook* hook) noexcept {
     d.attach_join(hook);
   }
@@ -70,6 +74,8 @@ class JoinDriver final : public JoinHook {
         world_(ddp.comm().world_size()),
         rank_(ddp.comm().rank()),
         words_(2 * static_cast<std::size_t>(world_)) {
+    if (JoinAccess::attached(ddp))
+      throw ArgumentError("ddp::join: this DistributedDataParallel is already inside a join (one at a time)");
     JoinAccess::attach(ddp, this);
   }
   JoinDriver(JoinDriver const&) = delete;
