@@ -3,6 +3,7 @@
 // the bucket is complete and reports, per parameter, which ranks had a gradient.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -21,14 +22,43 @@ namespace ddp {
 struct ReduceOutcome {
   std::vector<char> missing_somewhere;  // some rank had no gradient for it
   std::vector<char> present_somewhere;  // some rank had one (else it is unused on every rank)
+  std::vector<int> non_finite_ranks;    // ranks whose own gradients held NaN/Inf (ReducerOptions::flag_non_finite)
 };
+
+namespace detail {
+// Whether n elements hold no NaN or Inf. One vectorised sum first (finite exactly when every element is, bar
+// an overflow of huge finite values); only a non-finite sum pays for the element-by-element look (on the host:
+// a device slice is copied there). Exact either way.
+template <class T, MemorySpace S>
+bool all_finite(std::int64_t n, T const* x) {
+  if (n == 0 || std::isfinite(double(Kernels<S>::sum(n, x)))) return true;
+  std::vector<T> host(static_cast<std::size_t>(n));
+  Kernels<S>::to_host(n, x, host.data());
+  return std::all_of(host.begin(), host.end(), [](T v) { return std::isfinite(v); });
+}
+}  // namespace detail
+
+// What a reducer does besides reducing.
+struct ReducerOptions {
+  ReducerObserver* observer = nullptr;  // told of launches, completions and waits (e.g. a timeline)
+  // Before launching a bucket, each rank checks its own gradients for NaN/Inf (one pass over the bucket) and
+  // says so in its status word, so ReduceOutcome::non_finite_ranks names the ranks they came from.
+  bool flag_non_finite = false;
+};
+
+// How this rank takes part in a round: with its gradients, or (it has joined: no data left, see
+// parallel/join.hpp) with zeros and flags that say "nothing here", shadowing the others' all-reduces.
+enum class Participation { kActive, kShadow };
 
 // Drives one model's buckets over a gradient buffer laid out by the plan (a bucket is a contiguous slice,
 // followed by its status words; see status_slots()). Every rank must drive the same plan.
 //
 // Status words, reduced with the gradients by the same all-reduce (kAvg), per bucket with P parameters
 // on N ranks: [P "missing here" flags][P "present here" flags][N rank slots]. A rank writes 1 in its flags
-// where they hold and, in rank slot r = its own rank, the bucket's id + 1; every other rank slot is 0. After
+// where they hold and, in rank slot r = its own rank, the bucket's id + 1 (negated when flag_non_finite is on
+// and its own gradients in the bucket hold a NaN or Inf); every other rank slot is 0. A shadowing rank
+// (Participation::kShadow) sets no flag and contributes zero gradients, so the round's sums are those of the
+// active ranks (over the same divisor, the world size). After
 // the average a flag word is zero exactly when it was zero on every rank (a sum of non-negative numbers,
 // scaled by 1/N), and each rank slot holds one rank's id / N, which ×N recovers exactly: so the
 // fingerprint check is exact for any world size and names the ranks that reduced something else.
@@ -46,12 +76,13 @@ class BucketReducer {
 
   // `bucket_offsets[b]`: where bucket b's slice starts in `grads` (its gradients, then its status words).
   BucketReducer(C& comm, BucketPlan plan, std::vector<std::int64_t> bucket_offsets, Tensor<T, S> grads,
-                ReducerObserver* observer = nullptr)
+                ReducerOptions opts = {})
       : comm_(&comm),
         plan_(std::move(plan)),
         offsets_(std::move(bucket_offsets)),
         grads_(std::move(grads)),
-        observer_(observer),
+        observer_(opts.observer),
+        flag_non_finite_(opts.flag_non_finite),
         world_(comm.world_size()),
         rank_(comm.rank()) {
     if (offsets_.size() != plan_.buckets.size())
@@ -68,6 +99,7 @@ class BucketReducer {
     staging_.assign(static_cast<std::size_t>(status_slots(widest, world_)), T(0));
     outcome_.missing_somewhere.assign(np, 0);
     outcome_.present_somewhere.assign(np, 0);
+    non_finite_here_.assign(static_cast<std::size_t>(world_), 0);
   }
 
   BucketReducer(BucketReducer const&) = delete;
@@ -103,7 +135,24 @@ class BucketReducer {
     ready_[i] = 1;
     has_grad_[i] = has_grad ? 1 : 0;
     if (--pending_[plan_.bucket_of[i]] != 0) return;
-    while (next_launch_ < plan_.buckets.size() && pending_[next_launch_] == 0) launch(next_launch_++);
+    while (next_launch_ < plan_.buckets.size() && pending_[next_launch_] == 0)
+      launch(next_launch_++, Participation::kActive);
+  }
+
+  // A whole round for a rank that has no batch (it joined): every bucket, in plan order, all-reduced with
+  // zero gradients and no flags, matching the active ranks' round in count, order and size. The gradient
+  // buffer then holds the round's result, as on the active ranks; the outcome is theirs too. Meant for
+  // world > 1 (on one rank there is nobody to answer: the buffer is zeroed, every parameter reads as missing).
+  ReduceOutcome const& shadow_round() {
+    begin();
+    std::fill(ready_.begin(), ready_.end(), 1);
+    for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
+      Kernels<S>::fill(plan_.buckets[b].numel, T(0), slice(b));
+      pending_[b] = 0;
+      launch(b, Participation::kShadow);
+    }
+    next_launch_ = plan_.buckets.size();
+    return finalize();
   }
 
   // Backward is over and every parameter was marked ready: waits for every bucket, checks the fingerprints
@@ -115,7 +164,11 @@ class BucketReducer {
     if (observer_) observer_->on_wait_begin();
     wait_all();
     if (observer_) observer_->on_wait_end();
+    std::fill(non_finite_here_.begin(), non_finite_here_.end(), 0);
     for (std::size_t b = 0; b < plan_.buckets.size(); ++b) decode(b);
+    outcome_.non_finite_ranks.clear();
+    for (int r = 0; r < world_; ++r)
+      if (non_finite_here_[static_cast<std::size_t>(r)]) outcome_.non_finite_ranks.push_back(r);
     return outcome_;
   }
 
@@ -136,17 +189,20 @@ class BucketReducer {
 
   T* slice(std::size_t b) const noexcept { return grads_.data() + offsets_[b]; }
 
-  void launch(std::size_t b) {
+  void launch(std::size_t b, Participation part) {
     if (world_ == 1) return;  // nothing to exchange: decode() reads this rank's own flags
     auto const& bucket = plan_.buckets[b];
     std::size_t const p = bucket.params.size();
     std::int64_t const nst = status_slots(p, world_);
+    bool const active = part == Participation::kActive;
     for (std::size_t k = 0; k < p; ++k) {
       char const g = has_grad_[bucket.params[k]];
-      staging_[k] = g ? T(0) : T(1);
-      staging_[p + k] = g ? T(1) : T(0);
+      staging_[k] = active && !g ? T(1) : T(0);
+      staging_[p + k] = active && g ? T(1) : T(0);
     }
-    for (int r = 0; r < world_; ++r) staging_[2 * p + static_cast<std::size_t>(r)] = r == rank_ ? T(b + 1) : T(0);
+    bool const bad = active && flag_non_finite_ && !detail::all_finite<T, S>(bucket.numel, slice(b));
+    for (int r = 0; r < world_; ++r)
+      staging_[2 * p + static_cast<std::size_t>(r)] = r == rank_ ? (bad ? -T(b + 1) : T(b + 1)) : T(0);
     Kernels<S>::from_host(nst, staging_.data(), slice(b) + bucket.numel);
     completed_[b] = 0;
     if (observer_) observer_->on_launch(b);
@@ -206,7 +262,11 @@ class BucketReducer {
     Kernels<S>::to_host(nst, slice(b) + bucket.numel, staging_.data());
     std::string others;
     for (int r = 0; r < world_; ++r) {
-      double const id = double(staging_[2 * p + static_cast<std::size_t>(r)]) * world_;
+      double id = double(staging_[2 * p + static_cast<std::size_t>(r)]) * world_;
+      if (id < 0) {  // rank r's own gradients in this bucket held a NaN or Inf
+        non_finite_here_[static_cast<std::size_t>(r)] = 1;
+        id = -id;
+      }
       if (std::abs(id - double(b + 1)) < 0.25) continue;  // recovered ids are within 1e-6 of an integer
       double const k = std::nearbyint(id) - 1;
       bool const bucket_like = std::abs(id - (k + 1)) < 0.25 && k >= 0 && k < double(plan_.buckets.size());
@@ -230,8 +290,9 @@ class BucketReducer {
   std::vector<std::int64_t> offsets_;
   Tensor<T, S> grads_;
   ReducerObserver* observer_;
+  bool flag_non_finite_;
   int world_, rank_;
-  std::vector<char> ready_, has_grad_, completed_;
+  std::vector<char> ready_, has_grad_, completed_, non_finite_here_;
   std::vector<std::int64_t> pending_;
   std::vector<std::optional<work_t>> works_;
   std::vector<T> staging_;  // one bucket's status words on the host

@@ -1,4 +1,5 @@
-// DataLoader: cuts a sampler's index list into batches and collates each through the Dataset.
+// DataLoader: cuts a sampler's index list into batches and collates each through the Dataset; and the
+// per-epoch check that every rank has as many batches (require_even_batches).
 #pragma once
 
 #include <algorithm>
@@ -7,8 +8,11 @@
 #include <iterator>
 #include <ranges>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/host_collectives.hpp"
 #include "ddp/data/dataset.hpp"
 #include "ddp/data/sampler.hpp"
 #include "ddp/error.hpp"
@@ -113,5 +117,45 @@ class DataLoader {
   LoaderOptions opts_;
   std::int64_t num_batches_ = 0;
 };
+
+// Every rank's number of batches for the coming epoch, in rank order (collective: each rank passes its own).
+template <Communicator C>
+std::vector<std::int64_t> gather_batch_counts(C& comm, std::int64_t batches) {
+  std::vector<std::int64_t> const mine{batches};
+  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.world_size()));
+  host_all_gather(comm, std::span<std::int64_t const>(mine), std::span<std::int64_t>(all),
+                  CollectiveTag{"data.batch_counts"});
+  return all;
+}
+
+namespace detail {
+// Throws the uneven-inputs DdpError when `counts` (every rank's, as gather_batch_counts returns them) differ.
+// Built from the counts alone, so every rank raises the same message.
+inline void check_even_batches(std::span<std::int64_t const> counts) {
+  if (counts.empty() || std::all_of(counts.begin(), counts.end(), [&](std::int64_t c) { return c == counts[0]; }))
+    return;
+  std::int64_t const fewest = *std::min_element(counts.begin(), counts.end());
+  std::string list, short_ranks;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    list += cat(r ? ", " : "", "rank ", r, ": ", counts[r]);
+    if (counts[r] == fewest) short_ranks += cat(short_ranks.empty() ? "" : ", ", r);
+  }
+  throw DdpError(cat("uneven inputs: the ranks have different numbers of batches this epoch (", list, "); rank(s) ",
+                     short_ranks, " would run out after ", fewest,
+                     " steps while the others wait for them in the next step's all-reduce. Every rank raises this "
+                     "error. Give every rank as many batches (the same dataset size; DistributedSampler pads to equal "
+                     "shares), or train inside ddp::join (<ddp/parallel/join.hpp>; with basic_trainer: "
+                     "TrainerOptions{.split = EpochSplit::kJoin}), where ranks that run out shadow the others."));
+}
+}  // namespace detail
+
+// Collective, at the start of an epoch of a hand-written loop: raises the same DdpError on every rank, naming
+// each rank's count and the ranks that would run out first, when ranks have different numbers of batches,
+// instead of leaving the others waiting at the step where the first runs out. One all-gather of one word per
+// rank. basic_trainer calls it every epoch; ddp::join makes uneven counts legal instead.
+template <Communicator C>
+void require_even_batches(C& comm, std::int64_t batches) {
+  detail::check_even_batches(gather_batch_counts(comm, batches));
+}
 
 }  // namespace ddp

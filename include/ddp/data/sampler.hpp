@@ -62,6 +62,10 @@ struct SamplerOptions {
   bool shuffle = true;     // permute every epoch (with Generator(seed + epoch))
   std::uint64_t seed = 0;  // must be the same on every rank
   bool drop_last = false;  // drop the tail so every rank gets floor(n / R) samples, instead of padding up
+  // Without drop_last: pad the tail by repeating samples so every rank gets ceil(n / R) (PyTorch's). false:
+  // no padding; every sample is visited exactly once and ranks' sizes differ by at most one (uneven inputs:
+  // train under ddp::join). Ignored with drop_last.
+  bool pad = true;
 };
 
 // torch.utils.data.DistributedSampler, with the same index lists:
@@ -69,6 +73,8 @@ struct SamplerOptions {
 //   the epoch's order (0..n-1, or a permutation when shuffling) is cut to total_size, or padded up to it by
 //   repeating from its head (cyclically, as many times as needed when n < R);
 //   rank r takes positions r, r + R, r + 2R, ... of that list, so size() == total_size / R on every rank.
+// With pad = false (and no drop_last) the list is not padded: total_size = n, rank r takes positions
+// r, r + R, ... < n, so the first n mod R ranks hold one sample more (uneven inputs: see ddp::join).
 // Without shuffle the lists equal PyTorch's exactly. With shuffle the permutation is a Fisher-Yates shuffle
 // driven by ddp::Generator(seed + epoch) (PCG32): deterministic and bitwise identical on every rank, compiler
 // and platform, but NOT torch.randperm's permutation. Ranks must use the same seed and epoch; their lists are
@@ -82,6 +88,11 @@ class DistributedSampler {
     detail::check_replicas(num_replicas, rank, "DistributedSampler");
     std::int64_t const r = replicas_;
     num_samples_ = opts_.drop_last ? n_ / r : (n_ + r - 1) / r;
+    total_size_ = num_samples_ * r;
+    if (!opts_.drop_last && !opts_.pad) {
+      total_size_ = n_;
+      num_samples_ = n_ > rank_ ? (n_ - rank_ + r - 1) / r : 0;
+    }
     rebuild();
   }
 
@@ -100,7 +111,8 @@ class DistributedSampler {
 
   std::span<std::int64_t const> indices() const noexcept { return indices_; }
   std::int64_t size() const noexcept { return num_samples_; }
-  std::int64_t total_size() const noexcept { return num_samples_ * replicas_; }
+  // Samples over all ranks this epoch (padding included).
+  std::int64_t total_size() const noexcept { return total_size_; }
   std::int64_t dataset_size() const noexcept { return n_; }
   std::int64_t epoch() const noexcept { return epoch_; }
   int num_replicas() const noexcept { return replicas_; }
@@ -111,7 +123,8 @@ class DistributedSampler {
   friend std::ostream& operator<<(std::ostream& os, DistributedSampler const& s) {
     return os << "DistributedSampler{n=" << s.n_ << ", num_replicas=" << s.replicas_ << ", rank=" << s.rank_
               << ", shuffle=" << (s.opts_.shuffle ? "true" : "false") << ", seed=" << s.opts_.seed
-              << ", drop_last=" << (s.opts_.drop_last ? "true" : "false") << ", epoch=" << s.epoch_ << "}";
+              << ", drop_last=" << (s.opts_.drop_last ? "true" : "false") << (s.opts_.pad ? "" : ", pad=false")
+              << ", epoch=" << s.epoch_ << "}";
   }
 
  private:
@@ -131,6 +144,7 @@ class DistributedSampler {
   int rank_;
   SamplerOptions opts_;
   std::int64_t num_samples_ = 0;
+  std::int64_t total_size_ = 0;
   std::int64_t epoch_ = 0;
   std::vector<std::int64_t> indices_;
 };

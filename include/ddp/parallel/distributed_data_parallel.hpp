@@ -21,6 +21,17 @@
 
 namespace ddp {
 
+// What DDP does when the averaged gradients of a step hold a NaN or Inf. The check runs after the reduction,
+// whose result is the same on every rank, so every rank decides alike; each rank also flags, in its buckets'
+// status words, whether its own gradients were non-finite before the reduction, so the error can name the
+// ranks they came from. Cost when on: one pass over the gradients before and one after the reduction.
+enum class NonFinite {
+  kIgnore,    // no check (the default, and PyTorch's): NaN/Inf reach the optimizer
+  kRaise,     // DdpError on every rank naming the parameter(s) and the rank(s) that produced them
+  kSkipStep,  // every rank drops the step's gradients (has_grad() false, so optimizer.step() changes nothing:
+              // no parameter, momentum or step count moves); counted by skipped_steps()
+};
+
 struct DdpOptions {
   // Broadcast buffers (e.g. BatchNorm running statistics) from rank 0 before each forward, as PyTorch.
   bool broadcast_buffers = true;
@@ -30,7 +41,29 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   // When set, forward, backward and each bucket's all-reduce (launch to observed completion) are recorded.
   Timeline* timeline = nullptr;
+  // NaN/Inf in the averaged gradients: ignored, an error on every rank, or the step skipped on every rank.
+  NonFinite non_finite = NonFinite::kIgnore;
 };
+
+namespace detail {
+// What one synchronised round under ddp::join (parallel/join.hpp) was agreed to be: where buffers come from
+// (the lowest rank that still has data) and the factor applied to the averaged gradients (1, or
+// world / ranks with data when JoinOptions::divide_by_initial_world_size is false).
+struct JoinRound {
+  int buffer_root = 0;
+  double grad_scale = 1.0;
+};
+// Implemented by ddp::join: called by a synchronised forward on a rank that still has data, before any of the
+// round's collectives, to agree with the other ranks on the round.
+class JoinHook {
+ public:
+  virtual JoinRound on_round() = 0;
+
+ protected:
+  ~JoinHook() = default;
+};
+struct JoinAccess;  // join.hpp's way in: attach a hook, shadow a round, broadcast the state
+}  // namespace detail
 
 // Wraps a model whose replicas live on the ranks of `comm`. Guarantees:
 //  - construction checks that every rank has the same parameters (names, shapes, frozen or not) and bucket
@@ -45,7 +78,11 @@ struct DdpOptions {
 //  - the 1/world_size factor is part of the reduction (ReduceOp::kAvg);
 //  - results are bitwise identical on all ranks when the backend's all-reduce is (threads, MPI);
 //  - gradient hooks users set on parameters (Variable::set_grad_hook) keep working: they run first, and the
-//    reduction sees the gradient as they left it.
+//    reduction sees the gradient as they left it;
+//  - with DdpOptions::non_finite set, NaN/Inf in the averaged gradients raise, or skip the step, on every rank
+//    alike (step_skipped(), skipped_steps());
+//  - ranks with different numbers of batches train inside ddp::join (parallel/join.hpp), which shadows the
+//    finished ranks' collectives; without it, every rank must run the same number of synchronised steps.
 // Use parameters() for the optimizer, built after this wrapper (an earlier arena is rejected at construction). Not copyable or movable (the hooks point at it). One thread per rank.
 template <nn::Model M, AsyncCommunicator C, GradientBucketer B = SizeCapped>
 class DistributedDataParallel {
@@ -99,18 +136,12 @@ class DistributedDataParallel {
       offsets.push_back(b.params.empty() ? 0 : arena_.entries()[b.params.front()].offset);
 
     // Rank 0's parameters (frozen ones too) and buffers everywhere.
-    if (world > 1) {
-      std::int64_t i = 0;
-      for (auto const& p : all) {
-        Tensor<T, S> const& v = p.var.node().value;
-        comm.broadcast(SpaceSpan<T, S>(v.data(), static_cast<std::size_t>(v.numel())), 0,
-                       CollectiveTag{"ddp.param", i++});
-      }
-      broadcast_buffers();
-    }
+    if (world > 1) broadcast_state(0);
 
     if (opts_.timeline) timeline_.emplace(*opts_.timeline);
-    reducer_.emplace(comm, std::move(plan), std::move(offsets), arena_.grads(), timeline_ ? &*timeline_ : nullptr);
+    reducer_.emplace(comm, std::move(plan), std::move(offsets), arena_.grads(),
+                     ReducerOptions{.observer = timeline_ ? &*timeline_ : nullptr,
+                                    .flag_non_finite = opts_.non_finite != NonFinite::kIgnore});
     // One rank without a timeline has nothing to launch early: its hooks only queue finalize (defect 1: only a
     // backward that reaches this model may finish its round), and finalize reads the gradients directly.
     single_ = world == 1 && !timeline_;
@@ -134,9 +165,20 @@ class DistributedDataParallel {
   // Runs the model; a backward that reaches this model's parameters afterwards synchronises their gradients
   // (unless inside no_sync()).
   V forward(V const& x) {
-    if (opts_.broadcast_buffers && comm_->world_size() > 1) broadcast_buffers();
+    bool const opens = grad_enabled() && no_sync_depth_ == 0;  // this forward starts a synchronised round
+    if (join_) {
+      // Under ddp::join only the forwards that open a round talk to the other ranks (those that ran out of
+      // data shadow exactly these): first the round is agreed on, then buffers come from the lowest rank that
+      // still has data.
+      if (opens) {
+        round_ = join_->on_round();
+        if (opts_.broadcast_buffers && comm_->world_size() > 1) broadcast_buffers(round_.buffer_root);
+      }
+    } else if (opts_.broadcast_buffers && comm_->world_size() > 1) {
+      broadcast_buffers(0);
+    }
     if (grad_enabled()) {
-      sync_ = no_sync_depth_ == 0;
+      sync_ = opens;
       if (sync_ && !single_) reducer_->begin();
     }
     if (!timeline_) return model_->forward(x);
@@ -168,6 +210,8 @@ class DistributedDataParallel {
   //  - find_unused_parameters: a parameter with a gradient on some rank holds the average; one without a
   //    gradient on every rank keeps no gradient (has_grad() false), so optimizers skip it, as in PyTorch.
   //  - otherwise any missing gradient, on any rank, is a DdpError on every rank naming it and the ranks.
+  //  - NonFinite::kRaise / kSkipStep: NaN/Inf in the result raise a DdpError, or drop the step's gradients,
+  //    on every rank alike.
   void finalize() {
     if (!sync_) return;
     sync_ = false;
@@ -179,19 +223,17 @@ class DistributedDataParallel {
       if (!n.grad_defined) Kernels<S>::fill(es[i].numel, T(0), n.grad.data());  // none this step (nor under no_sync)
       reducer_->mark_ready(i, n.grad_defined);
     }
-    ReduceOutcome const& out = reducer_->finalize();
-    bool any_missing = false;
-    for (std::size_t i = 0; i < es.size(); ++i) {
-      if (out.missing_somewhere[i]) any_missing = true;
-      // The slice holds the average (or zeros nobody produced): defined exactly when some rank had a gradient.
-      nodes_[i]->grad_defined = out.present_somewhere[i] != 0;
-    }
-    if (any_missing && !opts_.find_unused_parameters) {
-      std::vector<std::int32_t> mine(es.size(), 0);
-      for (std::size_t i = 0; i < es.size(); ++i) mine[i] = reducer_->had_grad(i) ? 0 : 1;
-      raise_unused(mine);
-    }
+    apply(reducer_->finalize(), Participation::kActive);
   }
+
+  // Whether the last synchronised step's gradients were dropped as non-finite (NonFinite::kSkipStep), on
+  // every rank alike; its parameters are in non_finite_parameters().
+  bool step_skipped() const noexcept { return step_skipped_; }
+  // Steps dropped as non-finite since construction (the same on every rank).
+  std::int64_t skipped_steps() const noexcept { return skipped_steps_; }
+  // The parameters whose averaged gradient held NaN/Inf in the last synchronised step (empty when none, or
+  // when NonFinite::kIgnore).
+  std::vector<std::string> const& non_finite_parameters() const noexcept { return non_finite_; }
 
   nn::ParameterArena<T, S>& parameters() noexcept { return arena_; }
   BucketPlan const& plan() const noexcept { return reducer_->plan(); }
@@ -207,12 +249,88 @@ class DistributedDataParallel {
 
  private:
   using reducer_t = BucketReducer<T, S, C>;
+  friend struct detail::JoinAccess;
 
-  void broadcast_buffers() {
+  void broadcast_buffers(int root) {
     std::int64_t i = 0;
     for (auto& b : model_->named_buffers())
-      comm_->broadcast(SpaceSpan<T, S>(b.tensor.data(), static_cast<std::size_t>(b.tensor.numel())), 0,
+      comm_->broadcast(SpaceSpan<T, S>(b.tensor.data(), static_cast<std::size_t>(b.tensor.numel())), root,
                        CollectiveTag{"ddp.buffer", i++});
+  }
+  // `root`'s parameters (frozen ones too) and buffers on every rank: one broadcast per tensor.
+  void broadcast_state(int root) {
+    std::int64_t i = 0;
+    for (auto const& p : nn::ParameterArena<T, S>::unique_all(model_->named_parameters())) {
+      Tensor<T, S> const& v = p.var.node().value;
+      comm_->broadcast(SpaceSpan<T, S>(v.data(), static_cast<std::size_t>(v.numel())), root,
+                       CollectiveTag{"ddp.param", i++});
+    }
+    broadcast_buffers(root);
+  }
+
+  // Join (join.hpp): while attached, synchronised forwards agree on their round with the hook first.
+  void attach_join(detail::JoinHook* hook) noexcept {
+    join_ = hook;
+    round_ = {};
+  }
+  // Join: this rank has no batch; it answers the round the others agreed on (buffers from round.buffer_root,
+  // then every bucket with zeros) and ends it as they do, errors included.
+  void shadow_round(detail::JoinRound round) {
+    if (opts_.broadcast_buffers) broadcast_buffers(round.buffer_root);
+    round_ = round;
+    apply(reducer_->shadow_round(), Participation::kShadow);
+  }
+
+  // Ends a round on what every rank agreed: which gradients are defined, the missing-gradient error, the
+  // join divisor and the non-finite check.
+  void apply(ReduceOutcome const& out, Participation part) {
+    auto const& es = arena_.entries();
+    ++rounds_;
+    bool any_missing = false;
+    for (std::size_t i = 0; i < es.size(); ++i) {
+      if (out.missing_somewhere[i]) any_missing = true;
+      // The slice holds the average (or zeros nobody produced): defined exactly when some rank had a gradient.
+      nodes_[i]->grad_defined = out.present_somewhere[i] != 0;
+    }
+    if (any_missing && !opts_.find_unused_parameters) {
+      std::vector<std::int32_t> mine(es.size(), 0);  // a shadowing rank had nothing to miss
+      for (std::size_t i = 0; i < es.size(); ++i)
+        mine[i] = part == Participation::kActive && !reducer_->had_grad(i) ? 1 : 0;
+      raise_unused(mine);
+    }
+    if (round_.grad_scale != 1.0)
+      for (std::size_t i = 0; i < es.size(); ++i)
+        Kernels<S>::axpby(es[i].numel, T(round_.grad_scale), nodes_[i]->grad.data(), T(0), nodes_[i]->grad.data());
+    if (opts_.non_finite != NonFinite::kIgnore) check_finite(out.non_finite_ranks);
+  }
+
+  // The averaged gradients are the same on every rank (and so are the ranks' flags), so every rank finds the
+  // same parameters and takes the same decision.
+  void check_finite(std::vector<int> ranks) {
+    auto const& es = arena_.entries();
+    non_finite_.clear();
+    step_skipped_ = false;
+    for (std::size_t i = 0; i < es.size(); ++i)
+      if (nodes_[i]->grad_defined && !detail::all_finite<T, S>(es[i].numel, nodes_[i]->grad.data()))
+        non_finite_.push_back(es[i].name);
+    if (non_finite_.empty() && ranks.empty()) return;
+    if (comm_->world_size() == 1) ranks = {0};       // its own gradients are the "averaged" ones
+    for (auto* n : nodes_) n->grad_defined = false;  // optimizers skip parameters without a gradient
+    if (opts_.non_finite == NonFinite::kSkipStep) {
+      step_skipped_ = true;
+      ++skipped_steps_;
+      return;
+    }
+    std::string names, from;
+    for (std::size_t k = 0; k < non_finite_.size() && k < 5; ++k) names += (k ? ", '" : "'") + non_finite_[k] + "'";
+    if (non_finite_.size() > 5) names += detail::cat(" and ", non_finite_.size() - 5, " more");
+    for (std::size_t k = 0; k < ranks.size(); ++k) from += (k ? ", " : "") + std::to_string(ranks[k]);
+    throw DdpError(detail::cat(
+        "DistributedDataParallel: non-finite gradient (NaN or Inf) after the all-reduce of step ", rounds_,
+        non_finite_.empty() ? std::string(" (no parameter holds it after the reduction)") : " in parameter(s) " + names,
+        ranks.empty() ? std::string() : "; rank(s) " + from + " had NaN/Inf in their own gradients",
+        ". Every rank raises this error. Look for NaN/Inf in those ranks' inputs or loss or lower the learning "
+        "rate; or construct with DdpOptions{.non_finite = NonFinite::kSkipStep} to skip such steps on every rank."));
   }
 
   // Queues finalize for the end of the backward that reached parameter node `n`, once per backward. A leaf's
@@ -228,6 +346,7 @@ class DistributedDataParallel {
   // (find_unused_parameters; the optimizers skip them) or are the error.
   void finalize_single() {
     auto const& es = arena_.entries();
+    ++rounds_;
     std::vector<std::int32_t> missing;
     for (std::size_t i = 0; i < es.size(); ++i) {
       auto& n = *nodes_[i];
@@ -237,6 +356,7 @@ class DistributedDataParallel {
       missing[i] = 1;
     }
     if (!missing.empty() && !opts_.find_unused_parameters) raise_unused(missing);
+    if (opts_.non_finite != NonFinite::kIgnore) check_finite({});
   }
 
   static void single_rank_ready(void* self, std::size_t, Node<T, S>& n) {
@@ -298,6 +418,12 @@ class DistributedDataParallel {
   bool single_ = false;               // one rank and no timeline: the reducer is not driven (finalize_single)
   bool sync_ = false;                 // a synchronised round is open (forward outside no_sync, not yet finalized)
   int no_sync_depth_ = 0;
+  detail::JoinHook* join_ = nullptr;  // a ddp::join running on this rank
+  detail::JoinRound round_{};         // what the current round was agreed to be (defaults outside a join)
+  std::int64_t rounds_ = 0;           // synchronised rounds ended since construction (for messages)
+  std::int64_t skipped_steps_ = 0;
+  bool step_skipped_ = false;  // the last round's gradients were dropped as non-finite
+  std::vector<std::string> non_finite_;
 };
 
 }  // namespace ddp

@@ -1,5 +1,6 @@
-// The parallel layer: DistributedDataParallel and its cross-rank checks.
+// The parallel layer: DistributedDataParallel, its cross-rank checks, and join for uneven inputs.
 #pragma once
 
 #include "ddp/bucket/plan.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/parallel/join.hpp"

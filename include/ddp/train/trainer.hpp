@@ -2,9 +2,11 @@
 // DDP forward/backward, optimizer step, exact distributed evaluation) for users who do not want to
 // write it, with what a real job adds: a global batch, starting an epoch part-way (mid-epoch resume),
 // per-step hooks (before: reseed, schedule; after: progress, checkpoints, early stop) and train-loss counts
-// over all ranks. The explicit loop stays available: trainer.ddp() and trainer.optimizer() are the pieces.
+// over all ranks, epochs whose ranks have different numbers of batches (an error, or ddp::join), and steps
+// skipped for non-finite gradients. The explicit loop stays available: trainer.ddp() and trainer.optimizer().
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -14,9 +16,18 @@
 #include "ddp/data/sampler.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/parallel/join.hpp"
 #include "ddp/trace/timeline.hpp"
 
 namespace ddp {
+
+// How an epoch's samples are shared among the ranks when they do not divide evenly.
+enum class EpochSplit {
+  kPad,   // DistributedSampler's padding (PyTorch's): every rank gets ceil(n / R) samples, a few repeated. Ranks
+          // whose batch counts still differ (datasets of different sizes) are a DdpError on every rank.
+  kJoin,  // every sample exactly once: ranks whose share has fewer batches join early (ddp::join) and shadow
+          // the others' last steps, divided as TrainerOptions::join says; all end the epoch in the same state.
+};
 
 struct TrainerOptions {
   std::int64_t batch_size = 32;  // per rank (used when global_batch is 0)
@@ -27,6 +38,8 @@ struct TrainerOptions {
   // When positive: samples per step over all ranks; each rank takes global_batch / world_size, which must be
   // a whole number (ArgumentError otherwise), and batch_size is not used.
   std::int64_t global_batch = 0;
+  EpochSplit split = EpochSplit::kPad;
+  JoinOptions join{};  // for the epochs EpochSplit::kJoin leaves uneven (the even ones run without a join)
 };
 
 // Where an epoch starts: fit_epoch(data, EpochStart{.epoch = e, .step = s, .global_step = g}, ...) visits
@@ -39,7 +52,9 @@ struct EpochStart {
 };
 
 // Where training stands, as the step hooks see it: before a step, `step` and `global_step` count the steps
-// done before it (so `step` is the index of the batch about to run); after a step, they include it.
+// done before it (so `step` is the index of the batch about to run); after a step, they include it. In an
+// uneven epoch (EpochSplit::kJoin), steps_in_epoch is the most batches any rank has, and a rank that has run
+// out calls no more hooks.
 struct StepPosition {
   std::int64_t epoch = 0;
   std::int64_t step = 0;
@@ -61,14 +76,16 @@ struct StepHooks {
 
 struct EpochResult {
   std::int64_t epoch = 0;
-  std::int64_t steps = 0;     // steps taken by this call
-  double mean_loss = 0;       // over ranks and steps (each step's mean loss, averaged)
+  std::int64_t steps = 0;     // steps taken by this call, with this rank's own batches
+  double mean_loss = 0;       // over ranks and steps (each step's mean loss, averaged; skipped steps left out)
   double seconds = 0;         // wall time of the steps (hooks included; sampler set-up and reductions excluded)
   Counts train{};             // per-sample train loss over all ranks: loss_sum and total (correct is 0)
-  std::int64_t end_step = 0;  // the epoch's batches done after this call (EpochStart::step + steps)
-  std::int64_t steps_in_epoch = 0;
-  std::int64_t global_step = 0;  // optimizer steps taken after this call
-  bool stopped = false;          // an after_step hook returned StepControl::kStop
+  std::int64_t end_step = 0;  // the epoch's steps done after this call (EpochStart::step + the most any rank took)
+  std::int64_t steps_in_epoch = 0;  // the most batches any rank has this epoch
+  std::int64_t global_step = 0;     // synchronised steps taken after this call (skipped ones included)
+  std::int64_t skipped_steps = 0;   // steps whose averaged gradients held NaN/Inf, skipped on every rank
+                                    // (DdpOptions::non_finite = NonFinite::kSkipStep): no optimizer step
+  bool stopped = false;             // an after_step hook returned StepControl::kStop (on this rank)
   bool complete() const noexcept { return end_step == steps_in_epoch; }
 };
 
@@ -107,51 +124,78 @@ class basic_trainer {
 
   // The epoch from `start` to its end, or until an after_step hook returns kStop. Collective: every rank
   // calls it with the same start. The step loop is the explicit one: before_step, zero_grad, forward, loss,
-  // backward (DDP averages the gradients), optimizer step, after_step.
+  // backward (DDP averages the gradients), optimizer step (unless DDP skipped the step), after_step.
+  // First every rank's batch count is exchanged (one all-gather of a word per rank): unequal counts are a
+  // DdpError on every rank naming them (EpochSplit::kPad), or the epoch runs inside ddp::join (kJoin).
   template <Dataset D, class LossFn>
   EpochResult fit_epoch(D const& data, EpochStart const& start, LossFn&& loss, StepHooks const& hooks) {
-    DistributedSampler sampler(data.size(), *comm_, {.shuffle = opts_.shuffle, .seed = opts_.seed, .drop_last = false});
+    DistributedSampler sampler(
+        data.size(), *comm_,
+        {.shuffle = opts_.shuffle, .seed = opts_.seed, .drop_last = false, .pad = opts_.split == EpochSplit::kPad});
     sampler.set_epoch(start.epoch);
     DataLoader loader(data, sampler, {.batch_size = batch_, .drop_last = opts_.drop_last});
+    auto const counts = gather_batch_counts(*comm_, loader.num_batches());
+    bool const even = std::all_of(counts.begin(), counts.end(), [&](std::int64_t c) { return c == counts[0]; });
+    if (!even && opts_.split == EpochSplit::kPad) detail::check_even_batches(counts);
+    std::int64_t const longest = *std::max_element(counts.begin(), counts.end());
+    if (start.step < 0 || start.step > longest)
+      throw ArgumentError(detail::cat("trainer: epoch ", start.epoch, " cannot start at step ", start.step, ": it has ",
+                                      longest, " steps"));
     ddp_.module().set_mode(Mode::kTrain);
-    StepPosition p{.epoch = start.epoch,
-                   .step = start.step,
-                   .steps_in_epoch = loader.num_batches(),
-                   .global_step = start.global_step};
-    EpochResult r{.epoch = start.epoch, .steps_in_epoch = p.steps_in_epoch};
+    StepPosition p{
+        .epoch = start.epoch, .step = start.step, .steps_in_epoch = longest, .global_step = start.global_step};
+    EpochResult r{.epoch = start.epoch, .steps_in_epoch = longest};
     Counts local;
     std::vector<double> sum{0.0};
+    std::vector<std::int64_t> counted{0};  // steps whose loss counts (not skipped)
+    std::int64_t const skipped_before = ddp_.skipped_steps();
     auto const t0 = std::chrono::steady_clock::now();
-    for (auto const& batch : loader.from(start.step)) {
-      if (hooks.before_step) hooks.before_step(p);
-      opt_.zero_grad();
-      V l = loss(ddp_(V(to_space<S>(batch.x))), batch);
-      backward(l);
-      {
-        Timeline::Scope span(opts_.ddp.timeline, "optimizer step", "step", Timeline::kCompute);
-        opt_.step();
+    auto run = [&] {
+      for (auto const& batch : loader.from(std::min(start.step, loader.num_batches()))) {
+        if (hooks.before_step) hooks.before_step(p);
+        opt_.zero_grad();
+        V l = loss(ddp_(V(to_space<S>(batch.x))), batch);
+        backward(l);
+        if (!ddp_.step_skipped()) {
+          Timeline::Scope span(opts_.ddp.timeline, "optimizer step", "step", Timeline::kCompute);
+          opt_.step();
+        }
+        ++p.step;
+        ++p.global_step;
+        ++r.steps;
+        double const lv = l.item();
+        if (!ddp_.step_skipped()) {
+          local.add_batch(0, batch.size(), lv);
+          sum[0] += lv;
+          ++counted[0];
+        }
+        if (hooks.after_step && hooks.after_step(p, lv) == StepControl::kStop) {
+          r.stopped = true;
+          break;
+        }
       }
-      ++p.step;
-      ++p.global_step;
-      double const lv = l.item();
-      local.add_batch(0, batch.size(), lv);
-      sum[0] += lv;
-      if (hooks.after_step && hooks.after_step(p, lv) == StepControl::kStop) {
-        r.stopped = true;
-        break;
-      }
+    };
+    std::int64_t rounds = 0;
+    if (even) {
+      run();
+      rounds = r.steps;
+    } else {
+      rounds = join(ddp_, opt_, run, opts_.join).rounds;
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.steps = p.step - start.step;
-    r.end_step = p.step;
-    r.global_step = p.global_step;
+    r.end_step = start.step + rounds;
+    r.global_step = start.global_step + rounds;
+    r.skipped_steps = ddp_.skipped_steps() - skipped_before;
     r.train = all_reduce_counts(*comm_, local);
     host_all_reduce(*comm_, std::span<double>(sum), ReduceOp::kAvg);
-    r.mean_loss = r.steps ? sum[0] / double(r.steps) : 0.0;
+    // Steps counted per rank, on average: exactly r.steps when every rank counted them all (the usual case).
+    host_all_reduce(*comm_, std::span<std::int64_t>(counted), ReduceOp::kSum);
+    double const mean_steps = double(counted[0]) / double(comm_->world_size());
+    r.mean_loss = counted[0] ? sum[0] / mean_steps : 0.0;
     return r;
   }
 
-  // Batches per epoch on this rank (the same on every rank): what fit_epoch's steps_in_epoch will be.
+  // Batches per epoch (the most any rank has): what fit_epoch's steps_in_epoch will be.
   template <Dataset D>
   std::int64_t steps_per_epoch(D const& data) const {
     DistributedSampler sampler(data.size(), *comm_, {.shuffle = false, .drop_last = false});
