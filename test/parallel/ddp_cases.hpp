@@ -381,9 +381,11 @@ class SwapFirstBuckets : public Recording<C> {
       held_slot_ = slot;
       return Work{slot};
     }
-    slot->emplace(this->inner().all_reduce_async(s, op, tag));
+    // Tags are dropped on the way down: ThreadsBackend compares them (and MpiBackend under DDP_DEBUG=DETAIL), which
+    // would report the swap itself; this checks DDP's own bucket fingerprint, what catches it on any transport.
+    slot->emplace(this->inner().all_reduce_async(s, op, CollectiveTag{}));
     if (mine && tag.id == 1 && held_slot_) {
-      held_slot_->emplace(this->inner().all_reduce_async(*held_, op, CollectiveTag{"bucket", 0}));
+      held_slot_->emplace(this->inner().all_reduce_async(*held_, op, CollectiveTag{}));
       held_slot_.reset();
     }
     return Work{slot};

@@ -3,6 +3,7 @@
 
 #include "ddp/data/dataset.hpp"
 #include "ddp/data/fashion_mnist.hpp"
+#include "ddp/data/global_batch_sampler.hpp"
 #include "ddp/data/idx.hpp"
 #include "ddp/data/loader.hpp"
 #include "ddp/data/metrics.hpp"

@@ -2,5 +2,6 @@
 #pragma once
 
 #include "ddp/bucket/plan.hpp"
+#include "ddp/parallel/deterministic.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/join.hpp"

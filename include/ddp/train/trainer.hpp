@@ -18,6 +18,7 @@
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/join.hpp"
 #include "ddp/trace/timeline.hpp"
+#include "ddp/train/evaluate.hpp"
 
 namespace ddp {
 
@@ -209,18 +210,7 @@ class basic_trainer {
   template <Dataset D>
   requires std::same_as<typename D::target_type, std::int32_t> Counts evaluate(D const& data,
                                                                                std::int64_t batch_size = 256) {
-    EvalSampler sampler(data.size(), *comm_);
-    DataLoader loader(data, sampler, {.batch_size = batch_size, .drop_last = false});
-    ddp_.module().set_mode(Mode::kEval);
-    NoGradGuard ng;
-    Counts c;
-    for (auto const& batch : loader) {
-      V out = ddp_.module().forward(V(to_space<S>(batch.x)));
-      c.add_batch(argmax_correct(to_space<HostSpace>(out.value()), batch.y), batch.size(),
-                  cross_entropy(out, to_space<S>(batch.y)).item());
-    }
-    ddp_.module().set_mode(Mode::kTrain);
-    return all_reduce_counts(*comm_, c);
+    return ddp::evaluate(ddp_.module(), *comm_, data, batch_size);
   }
 
   // Samples per step on this rank, and over all ranks.
