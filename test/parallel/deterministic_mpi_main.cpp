@@ -2,6 +2,7 @@
 // rank, the very bytes a single process gives (rank 0 trains the reference on a one-rank threads group), and a
 // checkpoint written by a two-rank threads run must resume here bit for bit. Exits non-zero on a mismatch.
 #include <cstdio>
+#include <cstring>
 
 #include "ddp/comm/mpi.hpp"
 #include "test/parallel/deterministic_cases.hpp"
@@ -12,15 +13,21 @@ int main(int argc, char** argv) {
   return ddp::mpi_main(argc, argv, [](ddp::MpiSession& session) {
     ddp::MpiBackend comm(session);
     int failures = 0;
+    // Rank 0's reference bytes go to every rank, which compares its own final weights with them byte for byte.
     auto compare = [&](std::string const& what, std::vector<std::uint8_t> const& got, auto&& reference) {
-      std::int64_t mine = static_cast<std::int64_t>(digest(got) >> 1), want = 0;
-      if (comm.rank() == 0) want = static_cast<std::int64_t>(digest(reference()) >> 1);
-      comm.broadcast(std::span(&want, 1), 0);
-      std::int64_t worst[2] = {mine == want ? 0 : 1, 0};
+      std::vector<std::uint8_t> ref = comm.rank() == 0 ? reference() : std::vector<std::uint8_t>();
+      std::int64_t size = static_cast<std::int64_t>(ref.size());
+      comm.broadcast(std::span(&size, 1), 0);
+      std::vector<std::int64_t> words((static_cast<std::size_t>(size) + 7) / 8, 0);
+      if (comm.rank() == 0) std::memcpy(words.data(), ref.data(), ref.size());
+      comm.broadcast(std::span(words), 0);
+      ref.resize(static_cast<std::size_t>(size));
+      std::memcpy(ref.data(), words.data(), ref.size());
+      std::int64_t worst[2] = {got == ref ? 0 : 1, 0};
       comm.all_reduce(std::span(worst, 2), ddp::ReduceOp::kMax);
       if (comm.rank() == 0)
         std::printf("%-40s world size %d: %s\n", what.c_str(), comm.world_size(),
-                    worst[0] == 0 ? "identical to one process, on every rank" : "DIFFERENT");
+                    worst[0] == 0 ? "the same bytes as one process, on every rank" : "DIFFERENT");
       failures += worst[0] != 0;
     };
     for (Run const& run : all_runs()) {
