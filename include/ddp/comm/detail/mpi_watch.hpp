@@ -47,7 +47,7 @@ struct CallRecord {
     bool const reduces = kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter;
     r.op = reduces ? static_cast<std::int32_t>(op) : 0;
     r.root = root;
-    std::memcpy(r.label, tag.label.data(), std::min(tag.label.size(), sizeof r.label - 1));
+    if (!tag.label.empty()) std::memcpy(r.label, tag.label.data(), std::min(tag.label.size(), sizeof r.label - 1));
     return r;
   }
   CollectiveKind collective() const noexcept { return static_cast<CollectiveKind>(kind); }
