@@ -186,13 +186,17 @@ class DeterministicDataParallel {
     }
     for (std::size_t p = 0; p < np; ++p) {
       auto const& e = arena_.entries()[p];
+      // Locals and restrict: an int64 store through acc could otherwise alias e.numel, which keeps the loops
+      // scalar (a reload per element).
+      std::int64_t const numel = e.numel;
       double const scale = std::ldexp(1.0, shift(p));
-      std::int64_t* const acc = sums_.data() + e.offset;
-      T const* const last = grads + e.offset;
-      for (std::int64_t i = 0; i < e.numel; ++i) acc[i] = quantize(last[i], scale);
+      std::int64_t* __restrict const acc = sums_.data() + e.offset;
+      T const* __restrict const last = grads + e.offset;
+      for (std::int64_t i = 0; i < numel; ++i) acc[i] = quantize(last[i], scale);
       for (std::int64_t j = 0; j + 1 < per_rank_; ++j) {
-        T const* const g = held_.data() + static_cast<std::size_t>(j) * n + static_cast<std::size_t>(e.offset);
-        for (std::int64_t i = 0; i < e.numel; ++i) acc[i] += quantize(g[i], scale);
+        T const* __restrict const g =
+            held_.data() + static_cast<std::size_t>(j) * n + static_cast<std::size_t>(e.offset);
+        for (std::int64_t i = 0; i < numel; ++i) acc[i] += quantize(g[i], scale);
       }
     }
     // The losses ride along after the gradients: micro-batch m's slot holds its loss's bits on the rank that
@@ -216,10 +220,11 @@ class DeterministicDataParallel {
     }
     for (std::size_t p = 0; p < np; ++p) {
       auto const& e = arena_.entries()[p];
+      std::int64_t const numel = e.numel;
       double const factor = std::ldexp(1.0, -shift(p)) / static_cast<double>(opts_.micro_batches);
-      std::int64_t const* const acc = sums_.data() + e.offset;
-      T* const g = grads + e.offset;
-      for (std::int64_t i = 0; i < e.numel; ++i) g[i] = static_cast<T>(static_cast<double>(acc[i]) * factor);
+      std::int64_t const* __restrict const acc = sums_.data() + e.offset;
+      T* __restrict const g = grads + e.offset;
+      for (std::int64_t i = 0; i < numel; ++i) g[i] = static_cast<T>(static_cast<double>(acc[i]) * factor);
     }
     std::vector<double> all(static_cast<std::size_t>(opts_.micro_batches));
     for (std::size_t m = 0; m < all.size(); ++m) all[m] = std::bit_cast<double>(slots[m]);
