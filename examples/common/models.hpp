@@ -43,12 +43,7 @@ Net<S> make_mlp(Generator& gen) {
   return n;
 }
 
-inline std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+inline std::uint64_t mix(std::uint64_t x) { return ddp::detail::mix64(x); }  // splitmix64's finaliser
 
 // Dropout masks depend only on (seed, rank, epoch, step, layer): each step reseeds the generators, so a run
 // resumed from a checkpoint draws the same masks as one never interrupted. Ranks differ (seed + rank). The

@@ -19,6 +19,7 @@
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/detail/wait.hpp"
+#include "ddp/comm/mpi_session.hpp"
 #include "ddp/comm/trace.hpp"
 #include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"
@@ -185,15 +186,8 @@ class MpiWatch {
   void test(MPI_Request& req, int& flag) {
     if (int rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) {
       throw CommError(
-          cat("ddp ", backend_, ": collective on rank ", rank_, " of ", n_, " failed: ", mpi_error_text(rc)), rank_);
+          cat("ddp ", backend_, ": collective on rank ", rank_, " of ", n_, " failed: ", mpi_error_string(rc)), rank_);
     }
-  }
-
-  static std::string mpi_error_text(int code) {
-    char buf[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return cat("MPI error code ", code);
-    return std::string(buf, static_cast<std::size_t>(len));
   }
 
   // Answers every pending question with the collective this rank waits in.
