@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <span>
 
 #include "ddp/comm/mpi.hpp"
@@ -53,10 +55,40 @@ TEST_CASE("MpiSession knows the node-local rank from MPI, matching launch_env()"
   CHECK(env.local_size == g_comm->session().local_size());
 }
 
+TEST_CASE("the layout names how all_reduce runs") {
+  std::string const layout = g_comm->layout();
+  CAPTURE(layout);
+  CHECK(!layout.empty());
+  if (g_comm->world_size() == 1) CHECK(layout == "MPI_Iallreduce over 1 rank");
+}
+
+// --node=mpi | --node=shm (default), --ranks-per-node=K, --chunk-bytes=N: the all-reduce layouts under test.
+ddp::MpiNodeOptions node_options(int& argc, char** argv) {
+  ddp::MpiNodeOptions opts;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string const a = argv[i];
+    if (a == "--node=mpi") {
+      opts.all_reduce = ddp::NodeAllReduce::kMpi;
+    } else if (a == "--node=shm") {
+      opts.all_reduce = ddp::NodeAllReduce::kSharedMemory;
+    } else if (a.rfind("--ranks-per-node=", 0) == 0) {
+      opts.ranks_per_node = std::stoi(a.substr(17));
+    } else if (a.rfind("--chunk-bytes=", 0) == 0) {
+      opts.chunk_bytes = std::stoul(a.substr(14));
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+  return opts;
+}
+
 int main(int argc, char** argv) {
   return ddp::mpi_main(argc, argv, [&](ddp::MpiSession& session) {
-    ddp::MpiBackend comm(session);
+    ddp::MpiBackend comm(session, {.node = node_options(argc, argv)});
     g_comm = &comm;
+    if (comm.rank() == 0) std::printf("all_reduce layout: %s\n", comm.layout().c_str());
     doctest::Context ctx(argc, argv);
     ctx.setOption("no-version", true);
     int failed = ctx.run();

@@ -1,7 +1,8 @@
 // A job whose rank --rank fails at step 3 while the others are in collectives: --mode=throw (an exception
 // escapes into mpi_main), --mode=exit (std::exit(3)), --mode=kill (SIGKILL: no code runs, Hydra cleans up),
 // --mode=stall (it stops taking part: sleeps far past the collective timeout), --mode=desync (it issues a
-// broadcast where the others all-reduce). --timeout=SECONDS sets MpiOptions::timeout (default: $DDP_TIMEOUT,
+// broadcast where the others all-reduce), --mode=count (it all-reduces 64 more elements than the others: on
+// one node the shared-memory path compares the calls and every rank raises at once). --timeout=SECONDS sets MpiOptions::timeout (default: $DDP_TIMEOUT,
 // else 10 minutes). Run by expect_failure.sh: the job must end quickly and non-zero, naming the rank (and for
 // stall/desync the collective) on every rank that can still speak.
 #include <chrono>
@@ -39,6 +40,12 @@ int main(int argc, char** argv) {
           continue;
         }
         if (mode == "throw") throw std::runtime_error("injected failure at step 3");
+        if (mode == "count") {
+          std::vector<float> longer(grads.size() + 64, 1.0f);
+          comm.all_reduce_async(longer, ddp::ReduceOp::kAvg, {"bucket", step}).wait();
+          comm.barrier();
+          continue;
+        }
       }
       auto w = comm.all_reduce_async(grads, ddp::ReduceOp::kAvg, {"bucket", step});
       w.wait();

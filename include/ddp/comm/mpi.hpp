@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,8 @@
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/detail/front_end.hpp"
+#include "ddp/comm/detail/mpi_node.hpp"
+#include "ddp/comm/detail/mpi_types.hpp"
 #include "ddp/comm/detail/mpi_watch.hpp"
 #include "ddp/comm/detail/progress.hpp"
 #include "ddp/comm/detail/reduce.hpp"
@@ -39,36 +42,18 @@ struct MpiOptions {
   TimeoutOptions timeout{};
   // Unset: $DDP_DEBUG=DETAIL selects kEvery, else kOnStall.
   std::optional<CollectiveChecks> checks{};
+  // How all_reduce combines the ranks of one node (default: a shared-memory window, hierarchical across nodes).
+  MpiNodeOptions node{};
   TraceOptions trace{};
 };
 
-namespace detail {
-template <CommElement T>
-inline MPI_Datatype mpi_type() noexcept {
-  if constexpr (std::same_as<T, float>)
-    return MPI_FLOAT;
-  else if constexpr (std::same_as<T, double>)
-    return MPI_DOUBLE;
-  else if constexpr (std::same_as<T, std::int32_t>)
-    return MPI_INT32_T;
-  else
-    return MPI_INT64_T;
-}
-inline MPI_Op mpi_op(ReduceOp op) noexcept {
-  switch (op) {
-    case ReduceOp::kMax:
-      return MPI_MAX;
-    case ReduceOp::kMin:
-      return MPI_MIN;
-    default:
-      return MPI_SUM;  // kAvg: sum, then one scaling pass (MPI has no average)
-  }
-}
-}  // namespace detail
 
-// Guarantees: the results of MPI_Iallreduce on the same inputs (MPICH's algorithms are deterministic for a
-// fixed world size and message size, and give every rank the same bits). kAvg costs one extra pass over
-// the buffer after the sum. Thread safety: one thread at a time issues this backend's collectives.
+// all_reduce, by default: ranks that share a node reduce through an MPI-3 shared window (each reduces one
+// slice of every rank's data, in rank order), and across nodes the slices' owners all-reduce them over MPI
+// (MpiNodeOptions; detail::NodeAllReduce). The other collectives, and all-reduces across nodes up to
+// MpiNodeOptions::small_bytes, are the MPI library's. Guarantees: every rank gets the same bits, and the
+// same inputs give the same bits for a fixed layout of ranks on nodes (and MPICH's algorithms are
+// deterministic for a fixed world size and message size). kAvg costs one extra pass over the buffer. Thread safety: one thread at a time issues this backend's collectives.
 // No hangs: every collective is nonblocking MPI under a deadline (MpiOptions::timeout); one that waits too
 // long warns, then throws a CommError naming itself (operation, sequence number, tag) and the ranks that did
 // not arrive, or both sides when ranks diverged. The backend is then unusable, and the job must end:
@@ -91,6 +76,9 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &n_);
     watch_ = std::make_unique<detail::MpiWatch>(comm_, std::move(deadlines), backend_name);
+    if (opts.node.all_reduce == NodeAllReduce::kSharedMemory && n_ > 1) {
+      node_ = std::make_unique<detail::NodeAllReduce>(comm_, opts.node, *watch_);
+    }
   }
   MpiBackend(MpiBackend const&) = delete;
   MpiBackend& operator=(MpiBackend const&) = delete;
@@ -100,10 +88,14 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
     } catch (...) {  // already reported by the Work handles
     }
     queue_.stop();
-    if (broken_.load()) {  // a collective is still pending on comm_: leave it to MPI_Abort
+    // A collective still pending on comm_, or an exception on its way to mpi_main's MPI_Abort while the peers
+    // wait in a collective: freeing the window (collective) would wait for them forever. Leave it to the abort.
+    if (broken_.load() || std::uncaught_exceptions() > unwinding_at_start_) {
+      if (node_) node_->abandon();
       watch_->abandon();
       return;
     }
+    node_.reset();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -116,6 +108,11 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   CollectiveChecks checks() const noexcept { return checks_; }
   // The deadline each collective runs under (resolved from MpiOptions::timeout and $DDP_TIMEOUT).
   std::chrono::nanoseconds timeout() const noexcept { return watch_->deadlines().timeout; }
+  // How all_reduce runs: "1 node x 4 ranks (shared memory)", "2 nodes x 2 ranks (shared memory, striped MPI
+  // across nodes)", or "MPI_Iallreduce over 4 ranks".
+  std::string layout() const {
+    return node_ ? node_->layout() : detail::cat("MPI_Iallreduce over ", n_, n_ == 1 ? " rank" : " ranks");
+  }
 
   // The collectives come from CollectiveFrontEnd; all_reduce_async runs MPI_Allreduce on this rank's
   // progress thread, in issue order. Below: the transport.
@@ -213,6 +210,16 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   template <class T>
   void run_all_reduce(HostSpan<T> buf, ReduceOp op, CollectiveTag tag) {
     auto const call = record(CollectiveKind::kAllReduce, buf.size(), dtype_of<T>, op, -1, tag);
+    if (node_ && node_->takes(buf.size_bytes())) {
+      try {
+        node_->all_reduce(buf.data(), buf.size(), op, call);
+      } catch (...) {
+        broken_.store(true, std::memory_order_release);
+        session_->note_failure();
+        throw;
+      }
+      return;
+    }
     std::size_t off = 0;
     do {  // MPI counts are int: chunk, and still call once for an empty buffer
       std::size_t const m = std::min(kMaxChunk, buf.size() - off);
@@ -312,7 +319,9 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   int n_ = 1;
   std::uint64_t calls_ = 0;  // collectives issued (their sequence numbers); touched by one thread at a time
   std::atomic<bool> broken_{false};
+  int unwinding_at_start_ = std::uncaught_exceptions();  // more in the destructor: destroyed by unwinding
   std::unique_ptr<detail::MpiWatch> watch_;
+  std::unique_ptr<detail::NodeAllReduce> node_;  // null: every all_reduce is MPI_Iallreduce on comm_
   detail::AllReduceQueue<MpiBackend> queue_;
 };
 

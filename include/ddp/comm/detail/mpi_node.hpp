@@ -1,0 +1,349 @@
+// NodeAllReduce: MpiBackend's all-reduce for ranks that share a node. The node's ranks reduce through an
+// MPI-3 shared window (MPI_Win_allocate_shared) with the threads backend's sliced algorithm; with several
+// nodes it is hierarchical and striped: local rank k reduces slice k on its node, all-reduces it with the
+// ranks of local rank k on the other nodes over MPI, and publishes the result on its node.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/detail/mpi_types.hpp"
+#include "ddp/comm/detail/mpi_watch.hpp"
+#include "ddp/comm/detail/reduce.hpp"
+#include "ddp/comm/detail/wait.hpp"
+#include "ddp/error.hpp"
+
+namespace ddp {
+
+// How MpiBackend::all_reduce combines the ranks of one node.
+enum class NodeAllReduce {
+  kSharedMemory,  // through an MPI-3 shared window; across nodes hierarchical (node, then MPI, then node)
+  kMpi,           // MPI_Iallreduce over all ranks, as the MPI library does it
+};
+
+struct MpiNodeOptions {
+  NodeAllReduce all_reduce = NodeAllReduce::kSharedMemory;
+  // Large all-reduces go through the window in chunks of this many bytes per rank (two chunks in flight).
+  std::size_t chunk_bytes = 256 * 1024;
+  // On one node, all-reduces up to this size take one barrier (copy in, every rank reduces all of it); across
+  // nodes they go to MPI_Iallreduce, whose latency-bound algorithms suit them better.
+  std::size_t small_bytes = 32 * 1024;
+  // 0: a node is the ranks that share memory (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)). k > 0: consecutive
+  // groups of k ranks count as nodes, to run the hierarchical algorithm on one host (tests, studies); each
+  // group must still share memory.
+  int ranks_per_node = 0;
+};
+
+namespace detail {
+
+// The head of each rank's segment in the window: its barrier count and its current call (for the checks).
+struct alignas(64) NodeSlot {
+  std::atomic<std::uint64_t> arrived{0};
+  alignas(64) CallRecord pub[2];  // by the parity of the rank's all-reduce count
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "cross-process atomics must be lock-free");
+
+class NodeAllReduce {
+ public:
+  // Collective over `comm` (the backend's communicator). Throws CommError on every rank if any rank could
+  // not set up its window (the ranks agree on the outcome first).
+  NodeAllReduce(MPI_Comm comm, MpiNodeOptions const& opts, MpiWatch& watch) : watch_(&watch) {
+    MPI_Comm_rank(comm, &rank_);
+    MPI_Comm_size(comm, &n_);
+    if (opts.ranks_per_node < 0) {
+      throw ArgumentError(cat("ddp mpi: MpiNodeOptions::ranks_per_node must be >= 0, got ", opts.ranks_per_node));
+    }
+    if (opts.chunk_bytes < 4096) {
+      throw ArgumentError(cat("ddp mpi: MpiNodeOptions::chunk_bytes must be >= 4096, got ", opts.chunk_bytes));
+    }
+    chunk_bytes_ = opts.chunk_bytes / 64 * 64;
+    small_bytes_ = (std::max<std::size_t>(opts.small_bytes, 64) + 63) / 64 * 64;
+    if (opts.ranks_per_node == 0) {
+      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_);
+    } else {
+      MPI_Comm_split(comm, rank_ / opts.ranks_per_node, rank_, &node_);
+    }
+    MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(node_, &local_rank_);
+    MPI_Comm_size(node_, &local_n_);
+    node_ranks_.resize(static_cast<std::size_t>(local_n_));
+    MPI_Allgather(&rank_, 1, MPI_INT, node_ranks_.data(), 1, MPI_INT, node_);
+
+    // The layout: how many nodes, and whether every node has the same number of ranks (then striped).
+    int const leader = local_rank_ == 0 ? 1 : 0;
+    int sizes[2] = {local_n_, -local_n_};
+    MPI_Allreduce(&leader, &nodes_, 1, MPI_INT, MPI_SUM, comm);
+    MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, comm);
+    bool const uniform = sizes[0] == -sizes[1];
+    stripes_ = nodes_ == 1 || uniform ? local_n_ : 1;
+    if (nodes_ > 1) {
+      int const color = local_rank_ < stripes_ ? local_rank_ : MPI_UNDEFINED;
+      MPI_Comm_split(comm, color, rank_, &cross_);
+      if (cross_ != MPI_COMM_NULL) MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
+    }
+
+    // The window: per rank a slot, two small areas and two chunk halves.
+    head_bytes_ = (sizeof(NodeSlot) + 63) / 64 * 64;
+    segment_bytes_ = head_bytes_ + 2 * small_bytes_ + 2 * chunk_bytes_;
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    void* base = nullptr;
+    // 64 bytes more: MPICH may place a one-rank window on the heap, 16-byte aligned; segments start on a line.
+    int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(segment_bytes_ + 64), 1, info, node_, &base, &win_);
+    MPI_Info_free(&info);
+    if (rc == MPI_SUCCESS) {
+      segments_.resize(static_cast<std::size_t>(local_n_));
+      for (int k = 0; k < local_n_ && rc == MPI_SUCCESS; ++k) {
+        MPI_Aint size = 0;
+        int disp = 0;
+        void* at = nullptr;
+        rc = MPI_Win_shared_query(win_, k, &size, &disp, &at);
+        auto const addr = reinterpret_cast<std::uintptr_t>(at);
+        segments_[static_cast<std::size_t>(k)] = reinterpret_cast<void*>((addr + 63) / 64 * 64);
+      }
+    }
+    int failed = rc == MPI_SUCCESS ? 0 : 1;
+    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
+    if (failed) {
+      std::string const why = rc == MPI_SUCCESS ? "a peer's window failed" : mpi_error_string(rc);
+      release();
+      throw CommError(cat("ddp mpi: the shared-memory window for all_reduce (", segment_bytes_,
+                          " bytes per rank) could not be set up on rank ", rank_, " of ", n_, ": ", why,
+                          "; free space in /dev/shm, lower MpiNodeOptions::chunk_bytes, or choose "
+                          "MpiNodeOptions{.all_reduce = NodeAllReduce::kMpi}"),
+                      rank_);
+    }
+    MPI_Win_lock_all(MPI_MODE_NOCHECK, win_);
+    new (segments_[static_cast<std::size_t>(local_rank_)]) NodeSlot();
+    MPI_Barrier(node_);  // every slot is constructed before any rank reads one
+  }
+  NodeAllReduce(NodeAllReduce const&) = delete;
+  NodeAllReduce& operator=(NodeAllReduce const&) = delete;
+  ~NodeAllReduce() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && !abandoned_) release();
+  }
+
+  // After a failed collective: leave the window and communicators alone (freeing them is collective).
+  void abandon() noexcept { abandoned_ = true; }
+
+  int nodes() const noexcept { return nodes_; }
+  int local_rank() const noexcept { return local_rank_; }
+  int local_size() const noexcept { return local_n_; }
+  // "2 nodes x 2 ranks (shared memory, striped MPI across nodes)"
+  std::string layout() const {
+    if (nodes_ == 1) return cat("1 node x ", local_n_, " ranks (shared memory)");
+    return cat(nodes_, " nodes", stripes_ == local_n_ ? cat(" x ", local_n_, " ranks") : std::string(" (uneven)"),
+               " (shared memory, ", stripes_ == local_n_ ? "striped" : "leaders'", " MPI across nodes)");
+  }
+
+  // Whether this path takes an all-reduce of `bytes` (else MPI_Iallreduce over all ranks does).
+  bool takes(std::size_t bytes) const noexcept { return nodes_ == 1 ? local_n_ > 1 : bytes > small_bytes_; }
+
+  template <class T>
+  void all_reduce(T* data, std::size_t count, ReduceOp op, CallRecord const& call) {
+    std::size_t const bytes = count * sizeof(T);
+    std::uint64_t const op_seq = ++ops_;
+    self().pub[op_seq & 1] = call;
+    if (nodes_ == 1 && bytes <= small_bytes_) return small(data, count, op, call, op_seq);
+    auto& srcs = pointers<T>();
+    // Chunks of whole cache lines per stripe, so no two ranks write one line.
+    std::size_t const line = 64 / sizeof(T);
+    std::size_t const chunk = std::max(line, chunk_bytes_ / sizeof(T) / line * line);
+    int const mine = local_rank_ < stripes_ ? local_rank_ : -1;
+    ReduceOp const node_op = nodes_ > 1 && op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    std::size_t off = 0;
+    bool first = true;
+    do {
+      std::size_t const m = std::min(chunk, count - off);
+      std::size_t const half = chunks_++ & 1;
+      T* const own = data + off;
+      for (int k = 0; k < stripes_; ++k) {  // copy in every slice but the one this rank reduces
+        if (k == mine) continue;
+        auto const [lo, hi] = slice(m, line, k);
+        copy(area<T>(local_rank_, half) + lo, own + lo, hi - lo);
+      }
+      arrive(call);
+      if (first) verify(call, op_seq);
+      first = false;
+      if (mine >= 0) {
+        auto const [lo, hi] = slice(m, line, mine);
+        for (int k = 0; k < local_n_; ++k) {
+          srcs[static_cast<std::size_t>(k)] = k == local_rank_ ? own + lo : area<T>(k, half) + lo;
+        }
+        T* const result = area<T>(local_rank_, half) + lo;
+        if (nodes_ == 1) {
+          T* dsts[2] = {result, own + lo};
+          reduce_blocks<T>(srcs.data(), local_n_, dsts, 2, hi - lo, op);
+        } else {
+          reduce_blocks<T>(srcs.data(), local_n_, &result, 1, hi - lo, node_op);
+          across_nodes(result, hi - lo, node_op, call);
+          if (op == ReduceOp::kAvg) average(result, hi - lo, n_);
+          copy(own + lo, result, hi - lo);
+        }
+      }
+      arrive(call);
+      for (int k = 0; k < stripes_; ++k) {  // copy out the slices the other ranks reduced
+        if (k == mine) continue;
+        auto const [lo, hi] = slice(m, line, k);
+        copy(own + lo, area<T>(k, half) + lo, hi - lo);
+      }
+      off += m;
+    } while (off < count);
+  }
+
+ private:
+  NodeSlot& slot(int k) const noexcept { return *static_cast<NodeSlot*>(segments_[static_cast<std::size_t>(k)]); }
+  NodeSlot& self() const noexcept { return slot(local_rank_); }
+  std::byte* bytes_of(int k) const noexcept { return static_cast<std::byte*>(segments_[static_cast<std::size_t>(k)]); }
+  template <class T>
+  T* small_area(int k, std::uint64_t barrier) const noexcept {
+    return reinterpret_cast<T*>(bytes_of(k) + head_bytes_ + (barrier & 1) * small_bytes_);
+  }
+  template <class T>
+  T* area(int k, std::size_t half) const noexcept {
+    return reinterpret_cast<T*>(bytes_of(k) + head_bytes_ + 2 * small_bytes_ + half * chunk_bytes_);
+  }
+
+  // One barrier: copy in, then every rank reduces all of it from the peers' areas (double-buffered by the
+  // barrier's parity: a rank rewrites an area only after every peer passed the next barrier).
+  template <class T>
+  void small(T* data, std::size_t count, ReduceOp op, CallRecord const& call, std::uint64_t op_seq) {
+    std::uint64_t const b = barrier_ + 1;
+    copy(small_area<T>(local_rank_, b), data, count);
+    arrive(call);
+    verify(call, op_seq);
+    auto& srcs = pointers<T>();
+    for (int k = 0; k < local_n_; ++k) srcs[static_cast<std::size_t>(k)] = small_area<T>(k, b);
+    reduce_blocks<T>(srcs.data(), local_n_, &data, 1, count, op);
+  }
+
+  // Stripe k of m elements: equal parts rounded up to whole cache lines.
+  std::pair<std::size_t, std::size_t> slice(std::size_t m, std::size_t line, int k) const noexcept {
+    std::size_t per = (m + static_cast<std::size_t>(stripes_) - 1) / static_cast<std::size_t>(stripes_);
+    per = (per + line - 1) / line * line;
+    std::size_t const lo = std::min(m, static_cast<std::size_t>(k) * per);
+    return {lo, std::min(m, lo + per)};
+  }
+
+  template <class T>
+  void across_nodes(T* buf, std::size_t m, ReduceOp op, CallRecord const& call) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    int const rc = MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(m), mpi_type<T>(), mpi_op(op), cross_, &req);
+    if (rc != MPI_SUCCESS) {
+      throw CommError(cat("ddp mpi: ", describe(call), " on rank ", rank_, " of ", n_,
+                          " failed across nodes: ", mpi_error_string(rc)),
+                      rank_);
+    }
+    watch_->wait(req, call);
+  }
+
+  // The node barrier: arrive, spin briefly, yield, then wait under the backend's deadline (answering peers'
+  // questions and naming the ranks that do not arrive, as every MPI collective of the backend does).
+  void arrive(CallRecord const& call) {
+    std::uint64_t const b = ++barrier_;
+    self().arrived.store(b, std::memory_order_seq_cst);
+    auto const all = [&] {
+      for (int k = 0; k < local_n_; ++k) {
+        if (slot(k).arrived.load(std::memory_order_acquire) < b) return false;
+      }
+      return true;
+    };
+    for (int i = 0; i < 128; ++i) {
+      if (all()) return;
+      cpu_relax();
+    }
+    for (int i = 0; i < 16; ++i) {
+      if (all()) return;
+      std::this_thread::yield();
+    }
+    watch_->wait_until(all, call);
+  }
+
+  // After an all-reduce's first barrier: every rank of the node issued the same call at this position. A
+  // mismatch raises the same error on every rank of the node, listing each group of ranks and its call.
+  void verify(CallRecord const& call, std::uint64_t op_seq) const {
+    auto const pub = [&](int k) -> CallRecord const& { return slot(k).pub[op_seq & 1]; };
+    bool agree = true;
+    for (int k = 0; k < local_n_; ++k) agree = agree && pub(k).seq == call.seq && pub(k).same_call(call);
+    if (agree) return;
+    std::string sides;
+    std::vector<char> told(static_cast<std::size_t>(local_n_), 0);
+    for (int i = 0; i < local_n_; ++i) {
+      if (told[static_cast<std::size_t>(i)]) continue;
+      std::vector<int> same;
+      for (int j = i; j < local_n_; ++j) {
+        if (!told[static_cast<std::size_t>(j)] && pub(j).seq == pub(i).seq && pub(j).same_call(pub(i))) {
+          told[static_cast<std::size_t>(j)] = 1;
+          same.push_back(node_ranks_[static_cast<std::size_t>(j)]);
+        }
+      }
+      sides += cat(sides.empty() ? "" : "; ", rank_list(same), " issued ", describe(pub(i)));
+    }
+    throw CommError(cat("ddp mpi: collective mismatch at #", call.seq, " (seen by rank ", rank_, " of ", n_, "): ",
+                        sides, "; every rank must issue the same collectives in the same order"),
+                    rank_);
+  }
+
+  template <class T>
+  std::vector<T const*>& pointers() {
+    auto& v = std::get<std::vector<T const*>>(ptrs_);
+    v.resize(static_cast<std::size_t>(local_n_));
+    return v;
+  }
+
+  template <class T>
+  static void copy(T* dst, T const* src, std::size_t m) noexcept {
+    if (m != 0 && dst != src) std::memcpy(dst, src, m * sizeof(T));
+  }
+  void release() noexcept {
+    if (win_ != MPI_WIN_NULL) {
+      if (!segments_.empty()) MPI_Win_unlock_all(win_);
+      MPI_Win_free(&win_);
+    }
+    if (cross_ != MPI_COMM_NULL) MPI_Comm_free(&cross_);
+    if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+  }
+
+  MpiWatch* watch_;
+  int rank_ = 0;
+  int n_ = 1;
+  int local_rank_ = 0;
+  int local_n_ = 1;
+  int nodes_ = 1;
+  int stripes_ = 1;
+  std::size_t chunk_bytes_ = 0;
+  std::size_t small_bytes_ = 0;
+  std::size_t head_bytes_ = 0;
+  std::size_t segment_bytes_ = 0;
+  MPI_Comm node_ = MPI_COMM_NULL;
+  MPI_Comm cross_ = MPI_COMM_NULL;
+  MPI_Win win_ = MPI_WIN_NULL;
+  std::vector<void*> segments_;
+  std::vector<int> node_ranks_;  // the node's ranks, by local rank, as ranks of the backend's communicator
+  std::tuple<std::vector<float const*>, std::vector<double const*>, std::vector<std::int32_t const*>,
+             std::vector<std::int64_t const*>>
+      ptrs_;
+  std::uint64_t ops_ = 0;      // all-reduces through this path (the parity of the published call)
+  std::uint64_t barrier_ = 0;  // node barriers passed
+  std::uint64_t chunks_ = 0;   // chunks through the window (the parity of the half in use)
+  bool abandoned_ = false;
+};
+
+}  // namespace detail
+}  // namespace ddp
