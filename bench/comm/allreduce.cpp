@@ -1,7 +1,8 @@
 // allreduce: bus bandwidth (nccl-tests convention) of ThreadsBackend and MpiBackend, side by side with the
 // simplest in-process loop and raw MPI_Allreduce on the same buffers, 4 KiB-400 MB, plus small-message
 // latency. Run: mpirun -n P bazel-bin/bench/comm/allreduce  (P ranks for MPI, P threads for the threads part);
-// threads only: bazel-bin/bench/comm/allreduce --no-mpi --threads-world=P. Options: --max-bytes= --budget-ms=.
+// threads only: bazel-bin/bench/comm/allreduce --no-mpi --threads-world=P. Options: --max-bytes= --budget-ms=,
+// and MpiBackend's layout: --chunk-bytes= --ranks-per-node= (MpiNodeOptions).
 #include <mpi.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@ struct Args {
   bool mpi = true;
   bool threads = true;
   int threads_world = 0;  // 0: the MPI world size
+  ddp::MpiNodeOptions node{};  // MpiBackend's all-reduce layout (--chunk-bytes=, --ranks-per-node=)
 };
 
 Args parse(int argc, char** argv) {
@@ -43,6 +45,8 @@ Args parse(int argc, char** argv) {
     if (auto v = value("--budget-ms=")) a.budget_s = std::stod(v) / 1000.0;
     if (auto v = value("--max-iters=")) a.max_iters = std::stoi(v);
     if (auto v = value("--threads-world=")) a.threads_world = std::stoi(v);
+    if (auto v = value("--chunk-bytes=")) a.node.chunk_bytes = std::stoull(v);
+    if (auto v = value("--ranks-per-node=")) a.node.ranks_per_node = std::stoi(v);
     if (s == "--no-mpi") a.mpi = false;
     if (s == "--no-threads") a.threads = false;
   }
@@ -73,11 +77,12 @@ int iterations_for(double first_s, Args const& a) {
 struct Row {
   std::size_t bytes = 0;
   double threads = 0, threads_async = 0, loop = 0;  // seconds (median)
-  double mpi = 0, mpi_async = 0, raw = 0;
+  double mpi = 0, mpi_async = 0, mpi_flat = 0, raw = 0;
 };
 
-// ---- MPI: raw MPI_Allreduce and MpiBackend (sync and async), interleaved per iteration ----------------
-void bench_mpi(ddp::MpiBackend& comm, Args const& a, std::vector<Row>& rows) {
+// ---- MPI: raw MPI_Allreduce, MpiBackend (default layout: shared memory on a node; sync and async) and
+// MpiBackend with NodeAllReduce::kMpi (its MPI_Iallreduce path), interleaved per iteration ----------------
+void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, Args const& a, std::vector<Row>& rows) {
   std::vector<float> buf(a.max_bytes / sizeof(float), 0.0f);
   MPI_Comm raw_comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
@@ -90,22 +95,25 @@ void bench_mpi(ddp::MpiBackend& comm, Args const& a, std::vector<Row>& rows) {
         MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, raw_comm);
       } else if (variant == 1) {
         comm.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
-      } else {
+      } else if (variant == 2) {
         comm.all_reduce_async(std::span(buf).first(n), ddp::ReduceOp::kSum).wait();
+      } else {
+        flat.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
       }
       double dt = MPI_Wtime() - t0;
       MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, raw_comm);  // the slowest rank's time
       return dt;
     };
-    double const first = std::max({one(0), one(1), one(2)});
-    int const iters = std::max(5, iterations_for(first, a) / 3 + 1);  // MPI oversubscribed is noisy: >= 5 rounds
-    std::vector<double> t[3];
+    double const first = std::max({one(0), one(1), one(2), one(3)});
+    int const iters = std::max(5, iterations_for(first, a) / 4 + 1);  // MPI oversubscribed is noisy: >= 5 rounds
+    std::vector<double> t[4];
     for (int i = 0; i < iters; ++i) {
-      for (int v = 0; v < 3; ++v) t[v].push_back(one(v));
+      for (int v = 0; v < 4; ++v) t[v].push_back(one(v));
     }
     row.raw = median(t[0]);
     row.mpi = median(t[1]);
     row.mpi_async = median(t[2]);
+    row.mpi_flat = median(t[3]);
   }
   MPI_Comm_free(&raw_comm);
 }
@@ -231,9 +239,12 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     for (std::size_t b : sizes(a)) rows.push_back(Row{.bytes = b});
     double mpi_lat = 0;
+    std::string layout;
     if (a.mpi && p > 1) {
-      ddp::MpiBackend comm(session);
-      bench_mpi(comm, a, rows);
+      ddp::MpiBackend comm(session, {.node = a.node});
+      ddp::MpiBackend flat(session, {.node = {.all_reduce = ddp::NodeAllReduce::kMpi}});
+      layout = comm.layout();
+      bench_mpi(comm, flat, a, rows);
       std::vector<float> x(1, 0.0f);
       std::vector<double> per_op;
       for (int batch = 0; batch < 5; ++batch) {  // oversubscribed MPICH polls: ms per op at 4 ranks on 2 cores
@@ -251,16 +262,19 @@ int main(int argc, char** argv) {
     }
     if (session.rank() != 0) return 0;
     if (a.threads_world > 0 && a.threads_world != p) std::printf("threads world size %d; ", a.threads_world);
-    std::printf("world size %d; busbw in GB/s (median iteration, slowest rank), float32 sum\n\n", p);
+    std::printf("world size %d; busbw in GB/s (median iteration, slowest rank), float32 sum\n", p);
+    if (!layout.empty()) std::printf("MpiBackend all_reduce: %s\n", layout.c_str());
     std::printf(
-        "| size | threads | threads async | plain loop | threads / loop | MpiBackend | MpiBackend async | raw "
-        "MPI_Allreduce | MpiBackend / raw |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "\n| size | threads | threads async | plain loop | threads / loop | MpiBackend | MpiBackend async | "
+        "MpiBackend kMpi | raw MPI_Allreduce | MpiBackend / raw |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    int const pt = a.threads_world > 0 ? a.threads_world : p;  // the threads part's world size
     for (Row const& row : rows) {
       auto bw = [&](double t) { return busbw_gbs(row.bytes, t, p); };
-      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", human(row.bytes).c_str(),
-                  bw(row.threads), bw(row.threads_async), bw(row.loop), row.threads > 0 ? row.loop / row.threads : 0.0,
-                  bw(row.mpi), bw(row.mpi_async), bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0);
+      auto tbw = [&](double t) { return busbw_gbs(row.bytes, t, pt); };
+      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", human(row.bytes).c_str(),
+                  tbw(row.threads), tbw(row.threads_async), tbw(row.loop), row.threads > 0 ? row.loop / row.threads : 0.0,
+                  bw(row.mpi), bw(row.mpi_async), bw(row.mpi_flat), bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0);
     }
     std::printf("\nlatency: threads all_reduce 4 B %.2f us, 4 KiB %.2f us; MpiBackend 4 B %.2f us\n", lat4 * 1e6,
                 lat4k * 1e6, mpi_lat * 1e6);

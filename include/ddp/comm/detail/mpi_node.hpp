@@ -37,7 +37,7 @@ enum class NodeAllReduce {
 struct MpiNodeOptions {
   NodeAllReduce all_reduce = NodeAllReduce::kSharedMemory;
   // Large all-reduces go through the window in chunks of this many bytes per rank (two chunks in flight).
-  std::size_t chunk_bytes = 256 * 1024;
+  std::size_t chunk_bytes = 512 * 1024;
   // On one node, all-reduces up to this size take one barrier (copy in, every rank reduces all of it); across
   // nodes they go to MPI_Iallreduce, whose latency-bound algorithms suit them better.
   std::size_t small_bytes = 32 * 1024;
