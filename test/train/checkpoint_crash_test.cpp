@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,12 +121,40 @@ TEST_CASE("SIGKILL at any point of a checkpoint write leaves the previous checkp
       } catch (IoError const&) {
         ++temp_refused;
       }
-      fs::remove(e.path());
     }
     left_temp += temp_here;
   }
+  // The killed writers' temporary files are left for the next write, which removes them (their pids are gone).
+  write_checkpoint_file(path, checkpoint_number(on_disk + 1));
+  for (auto const& e : fs::directory_iterator(dir)) CHECK(e.path().filename() == "ckpt.bin");
   MESSAGE(kTrials, " kills: the checkpoint advanced in ", advanced, ", a write was cut short in ", left_temp,
           " (temporary files: ", temp_complete, " complete, ", temp_refused, " refused as truncated)");
   CHECK(advanced > 0);   // some kills came after whole writes
   CHECK(left_temp > 0);  // and some in the middle of one
+}
+
+TEST_CASE("a write removes the temporary files of this host's dead writers, and only those") {
+  char const* t = std::getenv("TEST_TMPDIR");
+  fs::path const dir = fs::path(t ? t : "/tmp") / "checkpoint_stale_temporaries_test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::path const path = dir / "ckpt.bin";
+  std::string const prefix = ddp::detail::temporary_prefix(path);
+  pid_t const dead = ::fork();  // a pid that no longer exists once reaped
+  REQUIRE(dead >= 0);
+  if (dead == 0) ::_exit(0);
+  REQUIRE(::waitpid(dead, nullptr, 0) == dead);
+  auto touch = [&](std::string const& name) { std::ofstream(dir / name) << "partial"; };
+  std::string const stale = prefix + std::to_string(dead) + ".AbC123";
+  std::string const live = prefix + std::to_string(::getpid()) + ".XyZ789";  // a writer still running
+  std::string const elsewhere = ".ckpt.bin.tmp.another-host." + std::to_string(dead) + ".Qq1234";
+  std::string const other_file = prefix.substr(0, prefix.size() - 1) + "x." + std::to_string(dead) + ".a";
+  for (auto const& n : {stale, live, elsewhere, other_file}) touch(n);
+  write_checkpoint_file(path, checkpoint_number(1));
+  CHECK_FALSE(fs::exists(dir / stale));
+  CHECK(fs::exists(dir / live));
+  CHECK(fs::exists(dir / elsewhere));
+  CHECK(fs::exists(dir / other_file));
+  CHECK(is_checkpoint_number(read_checkpoint_file<float>(path), 1));
+  fs::remove_all(dir);
 }

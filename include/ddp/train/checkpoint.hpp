@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <concepts>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -39,8 +41,35 @@ namespace detail {
 
 inline std::string errno_text(int e) { return std::string(std::strerror(e)); }
 
+// The temporary files of `path`'s writers are named ".<name>.tmp.<host>.<pid>.XXXXXX"; this is the part up to
+// the pid.
+inline std::string temporary_prefix(std::filesystem::path const& path) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
+  for (char* c = host; *c != '\0'; ++c) {
+    if (*c == '.' || *c == '/') *c = '_';
+  }
+  return ddp::detail::cat(".", path.filename().string(), ".tmp.", host, ".");
+}
+
+// Removes the temporary files that writers of `path` on this host left when they were killed mid-write (their
+// process no longer exists). Files of live writers, and of writers on other hosts sharing the directory, stay.
+inline void remove_stale_temporaries(std::filesystem::path const& dir, std::string const& prefix) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string const name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    char* after = nullptr;
+    long const pid = std::strtol(name.c_str() + prefix.size(), &after, 10);
+    if (pid <= 0 || after == nullptr || *after != '.') continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(it->path(), ec);
+  }
+}
+
 // Writes bytes to `path` so that a reader sees either the old file or the complete new one, also after a
-// crash: a temporary file in the same directory, write, fsync, rename over `path`, fsync the directory.
+// crash: a temporary file in the same directory, write, fsync, rename over `path`, fsync the directory. The
+// temporary files of earlier writers of `path` on this host that were killed are removed first.
 inline void write_file_atomically(std::filesystem::path const& path, std::string_view bytes) {
   namespace fs = std::filesystem;
   fs::path const dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
@@ -48,7 +77,9 @@ inline void write_file_atomically(std::filesystem::path const& path, std::string
   if (!fs::is_directory(dir, ec))
     throw IoError(
         ddp::detail::cat("cannot write checkpoint ", path.string(), ": directory ", dir.string(), " does not exist"));
-  std::string tmpl = (dir / ("." + path.filename().string() + ".tmp.XXXXXX")).string();
+  std::string const prefix = temporary_prefix(path);
+  remove_stale_temporaries(dir, prefix);
+  std::string tmpl = (dir / ddp::detail::cat(prefix, ::getpid(), ".XXXXXX")).string();
   int fd = ::mkstemp(tmpl.data());
   if (fd < 0)
     throw IoError(ddp::detail::cat("cannot write checkpoint ", path.string(), ": creating a temporary file in ",
