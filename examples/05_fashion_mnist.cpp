@@ -45,6 +45,7 @@ struct Config {
   examples::Backend backend = examples::Backend::kThreads;
   int world_size = 2;        // 0: take it from mpirun
   TimeoutOptions timeout{};  // --timeout
+  MpiNodeOptions node{};     // --mpi-allreduce
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
                max_steps = 0;
   bool deterministic = false;  // --deterministic: DeterministicDataParallel, bitwise the same for any world size
@@ -467,6 +468,7 @@ std::optional<Config> parse(int argc, char** argv) {
   examples::LaunchChoice const chosen = examples::launch_choice(f);
   c.backend = chosen.backend;
   c.timeout = chosen.timeout;
+  c.node = chosen.node;
   c.optimizer = f.choice("optimizer", {"sgd", "adam", "adamw"});
   c.schedule = optim::parse_schedule_kind(f.choice("schedule", {"none", "step", "cosine"}));
   c.device = f.choice("device", {"cpu", "cuda"});
@@ -570,7 +572,7 @@ int main(int argc, char** argv) {
           else
             run<HostSpace>(comm, *cfg, *train_set, *test_set);
         },
-        cfg->timeout);
+        cfg->timeout, cfg->node);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -30,6 +30,8 @@ struct LaunchChoice {
   int world_size = 2;
   // --timeout: each collective's deadline (unset: $DDP_TIMEOUT, else 10 minutes).
   TimeoutOptions timeout{};
+  // --mpi-allreduce: how MpiBackend's all_reduce combines the ranks of one node.
+  MpiNodeOptions node{};
 };
 
 // The one spelling of the launch flags for every example and benchmark: --backend threads|mpi and
@@ -42,7 +44,10 @@ inline Flags& add_launch_flags(Flags& f, int default_world_size = 2) {
            "ranks for the threads backend; with mpi it must match mpirun -n (default: take it)")
       .add("timeout", "",
            "seconds a collective waits for the other ranks before the job fails naming them (default: "
-           "$DDP_TIMEOUT, else 600); a warning comes at half of it");
+           "$DDP_TIMEOUT, else 600); a warning comes at half of it")
+      .add("mpi-allreduce", "shm",
+           "with mpi: shm (ranks on one node reduce through shared memory; hierarchical across nodes) or mpi "
+           "(MPI_Allreduce over all ranks)");
 }
 inline LaunchChoice launch_choice(Flags const& f) {
   LaunchChoice c;
@@ -57,6 +62,8 @@ inline LaunchChoice launch_choice(Flags const& f) {
       throw ArgumentError(detail::cat(f.program(), ": --timeout must be a positive number of seconds, got ", s));
     c.timeout.after = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(s * 1000)));
   }
+  c.node.all_reduce =
+      f.choice("mpi-allreduce", {"shm", "mpi"}) == "mpi" ? NodeAllReduce::kMpi : NodeAllReduce::kSharedMemory;
   return c;
 }
 
@@ -64,7 +71,8 @@ inline LaunchChoice launch_choice(Flags const& f) {
 // 0 on success; on failure prints the error (naming the rank) and returns 1 (threads) or aborts the whole
 // MPI job so mpirun never hangs. With MPI, `world_size` must be 0 or equal mpirun's -n.
 template <class F>
-int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn, TimeoutOptions const& timeout = {}) {
+int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn, TimeoutOptions const& timeout = {},
+           MpiNodeOptions const& node = {}) {
   if (backend == Backend::kThreads) {
     if (world_size < 1) throw ArgumentError(detail::cat("--world-size must be at least 1, got ", world_size));
     try {
@@ -81,7 +89,7 @@ int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn, Tim
     if (world_size != 0 && world_size != session.world_size())
       throw ArgumentError(detail::cat("--world-size ", world_size, " does not match the MPI job's ",
                                       session.world_size(), " ranks (set it with mpirun -n)"));
-    MpiBackend comm(session, MpiOptions{.timeout = timeout});
+    MpiBackend comm(session, MpiOptions{.timeout = timeout, .node = node});
     fn(comm);
   } catch (std::exception const& e) {
     session.abort(e.what());
@@ -92,7 +100,7 @@ int launch(Backend backend, int world_size, int& argc, char**& argv, F&& fn, Tim
 // The same, with what add_launch_flags/launch_choice read.
 template <class F>
 int launch(LaunchChoice c, int& argc, char**& argv, F&& fn) {
-  return launch(c.backend, c.world_size, argc, argv, std::forward<F>(fn), c.timeout);
+  return launch(c.backend, c.world_size, argc, argv, std::forward<F>(fn), c.timeout, c.node);
 }
 
 }  // namespace ddp::examples
