@@ -88,6 +88,7 @@ class NodeAllReduce {
     MPI_Allreduce(&leader, &nodes_, 1, MPI_INT, MPI_SUM, comm);
     MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, comm);
     bool const uniform = sizes[0] == -sizes[1];
+    alone_ = sizes[0] == 1;  // every node has one rank
     stripes_ = nodes_ == 1 || uniform ? local_n_ : 1;
     if (nodes_ > 1) {
       int const color = local_rank_ < stripes_ ? local_rank_ : MPI_UNDEFINED;
@@ -148,12 +149,14 @@ class NodeAllReduce {
   // "2 nodes x 2 ranks (shared memory, striped MPI across nodes)"
   std::string layout() const {
     if (nodes_ == 1) return cat("1 node x ", local_n_, " ranks (shared memory)");
+    if (alone_) return cat(nodes_, " nodes x 1 rank (MPI_Iallreduce)");
     return cat(nodes_, " nodes", stripes_ == local_n_ ? cat(" x ", local_n_, " ranks") : std::string(" (uneven)"),
                " (shared memory, ", stripes_ == local_n_ ? "striped" : "leaders'", " MPI across nodes)");
   }
 
   // Whether this path takes an all-reduce of `bytes` (else MPI_Iallreduce over all ranks does).
-  bool takes(std::size_t bytes) const noexcept { return nodes_ == 1 ? local_n_ > 1 : bytes > small_bytes_; }
+  // Every rank decides alike. With one rank per node the window gains nothing: MPI all-reduces directly.
+  bool takes(std::size_t bytes) const noexcept { return !alone_ && (nodes_ == 1 || bytes > small_bytes_); }
 
   template <class T>
   void all_reduce(T* data, std::size_t count, ReduceOp op, CallRecord const& call) {
@@ -342,6 +345,7 @@ class NodeAllReduce {
   std::uint64_t ops_ = 0;      // all-reduces through this path (the parity of the published call)
   std::uint64_t barrier_ = 0;  // node barriers passed
   std::uint64_t chunks_ = 0;   // chunks through the window (the parity of the half in use)
+  bool alone_ = false;
   bool abandoned_ = false;
 };
 
