@@ -29,7 +29,7 @@ struct Args {
   int max_iters = 200;
   bool mpi = true;
   bool threads = true;
-  int threads_world = 0;  // 0: the MPI world size
+  int threads_world = 0;       // 0: the MPI world size
   ddp::MpiNodeOptions node{};  // MpiBackend's all-reduce layout (--chunk-bytes=, --ranks-per-node=)
 };
 
@@ -273,8 +273,9 @@ int main(int argc, char** argv) {
       auto bw = [&](double t) { return busbw_gbs(row.bytes, t, p); };
       auto tbw = [&](double t) { return busbw_gbs(row.bytes, t, pt); };
       std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", human(row.bytes).c_str(),
-                  tbw(row.threads), tbw(row.threads_async), tbw(row.loop), row.threads > 0 ? row.loop / row.threads : 0.0,
-                  bw(row.mpi), bw(row.mpi_async), bw(row.mpi_flat), bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0);
+                  tbw(row.threads), tbw(row.threads_async), tbw(row.loop),
+                  row.threads > 0 ? row.loop / row.threads : 0.0, bw(row.mpi), bw(row.mpi_async), bw(row.mpi_flat),
+                  bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0);
     }
     std::printf("\nlatency: threads all_reduce 4 B %.2f us, 4 KiB %.2f us; MpiBackend 4 B %.2f us\n", lat4 * 1e6,
                 lat4k * 1e6, mpi_lat * 1e6);

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <string>
 #include <span>
+#include <string>
 
 #include "ddp/comm/mpi.hpp"
 #include "test/comm/conformance.hpp"

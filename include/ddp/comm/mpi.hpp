@@ -47,7 +47,6 @@ struct MpiOptions {
   TraceOptions trace{};
 };
 
-
 // all_reduce, by default: ranks that share a node reduce through an MPI-3 shared window (each reduces one
 // slice of every rank's data, in rank order), and across nodes the slices' owners all-reduce them over MPI
 // (MpiNodeOptions; detail::NodeAllReduce). The other collectives, and all-reduces across nodes up to

@@ -298,8 +298,8 @@ class NodeAllReduce {
       }
       sides += cat(sides.empty() ? "" : "; ", rank_list(same), " issued ", describe(pub(i)));
     }
-    throw CommError(cat("ddp mpi: collective mismatch at #", call.seq, " (seen by rank ", rank_, " of ", n_, "): ",
-                        sides, "; every rank must issue the same collectives in the same order"),
+    throw CommError(cat("ddp mpi: collective mismatch at #", call.seq, " (seen by rank ", rank_, " of ", n_,
+                        "): ", sides, "; every rank must issue the same collectives in the same order"),
                     rank_);
   }
 
