@@ -33,6 +33,10 @@ def _cuda_objects_impl(ctx):
         cc_toolchain.compiler_executable,
         "-Xcompiler",
         "-fPIC",
+        # Intermediate files next to the object, not in /tmp: in Bazel's sandboxes every nvcc runs as pid 2,
+        # so two at once named their /tmp/tmpxft_00000002_* files alike and one failed ("cudafe1.cpp: No such
+        # file or directory").
+        "--objdir-as-tempdir",
         "-I.",
         "-I" + ctx.bin_dir.path,
     ]

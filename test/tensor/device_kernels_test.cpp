@@ -59,6 +59,13 @@ template <class T>
 constexpr double blas() {
   return DeviceSystem::is_cuda ? (sizeof(T) == 4 ? 1e-5 : 1e-12) : 0.0;
 }
+// Convolution: both sides may take Winograd (the host for 3x3 stride 1; cuDNN picks its own engine), whose
+// transforms round more than a direct sum. Measured on an H100 (cuDNN 9, 2026-11-24): up to 1.6e-5 in fp32
+// for gw of the 8-channel 3x3 case, so 1e-5 was too tight; 5e-5 keeps a 3x margin.
+template <class T>
+constexpr double conv() {
+  return DeviceSystem::is_cuda ? (sizeof(T) == 4 ? 5e-5 : 1e-12) : 0.0;
+}
 
 template <class T>
 void expect_close(std::string const& what, std::vector<T> const& host, std::vector<T> const& dev, double rtol) {
@@ -301,7 +308,7 @@ TEST_CASE_TEMPLATE("conv2d forward and backward equal the host's (Winograd, im2c
     D::conv2d_fwd(geo, dx.data(), dw.data(), db.data(), dy.data(), geo.pool2() ? dcodes.data() : nullptr);
     std::string const label = detail::cat("conv2d k", geo.k, " s", geo.stride, " p", geo.pad, geo.relu() ? " relu" : "",
                                           geo.pool2() ? " pool2" : "");
-    expect_close(label + " fwd", hy, down(dy), blas<T>());
+    expect_close(label + " fwd", hy, down(dy), conv<T>());
     for (T beta : {T(0), T(1)}) {
       auto hgx = random<T>(nx, g), hgw = random<T>(nw, g), hgb = random<T>(geo.O, g);
       auto dgx = up(hgx), dgw = up(hgw), dgb = up(hgb);
@@ -309,10 +316,10 @@ TEST_CASE_TEMPLATE("conv2d forward and backward equal the host's (Winograd, im2c
                     geo.pool2() ? hcodes.data() : nullptr);
       D::conv2d_bwd(geo, dx.data(), dw.data(), dy.data(), dgy.data(), beta, dgx.data(), beta, dgw.data(), beta,
                     dgb.data(), geo.pool2() ? dcodes.data() : nullptr);
-      expect_close(label + " gx", hgx, down(dgx), blas<T>());
-      expect_close(label + " gw", hgw, down(dgw), blas<T>());
+      expect_close(label + " gx", hgx, down(dgx), conv<T>());
+      expect_close(label + " gw", hgw, down(dgw), conv<T>());
       // The host's bias gradient sums planes with Eigen, whose vectorised sum depends on the buffer's alignment.
-      expect_close(label + " gb", hgb, down(dgb), std::max(blas<T>(), ulps<T>(16)));
+      expect_close(label + " gb", hgb, down(dgb), std::max(conv<T>(), ulps<T>(16)));
     }
   }
 }

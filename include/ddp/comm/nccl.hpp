@@ -217,12 +217,19 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
                   "buffers");
   }
 
+  // NCCL's reduction op for `op`. On one rank an average is the sum (x / 1 == x exactly): NCCL before 2.29.7
+  // runs one-rank averages through its oneRankReduce kernel, which leaves the last count % blocks elements
+  // unwritten (NVIDIA/nccl#1950). Seen on an H100 with NCCL 2.28.9, 2026-11-24: an out-of-place
+  // reduce_scatter kAvg of 3001 doubles kept the output's old value at index 3000. Sum on one rank is a copy.
+  ncclRedOp_t op_for(ReduceOp op) const noexcept {
+    return n_ == 1 && op == ReduceOp::kAvg ? ncclSum : detail::nccl_op(op);
+  }
+
   template <class T>
   void run_all_reduce(DeviceSpan<T> buf, ReduceOp op, CollectiveTag tag) {
     enqueue(
         [&] {
-          return ncclAllReduce(buf.data(), buf.data(), buf.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm_,
-                               stream_);
+          return ncclAllReduce(buf.data(), buf.data(), buf.size(), detail::nccl_type<T>(), op_for(op), comm_, stream_);
         },
         "all_reduce", tag);
   }
@@ -253,8 +260,8 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
   void run_reduce_scatter(DeviceSpan<T const> src, DeviceSpan<T> dst, ReduceOp op, CollectiveTag tag) {
     enqueue(
         [&] {
-          return ncclReduceScatter(src.data(), dst.data(), dst.size(), detail::nccl_type<T>(), detail::nccl_op(op),
-                                   comm_, stream_);
+          return ncclReduceScatter(src.data(), dst.data(), dst.size(), detail::nccl_type<T>(), op_for(op), comm_,
+                                   stream_);
         },
         "reduce_scatter", tag);
   }

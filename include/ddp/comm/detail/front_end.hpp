@@ -80,7 +80,7 @@ class CollectiveFrontEnd {
     auto s = as_space_span(buf);
     if constexpr (accepts_inout<decltype(s)>()) {
       trace(CollectiveKind::kAllReduce, s.size(), dtype_of<elem_t<decltype(s)>>, op, -1, tag, false);
-      enter(CollectiveKind::kAllReduce, tag);
+      run_enter_hook(CollectiveKind::kAllReduce, tag);
       self().run_all_reduce(to_transport(s), op, tag);
     }
   }
@@ -108,7 +108,7 @@ class CollectiveFrontEnd {
     if constexpr (accepts_inout<decltype(s)>()) {
       trace(CollectiveKind::kBroadcast, s.size(), dtype_of<elem_t<decltype(s)>>, ReduceOp::kSum, root, tag, false);
       check_root(root, CollectiveKind::kBroadcast);
-      enter(CollectiveKind::kBroadcast, tag);
+      run_enter_hook(CollectiveKind::kBroadcast, tag);
       self().run_broadcast(to_transport(s), root, tag);
     }
   }
@@ -120,7 +120,7 @@ class CollectiveFrontEnd {
       auto [src, dst] = span_pair(in, out);
       trace(CollectiveKind::kAllGather, src.size(), dtype_of<elem_t<decltype(dst)>>, ReduceOp::kSum, -1, tag, false);
       check_size(dst.size(), src.size() * world(), CollectiveKind::kAllGather, "out", "world_size * in.size()");
-      enter(CollectiveKind::kAllGather, tag);
+      run_enter_hook(CollectiveKind::kAllGather, tag);
       self().run_all_gather(to_transport(src), to_transport(dst), tag);
     }
   }
@@ -132,7 +132,7 @@ class CollectiveFrontEnd {
       auto [src, dst] = span_pair(in, out);
       trace(CollectiveKind::kReduceScatter, src.size(), dtype_of<elem_t<decltype(dst)>>, op, -1, tag, false);
       check_size(src.size(), dst.size() * world(), CollectiveKind::kReduceScatter, "in", "world_size * out.size()");
-      enter(CollectiveKind::kReduceScatter, tag);
+      run_enter_hook(CollectiveKind::kReduceScatter, tag);
       self().run_reduce_scatter(to_transport(src), to_transport(dst), op, tag);
     }
   }
@@ -147,7 +147,7 @@ class CollectiveFrontEnd {
       if (self().rank() == root) {
         check_size(dst.size(), src.size() * world(), CollectiveKind::kGather, "out", "world_size * in.size()");
       }
-      enter(CollectiveKind::kGather, tag);
+      run_enter_hook(CollectiveKind::kGather, tag);
       self().run_gather(to_transport(src), to_transport(dst), root, tag);
     }
   }
@@ -162,14 +162,14 @@ class CollectiveFrontEnd {
       if (self().rank() == root) {
         check_size(src.size(), dst.size() * world(), CollectiveKind::kScatter, "in", "world_size * out.size()");
       }
-      enter(CollectiveKind::kScatter, tag);
+      run_enter_hook(CollectiveKind::kScatter, tag);
       self().run_scatter(to_transport(src), to_transport(dst), root, tag);
     }
   }
 
   void barrier(CollectiveTag tag = {}) {
     trace(CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1, tag, false);
-    enter(CollectiveKind::kBarrier, tag);
+    run_enter_hook(CollectiveKind::kBarrier, tag);
     self().run_barrier(tag);
   }
 
@@ -220,7 +220,10 @@ class CollectiveFrontEnd {
     return accepts<span_of_t<I>>() && accepts<span_of_t<O>>();
   }
 
-  void enter(CollectiveKind kind, CollectiveTag tag) {
+  // The backend's enter(), when it has one. Named apart from it: were this called enter() too, the
+  // requires-expression below would find this very function in a backend without its own hook, and every
+  // blocking collective would recurse forever (NcclBackend did, compiled to a `jmp .`).
+  void run_enter_hook(CollectiveKind kind, CollectiveTag tag) {
     Backend& b = self();
     if constexpr (requires { b.enter(kind, tag); }) b.enter(kind, tag);
   }
