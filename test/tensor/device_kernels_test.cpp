@@ -116,6 +116,38 @@ TEST_CASE("device tensors: allocation, from_host/to_host round trip, item(), to_
   CHECK(empty.defined());
 }
 
+TEST_CASE_TEMPLATE("dropout masks (a generator's stream, the counter draw) equal the host's bitwise", T, float,
+                   double) {
+  // Sizes around the device kernel's 65536-thread stride, so threads write one element, several, or none.
+  for (i64 n : {i64{0}, i64{1}, i64{1000}, i64{65536}, i64{65537}, i64{200003}}) {
+    for (double p : {0.25, 0.5}) {
+      INFO("n ", n, " p ", p);
+      auto const threshold = static_cast<std::uint32_t>(p * 4294967296.0);
+      T const keep = T(1.0 / (1.0 - p));
+      Generator g(11, 3);
+      (void)g.next_u32();
+      GeneratorState const at = g.state();
+      std::vector<T> hm(static_cast<std::size_t>(n));
+      Tensor<T, DeviceSpace> dm(Shape{n});
+      H::bernoulli_mask_stream(n, at.state, at.inc, threshold, keep, hm.data());
+      D::bernoulli_mask_stream(n, at.state, at.inc, threshold, keep, dm.data());
+      CHECK(down(dm) == hm);
+      i64 zeros = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        T const want = g.next_u32() < threshold ? T(0) : keep;  // the generator's own values, in order
+        if (hm[static_cast<std::size_t>(i)] != want) FAIL_CHECK("stream mask ", i, " is not the generator's value");
+        zeros += hm[static_cast<std::size_t>(i)] == T(0);
+      }
+      if (n >= 1000) CHECK(std::abs(double(zeros) / double(n) - p) < 0.05);
+      i64 const rows = 7, per_row = n / 7;
+      H::bernoulli_mask_counter(rows, per_row, 42, 9, 100, threshold, keep, hm.data());
+      D::bernoulli_mask_counter(rows, per_row, 42, 9, 100, threshold, keep, dm.data());
+      std::vector<T> const got = down(dm);
+      CHECK(std::equal(hm.begin(), hm.begin() + rows * per_row, got.begin()));
+    }
+  }
+}
+
 TEST_CASE_TEMPLATE("element-wise kernels equal the host's bitwise", T, float, double) {
   Generator g(2);
   i64 const n = 1037;

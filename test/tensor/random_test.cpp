@@ -20,3 +20,25 @@ TEST_CASE("fill_u32 gives exactly the values and final state of repeated next_u3
     CHECK(a.next_u32() == b.next_u32());
   }
 }
+
+TEST_CASE("pcg_jump and advance: value i of the stream drawn directly, and the state after n values") {
+  ddp::Generator g(99, 5);
+  (void)g.next_u32();
+  ddp::GeneratorState const at = g.state();
+  std::vector<std::uint32_t> seq(5000);
+  for (auto& v : seq) v = g.next_u32();
+  for (std::uint64_t i : {0ULL, 1ULL, 2ULL, 3ULL, 255ULL, 256ULL, 4095ULL, 4999ULL}) {
+    INFO("i ", i);
+    CHECK(ddp::detail::pcg_output(ddp::detail::pcg_jump(at.inc, i)(at.state)) == seq[i]);
+  }
+  ddp::Generator h;
+  h.set_state(at);
+  h.advance(5000);
+  CHECK(h.state() == g.state());
+  CHECK(h.next_u32() == g.next_u32());
+  h.advance(0);
+  CHECK(h.state() == g.state());
+  // A jump of k then of m is a jump of k + m (the composition the device masks stride with).
+  auto const two = ddp::detail::pcg_jump(at.inc, 300);
+  CHECK(two(two(at.state)) == ddp::detail::pcg_jump(at.inc, 600)(at.state));
+}

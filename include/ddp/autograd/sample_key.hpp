@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "ddp/tensor/random.hpp"  // detail::counter_u32, mix64
+
 namespace ddp {
 
 // The global identity of the first row of the batch being computed: rows are samples first_sample,
@@ -22,20 +24,6 @@ inline std::optional<SampleKey>& sample_key_slot() noexcept {
   return key;
 }
 
-// splitmix64's finaliser: a bijection with full avalanche, the core of the counter-based draws.
-constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// 32 random bits for (seed, step, sample, element): a pure function, the same on every rank and platform.
-constexpr std::uint32_t counter_u32(std::uint64_t seed, std::uint64_t step, std::int64_t sample,
-                                    std::int64_t element) noexcept {
-  std::uint64_t const row = mix64(mix64(seed ^ mix64(step)) ^ static_cast<std::uint64_t>(sample));
-  return static_cast<std::uint32_t>(mix64(row + static_cast<std::uint64_t>(element)) >> 32);
-}
 }  // namespace detail
 
 // The key in effect on this thread, if any.

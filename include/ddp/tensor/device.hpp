@@ -11,6 +11,7 @@
 #include "ddp/tensor/device_image_kernels.hpp"
 #include "ddp/tensor/device_loss_kernels.hpp"
 #include "ddp/tensor/device_optim_kernels.hpp"
+#include "ddp/tensor/device_random_kernels.hpp"
 #include "ddp/tensor/device_system.hpp"
 #include "ddp/tensor/kernels.hpp"
 
@@ -35,7 +36,8 @@ struct Kernels<DeviceSpace> : DeviceElementwiseKernels,
                               DeviceBlasKernels,
                               DeviceConvKernels,
                               DeviceImageKernels,
-                              DeviceOptimKernels {
+                              DeviceOptimKernels,
+                              DeviceRandomKernels {
   using system = DeviceSystem;
 };
 

@@ -16,6 +16,7 @@
 #include "ddp/tensor/host_conv_kernels.hpp"
 #include "ddp/tensor/host_optim_kernels.hpp"
 #include "ddp/tensor/kernels.hpp"
+#include "ddp/tensor/random.hpp"
 
 namespace ddp {
 
@@ -306,6 +307,28 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
       for (i64 n = 0; n < N; ++n) s += detail::CMapArr<T>(x + (n * C + c) * HW, HW).sum();
       out[c] = beta == T(0) ? s : beta * out[c] + s;
     }
+  }
+  // Dropout masks: mask[i] = 0 where element i's 32 random bits are below `threshold`, `keep` elsewhere.
+  // Stream: element i's bits are value i of the PCG32 stream at (state, inc), i.e. a Generator's next n values.
+  template <class T>
+  static void bernoulli_mask_stream(i64 n, std::uint64_t state, std::uint64_t inc, std::uint32_t threshold, T keep,
+                                    T* mask) {
+    Generator g;
+    g.set_state({.state = state, .inc = inc});
+    std::uint32_t u[1024];
+    for (i64 i0 = 0; i0 < n; i0 += 1024) {
+      i64 const m = std::min<i64>(1024, n - i0);
+      g.fill_u32(u, m);
+      for (i64 i = 0; i < m; ++i) mask[i0 + i] = u[i] < threshold ? T(0) : keep;
+    }
+  }
+  // Counter: element j of row r (rows of per_row elements) draws counter_u32(seed, step, first_sample + r, j).
+  template <class T>
+  static void bernoulli_mask_counter(i64 rows, i64 per_row, std::uint64_t seed, std::uint64_t step, i64 first_sample,
+                                     std::uint32_t threshold, T keep, T* mask) {
+    for (i64 r = 0; r < rows; ++r)
+      for (i64 j = 0; j < per_row; ++j)
+        mask[r * per_row + j] = detail::counter_u32(seed, step, first_sample + r, j) < threshold ? T(0) : keep;
   }
   // y = beta * y + v  (beta == 0 never reads y)
   template <class T>

@@ -6,7 +6,55 @@
 #include <cstdint>
 #include <numbers>
 
+#include "ddp/config.hpp"
+
 namespace ddp {
+
+namespace detail {
+inline constexpr std::uint64_t kPcgMul = 6364136223846793005ULL;
+
+// PCG-XSH-RR's output of state `old`.
+DDP_HOST_DEVICE constexpr std::uint32_t pcg_output(std::uint64_t old) noexcept {
+  auto xorshifted = static_cast<std::uint32_t>(((old >> 18u) ^ old) >> 27u);
+  auto rot = static_cast<std::uint32_t>(old >> 59u);
+  return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
+}
+
+// k steps of s <- s * kPcgMul + inc composed into one affine map s <- mult * s + plus, in O(log k) (Brown,
+// "Random number generation with arbitrary strides", 1994): what lets element i of a stream be drawn directly.
+struct PcgJump {
+  std::uint64_t mult = 1, plus = 0;
+  DDP_HOST_DEVICE constexpr std::uint64_t operator()(std::uint64_t s) const noexcept { return mult * s + plus; }
+};
+DDP_HOST_DEVICE constexpr PcgJump pcg_jump(std::uint64_t inc, std::uint64_t k) noexcept {
+  PcgJump acc;
+  std::uint64_t cur_mult = kPcgMul, cur_plus = inc;
+  for (; k > 0; k >>= 1) {
+    if (k & 1u) {
+      acc.mult *= cur_mult;
+      acc.plus = acc.plus * cur_mult + cur_plus;
+    }
+    cur_plus = (cur_mult + 1) * cur_plus;
+    cur_mult *= cur_mult;
+  }
+  return acc;
+}
+
+// splitmix64's finaliser: a bijection with full avalanche, the core of the counter-based draws.
+DDP_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// 32 random bits for (seed, step, sample, element): a pure function, the same on every rank and platform.
+DDP_HOST_DEVICE constexpr std::uint32_t counter_u32(std::uint64_t seed, std::uint64_t step, std::int64_t sample,
+                                                    std::int64_t element) noexcept {
+  std::uint64_t const row = mix64(mix64(seed ^ mix64(step)) ^ static_cast<std::uint64_t>(sample));
+  return static_cast<std::uint32_t>(mix64(row + static_cast<std::uint64_t>(element)) >> 32);
+}
+}  // namespace detail
 
 // A Generator's complete state (what PyTorch's get_state()/set_state() carry): restoring it continues the
 // sequence bit for bit, normal()'s cached second value included.
@@ -40,6 +88,8 @@ class Generator {
     spare_ = s.spare;
     has_spare_ = s.has_spare;
   }
+  // Skips n values: the state after n calls of next_u32(), in O(log n).
+  constexpr void advance(std::uint64_t n) noexcept { state_ = detail::pcg_jump(inc_, n)(state_); }
   constexpr std::uint32_t next_u32() noexcept {
     std::uint64_t old = state_;
     state_ = old * kMul + inc_;
@@ -121,12 +171,8 @@ class Generator {
   }
 
  private:
-  static constexpr std::uint64_t kMul = 6364136223846793005ULL;
-  static constexpr std::uint32_t output(std::uint64_t old) noexcept {
-    auto xorshifted = static_cast<std::uint32_t>(((old >> 18u) ^ old) >> 27u);
-    auto rot = static_cast<std::uint32_t>(old >> 59u);
-    return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
-  }
+  static constexpr std::uint64_t kMul = detail::kPcgMul;
+  static constexpr std::uint32_t output(std::uint64_t old) noexcept { return detail::pcg_output(old); }
   std::uint64_t state_ = 0;
   std::uint64_t inc_ = 1;
   double spare_ = 0;

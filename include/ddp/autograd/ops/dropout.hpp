@@ -4,7 +4,6 @@
 #include "ddp/autograd/mode.hpp"
 #include "ddp/autograd/sample_key.hpp"
 #include "ddp/autograd/variable.hpp"
-#include "ddp/tensor/host_allocator.hpp"
 #include "ddp/tensor/kernels.hpp"
 #include "ddp/tensor/random.hpp"
 
@@ -12,28 +11,17 @@ namespace ddp {
 
 namespace detail {
 
-// y = x · mask, where mask[i] = 0 when bits(i) < p·2³² and 1/(1-p) otherwise; bits(i) gives element i's 32
-// random bits. The mask is computed on the host (portable: the same bits give the same mask everywhere).
-template <class T, MemorySpace S, class Bits>
-Variable<T, S> dropout_with(Variable<T, S> const& x, double p, Bits&& bits) {
+// y = x · mask, where mask[i] = 0 when element i's 32 random bits are < p·2³² and 1/(1-p) otherwise;
+// fill(threshold, keep, mask) writes the mask with Kernels<S> (on the device for device tensors: the same
+// bits give the same mask in every memory space).
+template <class T, MemorySpace S, class Fill>
+Variable<T, S> dropout_with(Variable<T, S> const& x, double p, Fill&& fill) {
   using K = Kernels<S>;
   std::int64_t const n = x.numel();
   T const keep_scale = T(1.0 / (1.0 - p));
   auto const threshold = static_cast<std::uint32_t>(p * 4294967296.0);  // drop when u32 < p·2³²
-  Tensor<T> host_mask(x.shape());
-  {
-    detail::HostBuffer<std::uint32_t> u(static_cast<std::size_t>(n));
-    bits(u.data(), n);
-    T* m = host_mask.data();
-    for (std::int64_t i = 0; i < n; ++i) m[i] = u.data()[i] < threshold ? T(0) : keep_scale;
-  }
-  Tensor<T, S> mask;
-  if constexpr (std::same_as<S, HostSpace>) {
-    mask = host_mask;
-  } else {
-    mask = Tensor<T, S>(x.shape());
-    K::from_host(n, host_mask.data(), mask.data());
-  }
+  Tensor<T, S> mask(x.shape());
+  fill(threshold, keep_scale, mask.data());
   Tensor<T, S> y(x.shape());
   K::mul(n, x.value().data(), mask.data(), T(0), y.data());
   return detail::record(
@@ -53,8 +41,11 @@ template <class T, MemorySpace S>
 Variable<T, S> dropout(Variable<T, S> const& x, double p, Mode mode, Generator& gen) {
   if (!(p >= 0.0 && p < 1.0)) throw ArgumentError(detail::cat("dropout: p must be in [0, 1), got ", p));
   if (mode == Mode::kEval || p == 0.0) return x;
-  return detail::dropout_with(x, p, [&](std::uint32_t* u, std::int64_t n) {
-    gen.fill_u32(u, n);  // the same values as n calls of next_u32()
+  GeneratorState const at = gen.state();
+  auto const n = static_cast<std::uint64_t>(x.numel());
+  gen.advance(n);  // as if the n values had been drawn one by one
+  return detail::dropout_with(x, p, [&](std::uint32_t threshold, T keep, T* mask) {
+    Kernels<S>::bernoulli_mask_stream(x.numel(), at.state, at.inc, threshold, keep, mask);
   });
 }
 
@@ -67,10 +58,8 @@ Variable<T, S> dropout(Variable<T, S> const& x, double p, Mode mode, std::uint64
   if (mode == Mode::kEval || p == 0.0) return x;
   std::int64_t const rows = x.shape().rank() == 0 ? 1 : x.shape()[0];
   std::int64_t const per_row = rows == 0 ? 0 : x.numel() / rows;
-  return detail::dropout_with(x, p, [&](std::uint32_t* u, std::int64_t) {
-    for (std::int64_t i = 0; i < rows; ++i)
-      for (std::int64_t j = 0; j < per_row; ++j)
-        u[i * per_row + j] = detail::counter_u32(seed, key.step, key.first_sample + i, j);
+  return detail::dropout_with(x, p, [&](std::uint32_t threshold, T keep, T* mask) {
+    Kernels<S>::bernoulli_mask_counter(rows, per_row, seed, key.step, key.first_sample, threshold, keep, mask);
   });
 }
 

@@ -1,0 +1,35 @@
+#!/bin/bash
+# Packs the GPU binaries (built here by nvcc through `bazel build`) with the MPICH/UCX runtime they link into one
+# tarball, for a GPU machine that has the NVIDIA driver and the CUDA, cuBLAS, cuDNN and NCCL libraries but no
+# Bazel and no MPICH (how the H100 results in bench/RESULTS.md were taken). There:
+#   mkdir ddp_gpu && tar xJf ddp_gpu.tar.xz -C ddp_gpu && ddp_gpu/run.sh [FASHION_MNIST_DIR]
+# The CUDA libraries are not packed: run.sh finds that machine's own (toolkit, driver, pip wheels).
+# usage: tools/gpu/bundle.sh [OUT.tar.xz]      (default bazel-bin/ddp_gpu.tar.xz; from the repository root)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out="$(realpath -m "${1:-bazel-bin/ddp_gpu.tar.xz}")"
+targets=(//test/tensor:device_kernels_cuda_test //test/autograd:device_ops_cuda_test //test/comm:nccl_conformance
+         //test/parallel:ddp_nccl_main //examples:fashion_mnist_cuda)
+bazel build "${targets[@]}"
+stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib"
+bins=(/usr/bin/mpiexec.hydra /usr/bin/hydra_pmi_proxy)
+for t in "${targets[@]}"; do
+  p="${t#//}"; bins+=("bazel-bin/${p%%:*}/${p#*:}")
+done
+cp -L "${bins[@]}" "$stage/bin/"
+# Every shared library they need (ldd where they were built: their RUNPATHs are relative) except the C/C++
+# runtime (the GPU machine has its own, newer) and CUDA's.
+skip='^(libc|libm|libdl|librt|libpthread|libresolv|libstdc\+\+|libgcc_s|ld-linux.*|libcuda|libcudart|libcublas.*|libcudnn.*|libnccl|libnvrtc.*)\.so'
+for f in "${bins[@]}"; do ldd "$f"; done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
+  while read -r name path; do
+    [[ "$name" =~ $skip ]] || cp -L "$path" "$stage/lib/$name"
+  done
+for f in "$stage"/lib/*; do ldd "$f"; done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
+  while read -r name path; do
+    [[ "$name" =~ $skip || -e "$stage/lib/$name" ]] || cp -L "$path" "$stage/lib/$name"
+  done
+cp tools/gpu/run.sh "$stage/run.sh"
+chmod -R u+w "$stage"
+tar -C "$stage" -cJf "$out" bin lib run.sh
+echo "wrote $out ($(du -h "$out" | cut -f1)): $(ls "$stage/bin" | tr '\n' ' ')"
