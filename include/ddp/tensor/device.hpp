@@ -26,9 +26,10 @@ namespace ddp {
 // except sums and exp/log/tanh (a few ulps). On CUDA, deterministic algorithms throughout (cuDNN's fixed
 // ALGO_1 backward kernels, reductions in a fixed tree), so a run reproduces on the same GPU and sizes.
 // Thread safety: as the host kernels; each host thread gets its own cuBLAS and cuDNN handles.
-// Performance on a GPU (not yet measured, see bench/RESULTS.md): element-wise kernels use one thread per element;
-// row- and channel-wise ones (softmax rows, bias sums, batch-norm statistics) one thread per row or channel, which
-// is enough for the classifier heads and channel counts of the examples but not a tuned segmented reduction.
+// Performance on a GPU (bench/RESULTS.md, H100): element-wise kernels use one thread per element; row- and
+// channel-wise ones (softmax rows, bias sums, batch-norm statistics) one thread per row, plane or channel, which
+// is enough for the classifier heads and channel counts of the examples but not a tuned segmented reduction;
+// dropout masks are drawn on the device (PCG32 jump-ahead), bitwise the host's.
 // Each loss reads its value and its class ids on the host (a synchronisation per step, as loss.item() is).
 template <>
 struct Kernels<DeviceSpace> : DeviceElementwiseKernels,
