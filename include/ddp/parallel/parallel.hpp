@@ -1,6 +1,7 @@
 // The parallel layer: DistributedDataParallel, its cross-rank checks, and join for uneven inputs.
 #pragma once
 
+#include "ddp/bucket/cost_model.hpp"
 #include "ddp/bucket/plan.hpp"
 #include "ddp/parallel/deterministic.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"

@@ -55,6 +55,19 @@ class Timeline {
     std::lock_guard lock(mu_);
     return events_.size();
   }
+  // The spans recorded so far, in the order they were added (times in microseconds since the origin).
+  struct Span {
+    std::string name, category;
+    double begin_us, duration_us;
+    int lane;
+  };
+  std::vector<Span> spans() const {
+    std::lock_guard lock(mu_);
+    std::vector<Span> out;
+    out.reserve(events_.size());
+    for (auto const& e : events_) out.push_back({e.name, e.cat, e.ts, e.dur, e.lane});
+    return out;
+  }
   int rank() const noexcept { return rank_; }
 
   // Trace-event JSON ("X" complete events; pid = rank, tid = lane, with names for both).

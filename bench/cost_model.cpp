@@ -1,0 +1,246 @@
+// bench/cost_model: the α–β cost model (ddp/comm/alpha_beta.hpp, ddp/bucket/cost_model.hpp) against measured
+// DDP steps. Per model: calibrate the backend (or read the cache), profile a DDP run's backward (when each
+// gradient is final, by grad hooks), choose the bucket cap from the model, then run DDP with PyTorch's 25 MiB
+// cap and with the chosen cap and print predicted against measured times, per bucket and per step.
+//   bazel run //bench:cost_model -- --world-size 2                          (threads)
+//   mpirun -n 2 bazel-bin/bench/cost_model --backend mpi --cache /tmp/ddp_alpha_beta.txt
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "ddp/bucket/cost_model.hpp"
+#include "ddp/comm/alpha_beta.hpp"
+#include "examples/common/flags.hpp"
+#include "examples/common/launch.hpp"
+
+using namespace ddp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+Tensor<float> rnd(Shape s, Generator& g) {
+  Tensor<float> t(s);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t[i] = g.uniform(-1.0f, 1.0f);
+  return t;
+}
+
+struct Measured {
+  BackwardProfile profile;             // medians over the timed steps, of the job as a whole (below)
+  std::vector<double> bucket_seconds;  // median all-reduce time per bucket (launch to observed completion)
+  double step = 0;                     // the job's time per step: first step's start to last step's end / steps
+  std::size_t buckets = 0;
+};
+
+// A time point that means the same instant on every rank: each rank's clock shifted by its offset from the
+// ranks' mean, estimated over barrier rounds (the median of each rank's deviation: a rank descheduled just
+// after a barrier, as on oversubscribed cores, spoils one round, not the estimate).
+template <class Comm>
+Clock::time_point common_zero(Comm& comm) {
+  constexpr int kRounds = 21;
+  std::vector<double> dev;
+  for (int k = 0; k < kRounds; ++k) {
+    comm.barrier();
+    double t = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    double mean = t;
+    host_all_reduce(comm, std::span<double>(&mean, 1), ReduceOp::kSum);
+    dev.push_back(t - mean / comm.world_size());
+  }
+  double base = std::chrono::duration<double>(Clock::now().time_since_epoch()).count() - median(dev);
+  host_all_reduce(comm, std::span<double>(&base, 1), ReduceOp::kMax);  // the latest rank's "now", shared
+  auto const shift = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(base + median(dev)));
+  return Clock::time_point(shift);
+}
+
+// `iters` DDP steps after `warmup` with bucket cap `cap`. Every rank stamps its phases against a common zero
+// (common_zero), and the job's view is taken per step across ranks: forward runs from the
+// first rank's step start to the last rank's backward start, a gradient is ready when it is ready on every
+// rank, the update is the slowest rank's. Ranks that share cores (4 ranks on 2 here) take turns; per-rank
+// phase times would hide that, the job's view does not.
+template <class Comm, class MakeModel, class MakeOpt, class Loss>
+Measured run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x, Loss&& loss,
+             std::size_t cap, int warmup, int iters) {
+  auto model = make_model();
+  Timeline timeline(comm.rank());
+  DistributedDataParallel ddp(
+      model, comm, {.timeline = &timeline},
+      SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
+  auto opt = make_opt(ddp.parameters());
+  std::vector<Var> params;  // trainable, registration order: DDP's parameter indices
+  for (auto const& p : model.named_parameters())
+    if (p.var.requires_grad()) params.push_back(p.var);
+  std::size_t const np = params.size();
+  Clock::time_point zero;
+  std::vector<double> ready_now(np, 0);
+  for (std::size_t i = 0; i < np; ++i)
+    params[i].set_grad_hook([&, i](auto&) { ready_now[i] = seconds(zero, Clock::now()); });
+  // Per timed step, in seconds since `zero`: -start (negated: max-reduced into the earliest start), backward
+  // start, each parameter's ready time, backward's end, update time.
+  std::size_t const row = np + 4;
+  std::vector<double> stamps(static_cast<std::size_t>(iters) * row, 0);
+  std::size_t const nb = ddp.plan().buckets.size();
+  std::vector<std::vector<double>> bucket(nb);
+  zero = common_zero(comm);
+  for (int it = 0; it < warmup + iters; ++it) {
+    std::size_t const before = timeline.size();
+    auto const t0 = Clock::now();
+    opt.zero_grad();
+    Var l = loss(ddp(Var(x)));
+    auto const t1 = Clock::now();
+    backward(l);
+    auto const t2 = Clock::now();
+    opt.step();
+    auto const t3 = Clock::now();
+    if (it < warmup) continue;
+    double* r = stamps.data() + static_cast<std::size_t>(it - warmup) * row;
+    r[0] = -seconds(zero, t0), r[1] = seconds(zero, t1);
+    for (std::size_t i = 0; i < np; ++i) r[2 + i] = ready_now[i];
+    r[np + 2] = seconds(zero, t2), r[np + 3] = seconds(t2, t3);
+    auto const spans = timeline.spans();
+    for (std::size_t k = before; k < spans.size(); ++k) {
+      auto const& s = spans[k];
+      if (s.name.rfind("all_reduce bucket ", 0) == 0)
+        bucket[std::stoul(s.name.substr(18))].push_back(s.duration_us * 1e-6);
+    }
+  }
+  double const end = seconds(zero, Clock::now());
+  // The job's view: every stamp max-reduced across ranks (the start through its negation), then per step.
+  std::vector<double> all = stamps;
+  for (auto const& b : bucket) all.push_back(median(b));
+  all.push_back(end);
+  host_all_reduce(comm, std::span<double>(all), ReduceOp::kMax);
+  std::vector<std::vector<double>> ready(np);
+  std::vector<double> fwd, bwd, upd;
+  for (int k = 0; k < iters; ++k) {
+    double const* r = all.data() + static_cast<std::size_t>(k) * row;
+    double const start = -r[0], bstart = r[1];
+    fwd.push_back(bstart - start);
+    double last = 0;
+    for (std::size_t i = 0; i < np; ++i) {
+      double const t = std::max(0.0, r[2 + i] - bstart);
+      ready[i].push_back(t), last = std::max(last, t);
+    }
+    bwd.push_back(last);
+    upd.push_back(r[np + 3]);
+  }
+  Measured m;
+  for (auto const& p : params) m.profile.numels.push_back(p.numel());
+  for (auto const& r : ready) m.profile.ready.push_back(median(r));
+  m.profile.forward = median(fwd), m.profile.backward = median(bwd), m.profile.update = median(upd);
+  m.bucket_seconds.assign(all.begin() + static_cast<std::ptrdiff_t>(stamps.size()), all.end() - 1);
+  m.step = (all.back() + all[0]) / iters;  // all[0] = -(the first timed step's earliest start)
+  m.buckets = nb;
+  return m;
+}
+
+template <class Comm, class MakeModel, class MakeOpt, class Loss>
+void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&& make_model, MakeOpt&& make_opt,
+                Tensor<float> const& x, Loss&& loss, int warmup, int iters) {
+  bool const r0 = comm.rank() == 0;
+  // The profile comes from a run with PyTorch's cap; its own prediction is checked too.
+  Measured const base = run(comm, make_model, make_opt, x, loss, kDefaultBucketCapBytes, warmup, iters);
+  CapChoice const choice = choose_bucket_cap(base.profile, cal.model, sizeof(float));
+  if (r0) {
+    std::printf("\n== %s, world size %d: forward %.3f ms, backward %.3f ms, update %.3f ms (profiled at cap 25 MiB)\n",
+                name, comm.world_size(), base.profile.forward * 1e3, base.profile.backward * 1e3,
+                base.profile.update * 1e3);
+    std::printf("caps (predicted step, exposed):");
+    for (auto const& c : choice.tried)
+      std::printf(" %zuK:%.2f/%.2f", c.config.cap_bytes >> 10, c.prediction.step * 1e3, c.prediction.exposed * 1e3);
+    std::printf("\nchosen cap %zu KiB\n", choice.config.cap_bytes >> 10);
+  }
+  auto check = [&](char const* what, std::size_t cap, Measured const& m) {
+    BucketConfig const cfg{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)};
+    // Predicted from the profile of the 25 MiB run: the chosen cap's run is measured, never fed back.
+    StepPrediction const p =
+        predict_step(assign_buckets(base.profile.numels, sizeof(float), cfg), base.profile, cal.model, sizeof(float));
+    if (!r0) return;
+    double const err = (p.step - m.step) / m.step;
+    std::printf("-- %s: cap %zu KiB, %zu buckets\n%s", what, cap >> 10, m.buckets,
+                cost_report(p, m.bucket_seconds, m.step).c_str());
+    std::printf("RESULT %s ws=%d %s cap=%zuK predicted %.3f ms measured %.3f ms error %+.1f%% %s\n", name,
+                comm.world_size(), what, cap >> 10, p.step * 1e3, m.step * 1e3, err * 100,
+                std::abs(err) <= 0.2 ? "(within 20%)" : "(OUTSIDE 20%)");
+    std::fflush(stdout);
+  };
+  check("pytorch-cap", kDefaultBucketCapBytes, base);
+  if (choice.config.cap_bytes != kDefaultBucketCapBytes) {
+    Measured const chosen = run(comm, make_model, make_opt, x, loss, choice.config.cap_bytes, warmup, iters);
+    check("chosen-cap", choice.config.cap_bytes, chosen);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  examples::Flags flags("cost_model", "The alpha-beta cost model's predicted DDP step against the measured one.");
+  examples::add_launch_flags(flags)
+      .add("models", "mlp,cnn,wide", "comma-separated subset of mlp,cnn,wide")
+      .add("cache", "", "calibration cache file (read if it has this backend and layout, else appended)")
+      .add("iters", "20", "timed steps per run (after warm-up; the wide model runs a quarter of them)");
+  try {
+    if (!flags.parse(argc, argv)) return 0;
+    auto const launch = examples::launch_choice(flags);
+    std::string const models = "," + flags.str("models") + ",";
+    std::string const cache = flags.str("cache");
+    int const iters = std::max(3, std::stoi(flags.str("iters")));
+    return examples::launch(launch, argc, argv, [&](auto& comm) {
+      Calibration const cal = calibrate(comm, {.cache = cache});
+      if (comm.rank() == 0) {
+        std::printf("cost_model: %s\nalpha %.2f us, beta %.4f ns/B (%.2f GB/s)%s\n", cal.key.c_str(),
+                    cal.model.alpha * 1e6, cal.model.beta * 1e9, cal.model.bandwidth() / 1e9,
+                    cal.from_cache ? " (from the cache)" : "");
+        for (auto const& s : cal.samples)
+          std::printf("  probe %9zu B: %.3f ms measured, %.3f ms fitted\n", s.bytes, s.seconds * 1e3,
+                      cal.model.predict(s.bytes) * 1e3);
+      }
+      Generator g(1 + static_cast<std::uint64_t>(comm.rank()));
+      auto x = rnd({32, 1, 28, 28}, g);
+      Tensor<std::int32_t> y(Shape{32});
+      for (int i = 0; i < 32; ++i) y[i] = static_cast<std::int32_t>(g.below(10));
+      auto ce = [&](Var const& o) { return cross_entropy(o, y); };
+      if (models.find(",mlp,") != std::string::npos)
+        model_case(
+            comm, cal, "mlp",
+            [] {
+              Generator i(0);
+              return nn::Sequential(nn::Flatten(), nn::Linear(784, 256, i), nn::ReLU(), nn::Linear(256, 128, i),
+                                    nn::ReLU(), nn::Linear(128, 10, i));
+            },
+            [](auto& p) { return optim::SGD(p, {.lr = 0.01, .momentum = 0.9}); }, x, ce, 10, 10 * iters);
+      if (models.find(",cnn,") != std::string::npos)
+        model_case(
+            comm, cal, "cnn",
+            [] {
+              Generator i(0);
+              return nn::Sequential(nn::Conv2d(1, 32, 3, i), nn::ReLU(), nn::Conv2d(32, 64, 3, i), nn::ReLU(),
+                                    nn::MaxPool2d(2), nn::Flatten(), nn::Linear(9216, 128, i), nn::ReLU(),
+                                    nn::Linear(128, 10, i));
+            },
+            [](auto& p) { return optim::AdamW(p, {.lr = 1e-3}); }, x, ce, 3, iters);
+      if (models.find(",wide,") != std::string::npos) {
+        auto wx = rnd({2, 10}, g), wy = rnd({2, 5}, g);
+        model_case(
+            comm, cal, "wide",
+            [] {
+              Generator i(0);
+              return nn::Sequential(nn::Linear(10, 10000, i), nn::ReLU(), nn::Linear(10000, 10000, i), nn::ReLU(),
+                                    nn::Linear(10000, 5, i));
+            },
+            [](auto& p) { return optim::SGD(p, {.lr = 0.001}); }, wx, [&](Var const& o) { return mse_loss(o, wy); }, 2,
+            std::max(3, iters / 4));
+      }
+    });
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "cost_model: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,174 @@
+// The α–β cost of an all-reduce on a backend: t(bytes) = α + β·bytes, fitted to a short probe of the
+// backend itself (every rank measures, the slowest rank's time counts, every rank gets the same fit), and a
+// calibration cache so later runs on the same backend and layout skip the probe.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/host_collectives.hpp"
+#include "ddp/error.hpp"
+#include "ddp/tensor/kernels.hpp"
+#include "ddp/tensor/tensor.hpp"
+
+namespace ddp {
+
+// Predicted all-reduce time of `bytes`: alpha seconds of latency plus beta seconds per byte.
+struct AlphaBeta {
+  double alpha = 0;  // s
+  double beta = 0;   // s / byte
+  double predict(std::size_t bytes) const noexcept { return alpha + beta * static_cast<double>(bytes); }
+  // The algorithm bandwidth the fit implies for large messages (bytes / s); 0 when beta is 0.
+  double bandwidth() const noexcept { return beta > 0 ? 1.0 / beta : 0.0; }
+};
+
+struct ProbeSample {
+  std::size_t bytes = 0;
+  double seconds = 0;  // median over the repetitions of the slowest rank's time
+};
+
+// Least squares of seconds against bytes, weighted by 1/seconds² (relative errors count alike, so the small
+// messages that fix α are not drowned by the large ones that fix β). α and β are clamped at 0.
+inline AlphaBeta fit_alpha_beta(std::vector<ProbeSample> const& samples) {
+  if (samples.size() < 2)
+    throw ArgumentError(detail::cat("fit_alpha_beta: needs 2 or more samples, got ", samples.size()));
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (auto const& s : samples) {
+    if (!(s.seconds > 0))
+      throw ArgumentError(detail::cat("fit_alpha_beta: sample of ", s.bytes, " B has time ", s.seconds));
+    double const w = 1.0 / (s.seconds * s.seconds), x = static_cast<double>(s.bytes), y = s.seconds;
+    sw += w, sx += w * x, sy += w * y, sxx += w * x * x, sxy += w * x * y;
+  }
+  double const det = sw * sxx - sx * sx;
+  if (!(det > 0)) throw ArgumentError("fit_alpha_beta: the samples need at least two different sizes");
+  AlphaBeta m{(sxx * sy - sx * sxy) / det, (sw * sxy - sx * sy) / det};
+  if (m.beta < 0)
+    m = AlphaBeta{sy / sw, 0};  // time falls with size (noise): a constant
+  else if (m.alpha < 0)
+    m = AlphaBeta{0, sxy / sxx};  // β alone, through the origin
+  return m;
+}
+
+struct ProbeOptions {
+  // Message sizes in bytes (float elements), small to large; PyTorch's bucket sizes lie inside.
+  std::vector<std::size_t> sizes = {std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20,
+                                    std::size_t{4} << 20, std::size_t{16} << 20};
+  int warmup = 2;
+  int reps = 7;
+};
+
+struct Calibration {
+  std::string key;  // backend, world size, layout: what the fit is valid for
+  AlphaBeta model;
+  std::vector<ProbeSample> samples;  // empty when it came from the cache
+  bool from_cache = false;
+};
+
+namespace detail {
+inline double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+}  // namespace detail
+
+// What a calibration is valid for: the backend's name, the world size, where the backend can say its layout
+// of ranks on nodes (MpiBackend::layout()), and this host's name (the cache is per machine or cluster).
+template <Communicator C>
+std::string calibration_key(C const& comm) {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::string key = detail::cat(C::backend_name, " world ", comm.world_size(), " host ", host);
+  if constexpr (requires { comm.layout(); }) key += detail::cat(" ", comm.layout());
+  for (char& c : key)
+    if (c == '\n' || c == '\t') c = ' ';
+  return key;
+}
+
+// Collective: every rank times blocking all-reduces (kSum) of each size, with a barrier before each; the
+// slowest rank's time of each repetition counts (what a bucket waits for), the median over repetitions is the
+// sample, and every rank fits the same samples.
+template <AsyncCommunicator C>
+Calibration probe_alpha_beta(C& comm, ProbeOptions const& opts = {}) {
+  using S = native_space_t<C>;
+  if (opts.sizes.size() < 2 || opts.reps < 1)
+    throw ArgumentError("probe_alpha_beta: needs two or more sizes and reps >= 1");
+  Calibration cal{calibration_key(comm), {}, {}, false};
+  for (std::size_t bytes : opts.sizes) {
+    auto const n = static_cast<std::int64_t>(std::max<std::size_t>(bytes / sizeof(float), 1));
+    Tensor<float, S> buf(Shape{n});
+    if constexpr (std::same_as<S, HostSpace>)
+      std::fill_n(buf.data(), n, 0.5f);
+    else
+      Kernels<S>::fill(n, 0.5f, buf.data());
+    std::vector<double> times;
+    for (int i = 0; i < opts.warmup + opts.reps; ++i) {
+      comm.barrier();
+      auto const t0 = std::chrono::steady_clock::now();
+      // The handle's wait returns once the result is in memory (on a device backend: after the stream).
+      comm.all_reduce_async(detail::span_of<C>(buf), ReduceOp::kSum, CollectiveTag{"alpha-beta probe", n}).wait();
+      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      host_all_reduce(comm, std::span<double>(&t, 1), ReduceOp::kMax);
+      if (i >= opts.warmup) times.push_back(t);
+    }
+    cal.samples.push_back({static_cast<std::size_t>(n) * sizeof(float), detail::median_of(times)});
+  }
+  cal.model = fit_alpha_beta(cal.samples);
+  return cal;
+}
+
+// The cache: one line per key, "alpha beta<TAB>key". Later lines win; unreadable lines are skipped.
+inline std::optional<AlphaBeta> load_calibration(std::string const& path, std::string const& key) {
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  std::optional<AlphaBeta> found;
+  std::string line;
+  while (std::getline(f, line)) {
+    auto const tab = line.find('\t');
+    if (tab == std::string::npos || line.substr(tab + 1) != key) continue;
+    std::istringstream in(line.substr(0, tab));
+    AlphaBeta m;
+    if (in >> m.alpha >> m.beta && m.alpha >= 0 && m.beta >= 0) found = m;
+  }
+  return found;
+}
+inline void save_calibration(std::string const& path, std::string const& key, AlphaBeta const& m) {
+  std::ofstream f(path, std::ios::app);
+  f.precision(17);
+  f << m.alpha << ' ' << m.beta << '\t' << key << '\n';
+  if (!f) throw IoError(detail::cat("save_calibration: cannot append to ", path));
+}
+
+struct CalibrateOptions {
+  std::string cache;  // file of earlier fits ("" : always probe, write nothing)
+  ProbeOptions probe{};
+};
+
+// Rank 0 looks the key up in the cache; every rank follows its answer (so all use one model): a cached fit
+// is broadcast, otherwise every rank probes and rank 0 appends the fit to the cache.
+template <AsyncCommunicator C>
+Calibration calibrate(C& comm, CalibrateOptions const& opts = {}) {
+  std::string const key = calibration_key(comm);
+  double cached[3] = {0, 0, 0};  // found, alpha, beta
+  if (comm.rank() == 0 && !opts.cache.empty()) {
+    if (auto m = load_calibration(opts.cache, key)) cached[0] = 1, cached[1] = m->alpha, cached[2] = m->beta;
+  }
+  host_broadcast(comm, std::span<double>(cached, 3), 0);
+  if (cached[0] == 1) return Calibration{key, AlphaBeta{cached[1], cached[2]}, {}, true};
+  Calibration cal = probe_alpha_beta(comm, opts.probe);
+  if (comm.rank() == 0 && !opts.cache.empty()) save_calibration(opts.cache, key, cal.model);
+  return cal;
+}
+
+}  // namespace ddp

@@ -1,0 +1,78 @@
+// The α–β fit, the probe on the threads backend, and the calibration cache (ddp/comm/alpha_beta.hpp).
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/alpha_beta.hpp"
+#include "ddp/comm/threads.hpp"
+
+using namespace ddp;
+
+TEST_CASE("fit_alpha_beta recovers a line exactly and clamps what cannot be negative") {
+  std::vector<ProbeSample> s;
+  for (std::size_t b : {std::size_t{4096}, std::size_t{1} << 20, std::size_t{16} << 20})
+    s.push_back({b, 20e-6 + 0.5e-9 * double(b)});
+  AlphaBeta const m = fit_alpha_beta(s);
+  CHECK(m.alpha == doctest::Approx(20e-6).epsilon(1e-9));
+  CHECK(m.beta == doctest::Approx(0.5e-9).epsilon(1e-9));
+  CHECK(m.bandwidth() == doctest::Approx(2e9).epsilon(1e-9));
+  // Time falling with size (noise): β clamps to 0, α is the weighted mean.
+  AlphaBeta const flat = fit_alpha_beta({{1000, 2e-3}, {2000, 1e-3}});
+  CHECK(flat.beta == 0);
+  CHECK(flat.alpha > 1e-3);  // between the two, nearer the smaller time (weights 1/t²)
+  CHECK(flat.alpha < 2e-3);
+  CHECK_THROWS_WITH_AS(fit_alpha_beta({{1000, 1e-3}}), doctest::Contains("2 or more"), ArgumentError);
+  CHECK_THROWS_WITH_AS(fit_alpha_beta({{1000, 1e-3}, {1000, 2e-3}}), doctest::Contains("two different sizes"),
+                       ArgumentError);
+  CHECK_THROWS_AS(fit_alpha_beta({{1000, 0.0}, {2000, 1e-3}}), ArgumentError);
+}
+
+TEST_CASE("calibrate: every rank gets the same fit; the cache is written once and read back") {
+  auto const dir = std::filesystem::temp_directory_path() / ("ddp_ab_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string const cache = (dir / "cache.txt").string();
+  std::vector<AlphaBeta> first(2), second(2);
+  std::vector<int> cached(2, -1);
+  ProbeOptions const small{.sizes = {1024, 65536, 262144}, .warmup = 1, .reps = 3};
+  spawn(2, [&](ThreadsBackend& comm) {
+    Calibration const a = calibrate(comm, {.cache = cache, .probe = small});
+    first[comm.rank()] = a.model;
+    CHECK_FALSE(a.from_cache);
+    CHECK(a.samples.size() == 3);
+    CHECK(a.key.find("threads world 2") != std::string::npos);
+    Calibration const b = calibrate(comm, {.cache = cache, .probe = small});
+    second[comm.rank()] = b.model;
+    cached[comm.rank()] = b.from_cache ? 1 : 0;
+  });
+  CHECK(first[0].alpha == first[1].alpha);
+  CHECK(first[0].beta == first[1].beta);
+  CHECK(cached == std::vector<int>{1, 1});
+  CHECK(second[0].alpha == doctest::Approx(first[0].alpha).epsilon(1e-12));
+  CHECK(second[1].beta == doctest::Approx(first[0].beta).epsilon(1e-12));
+  // One line, written by rank 0; another key is not found; garbage lines are skipped.
+  {
+    std::ifstream f(cache);
+    int lines = 0;
+    for (std::string l; std::getline(f, l);) ++lines;
+    CHECK(lines == 1);
+  }
+  CHECK_FALSE(load_calibration(cache, "threads world 3 host nowhere").has_value());
+  {
+    std::ofstream f(cache, std::ios::app);
+    f << "not numbers\tkey x\n-1 2\tkey y\n";
+  }
+  CHECK_FALSE(load_calibration(cache, "key x").has_value());
+  CHECK_FALSE(load_calibration(cache, "key y").has_value());
+  save_calibration(cache, "key x", {.alpha = 1e-5, .beta = 2e-10});
+  auto const x = load_calibration(cache, "key x");
+  REQUIRE(x.has_value());
+  CHECK(x->alpha == 1e-5);
+  CHECK(x->beta == 2e-10);
+  CHECK_FALSE(load_calibration((dir / "missing.txt").string(), "key x").has_value());
+  std::filesystem::remove_all(dir);
+}
