@@ -356,6 +356,74 @@ TEST_CASE_TEMPLATE("conv2d forward and backward equal the host's (Winograd, im2c
   }
 }
 
+// The main job's CNN layers at a training batch (256 on a GPU, where cuDNN's heuristics pick other algorithms
+// than for the small cases above, FFT and Winograd among them; 16 on the CPU system): every algorithm setting
+// stays within the dot-product error bound of the host's result, |device − host| ≤ 1e-5 · Σ|a·b| over the
+// element's products (Σ|a·b|: the same convolution of |x|, |w|, |gy|), and a second call repeats bitwise (only
+// deterministic algorithms are chosen). On the CPU system both sides are the host kernels: bitwise.
+TEST_CASE("conv2d at the main job's geometries: each algorithm setting within the error bound, repeating bitwise") {
+  using T = float;
+  Generator g(11);
+  i64 const n = DeviceSystem::is_cuda ? 256 : 16;
+  double const tol = DeviceSystem::is_cuda ? 1e-5 : 0.0;
+  auto abs_of = [](std::vector<T> v) {
+    for (auto& e : v) e = std::abs(e);
+    return v;
+  };
+  auto within = [&](std::string const& what, std::vector<T> const& host, std::vector<T> const& dev,
+                    std::vector<T> const& bound) {
+    INFO(what);
+    REQUIRE(host.size() == dev.size());
+    double worst = 0;
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      double const e = tol == 0 ? (std::memcmp(&host[i], &dev[i], sizeof(T)) == 0 ? 0.0 : INFINITY)
+                                : std::abs(double(host[i]) - double(dev[i])) / std::max(double(bound[i]), 1e-30);
+      if (e > worst) worst = e, at = i;
+    }
+    INFO(what, ": element ", at, " host ", host[at], " device ", dev[at], " bound ", bound[at], " (error/bound ", worst,
+         ", tolerance ", tol, ")");
+    CHECK(worst <= tol);
+  };
+  for (ConvAlgorithm algo : {ConvAlgorithm::kAuto, ConvAlgorithm::kIm2col})
+    for (ConvGeometry geo : {ConvGeometry{.N = n, .C = 1, .H = 28, .W = 28, .O = 32, .k = 3},
+                             ConvGeometry{.N = n, .C = 32, .H = 26, .W = 26, .O = 64, .k = 3}}) {
+      geo.algorithm = algo;  // no relu: a y within an ulp of 0 would mask gy differently on the two sides
+      std::string const label = detail::cat("conv2d C", geo.C, " N", geo.N, " algorithm ", int(algo));
+      INFO(label);
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+      {
+        auto const& d = detail::cudnn_conv<T>(geo);
+        MESSAGE(label, ": cuDNN fwd algo ", int(d.fwd), ", bwd data algo ", int(d.bwd_data), ", bwd filter algo ",
+                int(d.bwd_filter));
+      }
+#endif
+      i64 const nx = geo.N * geo.C * geo.H * geo.W, nw = geo.O * geo.C * geo.k * geo.k, ny = geo.N * geo.O * geo.L();
+      auto x = random<T>(nx, g), w = random<T>(nw, g), gy = random<T>(ny, g);
+      std::vector<T> hy(ny), hgx(nx), hgw(nw), by(ny), bgx(nx), bgw(nw);
+      H::conv2d_fwd(geo, x.data(), w.data(), static_cast<T const*>(nullptr), hy.data());
+      H::conv2d_bwd(geo, x.data(), w.data(), hy.data(), gy.data(), T(0), hgx.data(), T(0), hgw.data(), T(0),
+                    static_cast<T*>(nullptr));
+      auto const ax = abs_of(x), aw = abs_of(w), agy = abs_of(gy);  // the bounds: Σ|a·b| per element
+      H::conv2d_fwd(geo, ax.data(), aw.data(), static_cast<T const*>(nullptr), by.data());
+      H::conv2d_bwd(geo, ax.data(), aw.data(), by.data(), agy.data(), T(0), bgx.data(), T(0), bgw.data(), T(0),
+                    static_cast<T*>(nullptr));
+      auto dx = up(x), dw = up(w), dgy = up(gy), dy = up(hy);
+      std::vector<std::vector<T>> runs;  // y, gx, gw per call
+      for (int call = 0; call < 2; ++call) {
+        auto dgx = up(hgx), dgw = up(hgw);
+        D::conv2d_fwd(geo, dx.data(), dw.data(), static_cast<T const*>(nullptr), dy.data());
+        D::conv2d_bwd(geo, dx.data(), dw.data(), dy.data(), dgy.data(), T(0), dgx.data(), T(0), dgw.data(), T(0),
+                      static_cast<T*>(nullptr));
+        runs.push_back(down(dy)), runs.push_back(down(dgx)), runs.push_back(down(dgw));
+      }
+      within(label + " fwd", hy, runs[0], by);
+      within(label + " gx", hgx, runs[1], bgx);
+      within(label + " gw", hgw, runs[2], bgw);
+      for (int k = 0; k < 3; ++k) expect_close(label + " second call, bitwise", runs[k], runs[3 + k], 0.0);
+    }
+}
+
 TEST_CASE_TEMPLATE("max-pool forward (values, argmax, NaN) and backward (overlapping windows) equal the host bitwise",
                    T, float, double) {
   Generator g(7);

@@ -23,8 +23,9 @@ namespace ddp {
 //   GEMM: cuBLAS on CUDA; the host GEMM (Eigen) where device memory is host-accessible.
 //   Convolution: cuDNN on CUDA (no fused pooling: the op composes it); the host convolution otherwise.
 // Determinism: on CPP every kernel is sequential and bitwise reproducible, and equals the host kernels bitwise
-// except sums and exp/log/tanh (a few ulps). On CUDA, deterministic algorithms throughout (cuDNN's fixed
-// ALGO_1 backward kernels, reductions in a fixed tree), so a run reproduces on the same GPU and sizes.
+// except sums and exp/log/tanh (a few ulps). On CUDA, deterministic algorithms throughout (cuDNN's deterministic
+// ones, picked per geometry by its heuristics, which time nothing; reductions in a fixed tree), so a run
+// reproduces on the same GPU, cuDNN and sizes.
 // Thread safety: as the host kernels; each host thread gets its own cuBLAS and cuDNN handles.
 // Performance on a GPU (bench/RESULTS.md, H100): element-wise kernels use one thread per element; row- and
 // channel-wise ones (softmax rows, bias sums, batch-norm statistics) one thread per row, plane or channel, which

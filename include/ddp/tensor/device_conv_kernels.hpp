@@ -1,5 +1,6 @@
-// Device convolution: cuDNN on Thrust's CUDA system (fixed deterministic algorithms, no TF32); on the CPU device
-// systems the host convolution itself (Winograd F(4×4, 3×3) or im2col + Eigen, fused pooling included).
+// Device convolution: cuDNN on Thrust's CUDA system (deterministic algorithms chosen per geometry by cuDNN's
+// heuristics, no TF32); on the CPU device systems the host convolution itself (Winograd F(4×4, 3×3) or im2col +
+// Eigen, fused pooling included).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,10 @@
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include <cudnn.h>
+
+#include <array>
+#include <map>
+#include <memory>
 
 #include "ddp/tensor/device_allocator.hpp"
 #include "ddp/tensor/device_buffer.hpp"  // CudaError
@@ -40,15 +45,18 @@ inline cudnnHandle_t cudnn_handle() {
   return handle.h;
 }
 
-// The descriptors of one convolution geometry (NCHW input, OCkk filter, cross-correlation), RAII.
+// The descriptors of one convolution geometry (NCHW input, OCkk filter, cross-correlation) and the algorithms
+// chosen for it, RAII. Algorithms: with ConvAlgorithm::kIm2col the fixed GEMM-based ones (IMPLICIT_GEMM forward,
+// ALGO_1 backward); otherwise the first that cuDNN's heuristics rank for this geometry among the deterministic,
+// non-tensor-op (no TF32) ones whose workspace fits kMaxWorkspace. The heuristics time nothing, so the choice
+// depends only on the GPU, the cuDNN version and the geometry: a run reproduces bitwise on the same GPU and
+// sizes, as with fixed algorithms (ALGO_1 for the filter gradient took half the GPU time of the main job's CNN
+// at batch 256 on an H100; bench/RESULTS.md, issue 10).
 template <class T>
 class CudnnConv {
  public:
   static constexpr cudnnDataType_t kType = sizeof(T) == 4 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
-  // Deterministic algorithms that support float and double: the same inputs give bitwise the same outputs.
-  static constexpr cudnnConvolutionFwdAlgo_t kFwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-  static constexpr cudnnConvolutionBwdDataAlgo_t kBwdData = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-  static constexpr cudnnConvolutionBwdFilterAlgo_t kBwdFilter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+  static constexpr std::size_t kMaxWorkspace = std::size_t{256} << 20;
 
   explicit CudnnConv(ConvGeometry const& g) {
     auto i = [](std::int64_t v) { return static_cast<int>(v); };
@@ -66,6 +74,7 @@ class CudnnConv {
                                                 CUDNN_CROSS_CORRELATION, kType),
                 "cudnnSetConvolution2dDescriptor");
     cudnn_check(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+    if (g.algorithm != ConvAlgorithm::kIm2col) choose(cudnn_handle());
   }
   ~CudnnConv() {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
@@ -79,7 +88,58 @@ class CudnnConv {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  cudnnConvolutionBwdDataAlgo_t bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+
+ private:
+  template <class Perf>
+  static bool usable(Perf const& p) noexcept {
+    return p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC && p.memory <= kMaxWorkspace &&
+           p.mathType != CUDNN_TENSOR_OP_MATH && p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  }
+  // The heuristics' first usable entry replaces the fixed default (kept when none is usable).
+  template <class Perf, class Algo>
+  static void first_usable(Perf const* perf, int n, Algo& algo) noexcept {
+    for (int k = 0; k < n; ++k)
+      if (usable(perf[k])) {
+        algo = perf[k].algo;
+        return;
+      }
+  }
+  void choose(cudnnHandle_t h) {
+    int n = 0;
+    cudnnConvolutionFwdAlgoPerf_t pf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    cudnn_check(cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, conv, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, pf),
+                "cudnnGetConvolutionForwardAlgorithm_v7");
+    first_usable(pf, n, fwd);
+    cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnn_check(
+        cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, conv, x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, pd),
+        "cudnnGetConvolutionBackwardDataAlgorithm_v7");
+    first_usable(pd, n, bwd_data);
+    cudnnConvolutionBwdFilterAlgoPerf_t pw[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    cudnn_check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, y, conv, w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                              &n, pw),
+                "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
+    first_usable(pw, n, bwd_filter);
+  }
 };
+
+// The CudnnConv of a geometry, made once per host thread (descriptors and the heuristics' choice are host work
+// that a small step would otherwise repeat every call). At most kMaxEntries geometries are kept; past that the
+// cache starts over.
+template <class T>
+CudnnConv<T> const& cudnn_conv(ConvGeometry const& g) {
+  using Key = std::array<std::int64_t, 9>;
+  constexpr std::size_t kMaxEntries = 64;
+  thread_local std::map<Key, std::unique_ptr<CudnnConv<T>>> cache;
+  Key const key{g.N, g.C, g.H, g.W, g.O, g.k, g.stride, g.pad, static_cast<std::int64_t>(g.algorithm)};
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  if (cache.size() >= kMaxEntries) cache.clear();
+  return *cache.emplace(key, std::make_unique<CudnnConv<T>>(g)).first->second;
+}
 }  // namespace detail
 #endif
 
@@ -97,15 +157,15 @@ struct DeviceConvKernels {
                          std::uint8_t* codes = nullptr) {
     (void)codes;
     DDP_ASSERT(!g.pool2(), "conv2d_fwd: fused pooling is not available on CUDA (fuses_pool2 is false)");
-    detail::CudnnConv<T> d(g);
+    auto const& d = detail::cudnn_conv<T>(g);
     cudnnHandle_t const h = detail::cudnn_handle();
     std::size_t bytes = 0;
-    detail::cudnn_check(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, d.kFwd, &bytes),
+    detail::cudnn_check(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, d.fwd, &bytes),
                         "cudnnGetConvolutionForwardWorkspaceSize");
     detail::DeviceScratch<std::uint8_t> ws(static_cast<i64>(bytes));
     T const one = 1, zero = 0;
     detail::cudnn_check(
-        cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, d.kFwd, ws.data(), bytes, &zero, d.y, y),
+        cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, d.fwd, ws.data(), bytes, &zero, d.y, y),
         "cudnnConvolutionForward");
     if (bias) DeviceElementwiseKernels::add_channel_broadcast(g.N, g.O, g.L(), bias, y);
     if (g.relu()) DeviceElementwiseKernels::relu_fwd(g.N * g.O * g.L(), y, y);
@@ -123,26 +183,26 @@ struct DeviceConvKernels {
       DeviceElementwiseKernels::relu_bwd(ny, y, gy, T(0), masked.data());
       gy = masked.data();
     }
-    detail::CudnnConv<T> d(g);
+    auto const& d = detail::cudnn_conv<T>(g);
     cudnnHandle_t const h = detail::cudnn_handle();
     T const one = 1;
     if (gw) {
       std::size_t bytes = 0;
       detail::cudnn_check(
-          cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, d.kBwdFilter, &bytes),
+          cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, d.bwd_filter, &bytes),
           "cudnnGetConvolutionBackwardFilterWorkspaceSize");
       detail::DeviceScratch<std::uint8_t> ws(static_cast<i64>(bytes));
-      detail::cudnn_check(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, gy, d.conv, d.kBwdFilter, ws.data(),
+      detail::cudnn_check(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, gy, d.conv, d.bwd_filter, ws.data(),
                                                          bytes, &beta_w, d.w, gw),
                           "cudnnConvolutionBackwardFilter");
     }
     if (gb) DeviceElementwiseKernels::sum_channels(g.N, g.O, g.L(), gy, beta_b, gb);
     if (gx) {
       std::size_t bytes = 0;
-      detail::cudnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, d.kBwdData, &bytes),
+      detail::cudnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, d.bwd_data, &bytes),
                           "cudnnGetConvolutionBackwardDataWorkspaceSize");
       detail::DeviceScratch<std::uint8_t> ws(static_cast<i64>(bytes));
-      detail::cudnn_check(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, gy, d.conv, d.kBwdData, ws.data(), bytes,
+      detail::cudnn_check(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, gy, d.conv, d.bwd_data, ws.data(), bytes,
                                                        &beta_x, d.x, gx),
                           "cudnnConvolutionBackwardData");
     }
