@@ -46,8 +46,8 @@ Net<S> make_mlp(Generator& gen) {
 inline std::uint64_t mix(std::uint64_t x) { return ddp::detail::mix64(x); }  // splitmix64's finaliser
 
 // Dropout masks depend only on (seed, rank, epoch, step, layer): each step reseeds the generators, so a run
-// resumed from a checkpoint draws the same masks as one never interrupted. Ranks differ (seed + rank). The
-// masks are drawn on the host whatever the tensors' space, so host and device runs use the same ones.
+// resumed from a checkpoint draws the same masks as one never interrupted. Ranks differ (seed + rank). Host and
+// device tensors draw the same masks (the device takes the same PCG32 stream by jump-ahead).
 template <MemorySpace S>
 void reseed_dropouts(Net<S>& net, std::int64_t seed, int rank, std::int64_t epoch, std::int64_t step) {
   for (std::size_t k = 0; k < net.dropouts.size(); ++k)
