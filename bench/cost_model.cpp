@@ -199,8 +199,8 @@ int main(int argc, char** argv) {
                     cal.model.alpha * 1e6, cal.model.beta * 1e9, cal.model.bandwidth() / 1e9,
                     cal.from_cache ? " (from the cache)" : "");
         for (auto const& s : cal.samples)
-          std::printf("  probe %9zu B: %.3f ms measured, %.3f ms fitted\n", s.bytes, s.seconds * 1e3,
-                      cal.model.predict(s.bytes) * 1e3);
+          std::printf("  probe %9zu B: %.3f ms measured, %.3f ms on the fitted line\n", s.bytes, s.seconds * 1e3,
+                      (cal.model.alpha + cal.model.beta * static_cast<double>(s.bytes)) * 1e3);
       }
       Generator g(1 + static_cast<std::uint64_t>(comm.rank()));
       auto x = rnd({32, 1, 28, 28}, g);

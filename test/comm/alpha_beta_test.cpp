@@ -32,6 +32,19 @@ TEST_CASE("fit_alpha_beta recovers a line exactly and clamps what cannot be nega
   CHECK_THROWS_AS(fit_alpha_beta({{1000, 0.0}, {2000, 1e-3}}), ArgumentError);
 }
 
+TEST_CASE("AlphaBeta::predict follows the probe's curve where it has one, the line otherwise") {
+  AlphaBeta m{.alpha = 1e-5, .beta = 1e-9};
+  CHECK(m.predict(1000) == doctest::Approx(1e-5 + 1e-6));
+  m.curve = {{1000, 2e-5}, {3000, 4e-5}, {5000, 1e-4}};
+  CHECK(m.predict(10) == 2e-5);                                   // below the smallest: its time
+  CHECK(m.predict(3000) == doctest::Approx(4e-5));                // on a point: the point
+  CHECK(m.predict(2000) == doctest::Approx(3e-5));                // between: the segment
+  CHECK(m.predict(4000) == doctest::Approx(7e-5));                // the next segment, its own slope
+  CHECK(m.predict(9000) == doctest::Approx(1e-4 + 4000 * 3e-8));  // past the largest: the last slope
+  m.curve = {{1000, 5e-5}, {2000, 4e-5}};                         // time falling with size: held flat
+  CHECK(m.predict(1500) == doctest::Approx(5e-5));
+}
+
 TEST_CASE("calibrate: every rank gets the same fit; the cache is written once and read back") {
   auto const dir = std::filesystem::temp_directory_path() / ("ddp_ab_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -44,6 +57,8 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
     first[comm.rank()] = a.model;
     CHECK_FALSE(a.from_cache);
     CHECK(a.samples.size() == 3);
+    CHECK(a.model.curve.size() == 3);
+    CHECK(a.model.predict(65536) == a.samples[1].seconds);
     CHECK(a.key.find("threads world 2") != std::string::npos);
     Calibration const b = calibrate(comm, {.cache = cache, .probe = small});
     second[comm.rank()] = b.model;
@@ -54,6 +69,8 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
   CHECK(cached == std::vector<int>{1, 1});
   CHECK(second[0].alpha == doctest::Approx(first[0].alpha).epsilon(1e-12));
   CHECK(second[1].beta == doctest::Approx(first[0].beta).epsilon(1e-12));
+  CHECK(second[1].curve.size() == 3);  // the probe's points come back from the cache on every rank
+  CHECK(second[1].predict(100000) == doctest::Approx(first[0].predict(100000)).epsilon(1e-12));
   // One line, written by rank 0; another key is not found; garbage lines are skipped.
   {
     std::ifstream f(cache);
@@ -68,11 +85,23 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
   }
   CHECK_FALSE(load_calibration(cache, "key x").has_value());
   CHECK_FALSE(load_calibration(cache, "key y").has_value());
+  {
+    std::ofstream f(cache, std::ios::app);  // a curve whose sizes do not ascend, one cut short
+    f << "1e-5 1e-9 2 4096 1e-5 1024 2e-5\tkey z\n1e-5 1e-9 3 4096 1e-5\tkey z\n";
+  }
+  CHECK_FALSE(load_calibration(cache, "key z").has_value());
   save_calibration(cache, "key x", {.alpha = 1e-5, .beta = 2e-10});
   auto const x = load_calibration(cache, "key x");
   REQUIRE(x.has_value());
   CHECK(x->alpha == 1e-5);
   CHECK(x->beta == 2e-10);
+  CHECK(x->curve.empty());
+  save_calibration(cache, "key x", {.alpha = 1e-5, .beta = 2e-10, .curve = {{4096, 3e-5}, {65536, 4e-5}}});
+  auto const xc = load_calibration(cache, "key x");  // the later line wins
+  REQUIRE(xc.has_value());
+  REQUIRE(xc->curve.size() == 2);
+  CHECK(xc->curve[1].bytes == 65536);
+  CHECK(xc->curve[1].seconds == 4e-5);
   CHECK_FALSE(load_calibration((dir / "missing.txt").string(), "key x").has_value());
   std::filesystem::remove_all(dir);
 }

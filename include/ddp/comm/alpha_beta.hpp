@@ -25,18 +25,32 @@
 
 namespace ddp {
 
-// Predicted all-reduce time of `bytes`: alpha seconds of latency plus beta seconds per byte.
-struct AlphaBeta {
-  double alpha = 0;  // s
-  double beta = 0;   // s / byte
-  double predict(std::size_t bytes) const noexcept { return alpha + beta * static_cast<double>(bytes); }
-  // The algorithm bandwidth the fit implies for large messages (bytes / s); 0 when beta is 0.
-  double bandwidth() const noexcept { return beta > 0 ? 1.0 / beta : 0.0; }
-};
-
 struct ProbeSample {
   std::size_t bytes = 0;
   double seconds = 0;  // median over the repetitions of the slowest rank's time
+};
+
+// Predicted all-reduce time of `bytes`: alpha seconds of latency plus beta seconds per byte, the line fitted
+// to a probe. Real links are not one line (in cache and out of it, eager and rendezvous protocols): where the
+// probe's own points are kept in `curve`, predict() interpolates between them (every segment its own α and
+// β), holds the smallest point's time below it and extends the last segment's slope past the largest; the
+// line stays for reports and for extrapolating to other world sizes (docs/cost_model.md).
+struct AlphaBeta {
+  double alpha = 0;                  // s
+  double beta = 0;                   // s / byte
+  std::vector<ProbeSample> curve{};  // sizes ascending; used by predict() when it has two or more points
+  double predict(std::size_t bytes) const noexcept {
+    if (curve.size() < 2) return alpha + beta * static_cast<double>(bytes);
+    if (bytes <= curve.front().bytes) return curve.front().seconds;
+    std::size_t k = 1;
+    while (k + 1 < curve.size() && curve[k].bytes < bytes) ++k;
+    auto const& a = curve[k - 1];
+    auto const& b = curve[k];
+    double const slope = std::max(0.0, (b.seconds - a.seconds) / static_cast<double>(b.bytes - a.bytes));
+    return a.seconds + slope * static_cast<double>(bytes - a.bytes);
+  }
+  // The algorithm bandwidth the line implies for large messages (bytes / s); 0 when beta is 0.
+  double bandwidth() const noexcept { return beta > 0 ? 1.0 / beta : 0.0; }
 };
 
 // Least squares of seconds against bytes, weighted by 1/seconds² (relative errors count alike, so the small
@@ -62,9 +76,10 @@ inline AlphaBeta fit_alpha_beta(std::vector<ProbeSample> const& samples) {
 }
 
 struct ProbeOptions {
-  // Message sizes in bytes (float elements), small to large; PyTorch's bucket sizes lie inside.
+  // Message sizes in bytes (float elements), small to large; PyTorch's bucket sizes lie inside, and the
+  // largest is past the caches, where big buckets live (in cache, 16 MiB reduces up to 1.5x faster here).
   std::vector<std::size_t> sizes = {std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20,
-                                    std::size_t{4} << 20, std::size_t{16} << 20};
+                                    std::size_t{4} << 20, std::size_t{16} << 20, std::size_t{64} << 20};
   int warmup = 2;
   int reps = 7;
 };
@@ -125,10 +140,17 @@ Calibration probe_alpha_beta(C& comm, ProbeOptions const& opts = {}) {
     cal.samples.push_back({static_cast<std::size_t>(n) * sizeof(float), detail::median_of(times)});
   }
   cal.model = fit_alpha_beta(cal.samples);
+  cal.model.curve = cal.samples;
+  std::sort(cal.model.curve.begin(), cal.model.curve.end(),
+            [](ProbeSample const& a, ProbeSample const& b) { return a.bytes < b.bytes; });
+  cal.model.curve.erase(std::unique(cal.model.curve.begin(), cal.model.curve.end(),
+                                    [](ProbeSample const& a, ProbeSample const& b) { return a.bytes == b.bytes; }),
+                        cal.model.curve.end());
   return cal;
 }
 
-// The cache: one line per key, "alpha beta<TAB>key". Later lines win; unreadable lines are skipped.
+// The cache: one line per key, "alpha beta [n bytes seconds ...]<TAB>key" (the probe's n points, if kept).
+// Later lines win; unreadable lines are skipped.
 inline std::optional<AlphaBeta> load_calibration(std::string const& path, std::string const& key) {
   std::ifstream f(path);
   if (!f) return std::nullopt;
@@ -139,14 +161,30 @@ inline std::optional<AlphaBeta> load_calibration(std::string const& path, std::s
     if (tab == std::string::npos || line.substr(tab + 1) != key) continue;
     std::istringstream in(line.substr(0, tab));
     AlphaBeta m;
-    if (in >> m.alpha >> m.beta && m.alpha >= 0 && m.beta >= 0) found = m;
+    if (!(in >> m.alpha >> m.beta) || m.alpha < 0 || m.beta < 0) continue;
+    std::size_t n = 0;
+    bool ok = true;
+    if (in >> n) {
+      for (std::size_t i = 0; i < n && ok; ++i) {
+        ProbeSample p;
+        ok = static_cast<bool>(in >> p.bytes >> p.seconds) && p.seconds > 0 &&
+             (m.curve.empty() || p.bytes > m.curve.back().bytes);
+        m.curve.push_back(p);
+      }
+    }
+    if (ok) found = m;
   }
   return found;
 }
 inline void save_calibration(std::string const& path, std::string const& key, AlphaBeta const& m) {
   std::ofstream f(path, std::ios::app);
   f.precision(17);
-  f << m.alpha << ' ' << m.beta << '\t' << key << '\n';
+  f << m.alpha << ' ' << m.beta;
+  if (!m.curve.empty()) {
+    f << ' ' << m.curve.size();
+    for (auto const& p : m.curve) f << ' ' << p.bytes << ' ' << p.seconds;
+  }
+  f << '\t' << key << '\n';
   if (!f) throw IoError(detail::cat("save_calibration: cannot append to ", path));
 }
 
@@ -160,12 +198,23 @@ struct CalibrateOptions {
 template <AsyncCommunicator C>
 Calibration calibrate(C& comm, CalibrateOptions const& opts = {}) {
   std::string const key = calibration_key(comm);
-  double cached[3] = {0, 0, 0};  // found, alpha, beta
+  std::vector<double> cached;  // rank 0's find: alpha, beta, then the curve's (bytes, seconds) pairs
   if (comm.rank() == 0 && !opts.cache.empty()) {
-    if (auto m = load_calibration(opts.cache, key)) cached[0] = 1, cached[1] = m->alpha, cached[2] = m->beta;
+    if (auto m = load_calibration(opts.cache, key)) {
+      cached = {m->alpha, m->beta};
+      for (auto const& p : m->curve) cached.push_back(static_cast<double>(p.bytes)), cached.push_back(p.seconds);
+    }
   }
-  host_broadcast(comm, std::span<double>(cached, 3), 0);
-  if (cached[0] == 1) return Calibration{key, AlphaBeta{cached[1], cached[2]}, {}, true};
+  double size = static_cast<double>(cached.size());
+  host_broadcast(comm, std::span<double>(&size, 1), 0);
+  if (size > 0) {
+    cached.resize(static_cast<std::size_t>(size));
+    host_broadcast(comm, std::span<double>(cached), 0);
+    AlphaBeta m{cached[0], cached[1]};
+    for (std::size_t i = 2; i + 1 < cached.size(); i += 2)
+      m.curve.push_back({static_cast<std::size_t>(cached[i]), cached[i + 1]});
+    return Calibration{key, std::move(m), {}, true};
+  }
   Calibration cal = probe_alpha_beta(comm, opts.probe);
   if (comm.rank() == 0 && !opts.cache.empty()) save_calibration(opts.cache, key, cal.model);
   return cal;
