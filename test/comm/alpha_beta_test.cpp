@@ -78,6 +78,23 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
     for (std::string l; std::getline(f, l);) ++lines;
     CHECK(lines == 1);
   }
+  // A larger size than the cached curve reaches: probed again (every rank alike), its line appended and used
+  // from then on.
+  {
+    ProbeOptions larger = small;
+    larger.sizes.push_back(1 << 20);
+    std::vector<int> reprobed(2, -1), hit(2, -1);
+    spawn(2, [&](ThreadsBackend& comm) {
+      Calibration const c = calibrate(comm, {.cache = cache, .probe = larger});
+      reprobed[comm.rank()] = c.from_cache ? 0 : 1;
+      CHECK(c.model.curve.size() == 4);
+      Calibration const d = calibrate(comm, {.cache = cache, .probe = larger});
+      hit[comm.rank()] = d.from_cache ? 1 : 0;
+      CHECK(d.model.curve.back().bytes == std::size_t{1} << 20);
+    });
+    CHECK(reprobed == std::vector<int>{1, 1});
+    CHECK(hit == std::vector<int>{1, 1});
+  }
   CHECK_FALSE(load_calibration(cache, "threads world 3 host nowhere").has_value());
   {
     std::ofstream f(cache, std::ios::app);

@@ -194,13 +194,19 @@ struct CalibrateOptions {
 };
 
 // Rank 0 looks the key up in the cache; every rank follows its answer (so all use one model): a cached fit
-// is broadcast, otherwise every rank probes and rank 0 appends the fit to the cache.
+// is broadcast, otherwise every rank probes and rank 0 appends the fit to the cache. A cached curve that stops
+// short of the largest size asked for (opts.probe.sizes) counts as a miss: the probe runs and its line, appended
+// later, wins, so a larger model never reads an extrapolated time from an earlier, smaller calibration.
 template <AsyncCommunicator C>
 Calibration calibrate(C& comm, CalibrateOptions const& opts = {}) {
   std::string const key = calibration_key(comm);
   std::vector<double> cached;  // rank 0's find: alpha, beta, then the curve's (bytes, seconds) pairs
   if (comm.rank() == 0 && !opts.cache.empty()) {
-    if (auto m = load_calibration(opts.cache, key)) {
+    std::size_t const wanted =
+        opts.probe.sizes.empty() ? 0 : *std::max_element(opts.probe.sizes.begin(), opts.probe.sizes.end());
+    auto m = load_calibration(opts.cache, key);
+    if (m && !m->curve.empty() && m->curve.back().bytes < wanted) m.reset();
+    if (m) {
       cached = {m->alpha, m->beta};
       for (auto const& p : m->curve) cached.push_back(static_cast<double>(p.bytes)), cached.push_back(p.seconds);
     }
