@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,12 +78,14 @@ int iterations_for(double first_s, Args const& a) {
 struct Row {
   std::size_t bytes = 0;
   double threads = 0, threads_async = 0, loop = 0;  // seconds (median)
-  double mpi = 0, mpi_async = 0, mpi_flat = 0, raw = 0;
+  double mpi = 0, mpi_async = 0, mpi_flat = 0, mpi_cached = 0, raw = 0;
 };
 
 // ---- MPI: raw MPI_Allreduce, MpiBackend (default layout: shared memory on a node; sync and async) and
-// MpiBackend with NodeAllReduce::kMpi (its MPI_Iallreduce path), interleaved per iteration ----------------
-void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, Args const& a, std::vector<Row>& rows) {
+// MpiBackend with NodeAllReduce::kMpi (its MPI_Iallreduce path) and with plain stores into the window at every
+// size (WindowStores::kPlain), interleaved per iteration ------------------------------------------------------------------
+void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& cached, Args const& a,
+               std::vector<Row>& rows) {
   std::vector<float> buf(a.max_bytes / sizeof(float), 0.0f);
   MPI_Comm raw_comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
@@ -97,23 +100,26 @@ void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, Args const& a, std:
         comm.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
       } else if (variant == 2) {
         comm.all_reduce_async(std::span(buf).first(n), ddp::ReduceOp::kSum).wait();
-      } else {
+      } else if (variant == 3) {
         flat.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
+      } else {
+        cached.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
       }
       double dt = MPI_Wtime() - t0;
       MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, raw_comm);  // the slowest rank's time
       return dt;
     };
-    double const first = std::max({one(0), one(1), one(2), one(3)});
+    double const first = std::max({one(0), one(1), one(2), one(3), one(4)});
     int const iters = std::max(5, iterations_for(first, a) / 4 + 1);  // MPI oversubscribed is noisy: >= 5 rounds
-    std::vector<double> t[4];
+    std::vector<double> t[5];
     for (int i = 0; i < iters; ++i) {
-      for (int v = 0; v < 4; ++v) t[v].push_back(one(v));
+      for (int v = 0; v < 5; ++v) t[v].push_back(one(v));
     }
     row.raw = median(t[0]);
     row.mpi = median(t[1]);
     row.mpi_async = median(t[2]);
     row.mpi_flat = median(t[3]);
+    row.mpi_cached = median(t[4]);
   }
   MPI_Comm_free(&raw_comm);
 }
@@ -243,8 +249,11 @@ int main(int argc, char** argv) {
     if (a.mpi && p > 1) {
       ddp::MpiBackend comm(session, {.node = a.node});
       ddp::MpiBackend flat(session, {.node = {.all_reduce = ddp::NodeAllReduce::kMpi}});
+      ddp::MpiNodeOptions cached_node = a.node;
+      cached_node.window_stores = ddp::WindowStores::kPlain;
+      ddp::MpiBackend cached(session, {.node = cached_node});
       layout = comm.layout();
-      bench_mpi(comm, flat, a, rows);
+      bench_mpi(comm, flat, cached, a, rows);
       std::vector<float> x(1, 0.0f);
       std::vector<double> per_op;
       for (int batch = 0; batch < 5; ++batch) {  // oversubscribed MPICH polls: ms per op at 4 ranks on 2 cores
@@ -266,21 +275,23 @@ int main(int argc, char** argv) {
     if (!layout.empty()) std::printf("MpiBackend all_reduce: %s\n", layout.c_str());
     std::printf(
         "\n| size | threads | threads async | plain loop | threads / loop | MpiBackend | MpiBackend async | "
-        "MpiBackend kMpi | raw MPI_Allreduce | MpiBackend / raw |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "MpiBackend kMpi | MpiBackend plain stores | raw MPI_Allreduce | MpiBackend / raw |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int const pt = a.threads_world > 0 ? a.threads_world : p;  // the threads part's world size
     for (Row const& row : rows) {
       auto bw = [&](double t) { return busbw_gbs(row.bytes, t, p); };
       auto tbw = [&](double t) { return busbw_gbs(row.bytes, t, pt); };
-      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", human(row.bytes).c_str(),
-                  tbw(row.threads), tbw(row.threads_async), tbw(row.loop),
+      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+                  human(row.bytes).c_str(), tbw(row.threads), tbw(row.threads_async), tbw(row.loop),
                   row.threads > 0 ? row.loop / row.threads : 0.0, bw(row.mpi), bw(row.mpi_async), bw(row.mpi_flat),
-                  bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0);
+                  bw(row.mpi_cached), bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0);
     }
     std::printf("\nlatency: threads all_reduce 4 B %.2f us, 4 KiB %.2f us; MpiBackend 4 B %.2f us\n", lat4 * 1e6,
                 lat4k * 1e6, mpi_lat * 1e6);
-    std::printf("400 MB times: threads %.1f ms, plain loop %.1f ms, MpiBackend %.1f ms, raw MPI %.1f ms\n",
-                rows.back().threads * 1e3, rows.back().loop * 1e3, rows.back().mpi * 1e3, rows.back().raw * 1e3);
+    std::printf(
+        "%s times: threads %.1f ms, plain loop %.1f ms, MpiBackend %.1f ms (plain stores %.1f ms), raw MPI %.1f ms\n",
+        human(rows.back().bytes).c_str(), rows.back().threads * 1e3, rows.back().loop * 1e3, rows.back().mpi * 1e3,
+        rows.back().mpi_cached * 1e3, rows.back().raw * 1e3);
     return 0;
   });
 }

@@ -62,7 +62,8 @@ TEST_CASE("the layout names how all_reduce runs") {
   if (g_comm->world_size() == 1) CHECK(layout == "MPI_Iallreduce over 1 rank");
 }
 
-// --node=mpi | --node=shm (default), --ranks-per-node=K, --chunk-bytes=N: the all-reduce layouts under test.
+// --node=mpi | --node=shm (default), --ranks-per-node=K, --chunk-bytes=N, --streaming-bytes=N,
+// --window-stores=adaptive|streaming|plain: the all-reduce layouts under test.
 ddp::MpiNodeOptions node_options(int& argc, char** argv) {
   ddp::MpiNodeOptions opts;
   int out = 1;
@@ -76,6 +77,14 @@ ddp::MpiNodeOptions node_options(int& argc, char** argv) {
       opts.ranks_per_node = std::stoi(a.substr(17));
     } else if (a.rfind("--chunk-bytes=", 0) == 0) {
       opts.chunk_bytes = std::stoul(a.substr(14));
+    } else if (a.rfind("--streaming-bytes=", 0) == 0) {
+      opts.streaming_bytes = std::stoul(a.substr(18));
+    } else if (a == "--window-stores=streaming") {
+      opts.window_stores = ddp::WindowStores::kStreaming;
+    } else if (a == "--window-stores=plain") {
+      opts.window_stores = ddp::WindowStores::kPlain;
+    } else if (a == "--window-stores=adaptive") {
+      opts.window_stores = ddp::WindowStores::kAdaptive;
     } else {
       argv[out++] = argv[i];
     }

@@ -17,6 +17,7 @@
 #include "ddp/tensor/host_optim_kernels.hpp"
 #include "ddp/tensor/kernels.hpp"
 #include "ddp/tensor/random.hpp"
+#include "ddp/tensor/stream_copy.hpp"  // stream_fence
 
 namespace ddp {
 
@@ -71,11 +72,6 @@ inline void stream_combination(std::int64_t N, std::int64_t K, float const* coef
   }
 #endif
   for (; j < N; ++j) scalar(j);
-}
-inline void stream_fence() noexcept {
-#if defined(__AVX__) || defined(__SSE2__)
-  _mm_sfence();
-#endif
 }
 }  // namespace detail
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,8 +24,10 @@
 #include "ddp/comm/detail/mpi_types.hpp"
 #include "ddp/comm/detail/mpi_watch.hpp"
 #include "ddp/comm/detail/reduce.hpp"
+#include "ddp/comm/detail/store_chooser.hpp"
 #include "ddp/comm/detail/wait.hpp"
 #include "ddp/error.hpp"
+#include "ddp/tensor/stream_copy.hpp"
 
 namespace ddp {
 
@@ -45,6 +48,17 @@ struct MpiNodeOptions {
   // groups of k ranks count as nodes, to run the hierarchical algorithm on one host (tests, studies); each
   // group must still share memory.
   int ranks_per_node = 0;
+  // How all-reduces of at least streaming_bytes write the window's chunk areas (copy-in and the reduced slice):
+  // kPlain, plain stores; kStreaming, non-temporal stores (x86 SSE2; elsewhere plain), which invalidate the
+  // peers' cached copies of those lines without fetching them first; kAdaptive, each rank takes whichever its
+  // recent all-reduces ran faster with (detail::StoreChooser). A peer read each line of an area in the round
+  // before, so a plain store fetches it back across cores: cheap where the ranks share a cache, slow where they
+  // do not. On this project's 2-vCPU VM the hypervisor moves the vCPUs between one L3 domain and two (cache-line
+  // round trip 55 ns or 350 ns, from minute to minute): from 16 MiB up plain stores ran at 1.5-1.9 GB/s in the
+  // second case against 3.4-6.7 streaming, and at 7.5-9.8 in the first against 5.5-6.9 (bench/RESULTS.md).
+  // Smaller all-reduces always use plain stores (latency-bound: the window's lines stay in cache).
+  WindowStores window_stores = WindowStores::kAdaptive;
+  std::size_t streaming_bytes = std::size_t{1} << 20;
 };
 
 namespace detail {
@@ -70,6 +84,7 @@ class NodeAllReduce {
       throw ArgumentError(cat("ddp mpi: MpiNodeOptions::chunk_bytes must be >= 4096, got ", opts.chunk_bytes));
     }
     chunk_bytes_ = opts.chunk_bytes / 64 * 64;
+    stores_ = StoreChooser(opts.window_stores, opts.streaming_bytes);
     small_bytes_ = (std::max<std::size_t>(opts.small_bytes, 64) + 63) / 64 * 64;
     if (opts.ranks_per_node == 0) {
       MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_);
@@ -170,8 +185,10 @@ class NodeAllReduce {
     std::size_t const chunk = std::max(line, chunk_bytes_ / sizeof(T) / line * line);
     int const mine = local_rank_ < stripes_ ? local_rank_ : -1;
     ReduceOp const node_op = nodes_ > 1 && op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    bool const stream = stores_.stream(bytes);  // this rank's choice: the bytes are the same either way
     std::size_t off = 0;
     bool first = true;
+    std::chrono::steady_clock::time_point since{};
     do {
       std::size_t const m = std::min(chunk, count - off);
       std::size_t const half = chunks_++ & 1;
@@ -179,10 +196,11 @@ class NodeAllReduce {
       for (int k = 0; k < stripes_; ++k) {  // copy in every slice but the one this rank reduces
         if (k == mine) continue;
         auto const [lo, hi] = slice(m, line, k);
-        copy(area<T>(local_rank_, half) + lo, own + lo, hi - lo);
+        copy_to_window(area<T>(local_rank_, half) + lo, own + lo, hi - lo, stream);
       }
+      if (stream) stream_fence();
       arrive(call);
-      if (first) verify(call, op_seq);
+      if (first) verify(call, op_seq), since = std::chrono::steady_clock::now();
       first = false;
       if (mine >= 0) {
         auto const [lo, hi] = slice(m, line, mine);
@@ -190,7 +208,12 @@ class NodeAllReduce {
           srcs[static_cast<std::size_t>(k)] = k == local_rank_ ? own + lo : area<T>(k, half) + lo;
         }
         T* const result = area<T>(local_rank_, half) + lo;
-        if (nodes_ == 1) {
+        if (nodes_ == 1 && stream) {
+          T* dst = own + lo;  // reduce in this rank's own buffer, then stream the slice into the window
+          reduce_blocks<T>(srcs.data(), local_n_, &dst, 1, hi - lo, op);
+          copy_to_window(result, dst, hi - lo, stream);
+          stream_fence();
+        } else if (nodes_ == 1) {
           T* dsts[2] = {result, own + lo};
           reduce_blocks<T>(srcs.data(), local_n_, dsts, 2, hi - lo, op);
         } else {
@@ -208,6 +231,8 @@ class NodeAllReduce {
       }
       off += m;
     } while (off < count);
+    // The rate from the first barrier on (entry skew between the ranks left out), for kAdaptive.
+    stores_.record(stream, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
   }
 
  private:
@@ -314,6 +339,13 @@ class NodeAllReduce {
   static void copy(T* dst, T const* src, std::size_t m) noexcept {
     if (m != 0 && dst != src) std::memcpy(dst, src, m * sizeof(T));
   }
+  template <class T>
+  static void copy_to_window(T* dst, T const* src, std::size_t m, bool stream) noexcept {
+    if (stream)
+      stream_copy(dst, src, m * sizeof(T));
+    else
+      copy(dst, src, m);
+  }
   void release() noexcept {
     if (win_ != MPI_WIN_NULL) {
       if (!segments_.empty()) MPI_Win_unlock_all(win_);
@@ -342,9 +374,10 @@ class NodeAllReduce {
   std::tuple<std::vector<float const*>, std::vector<double const*>, std::vector<std::int32_t const*>,
              std::vector<std::int64_t const*>>
       ptrs_;
-  std::uint64_t ops_ = 0;      // all-reduces through this path (the parity of the published call)
-  std::uint64_t barrier_ = 0;  // node barriers passed
-  std::uint64_t chunks_ = 0;   // chunks through the window (the parity of the half in use)
+  std::uint64_t ops_ = 0;                         // all-reduces through this path (the parity of the published call)
+  std::uint64_t barrier_ = 0;                     // node barriers passed
+  std::uint64_t chunks_ = 0;                      // chunks through the window (the parity of the half in use)
+  StoreChooser stores_{WindowStores::kPlain, 0};  // MpiNodeOptions::window_stores, streaming_bytes
   bool alone_ = false;
   bool abandoned_ = false;
 };
