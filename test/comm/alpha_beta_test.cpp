@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -58,7 +59,10 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
     CHECK_FALSE(a.from_cache);
     CHECK(a.samples.size() == 3);
     CHECK(a.model.curve.size() == 3);
-    CHECK(a.model.predict(65536) == a.samples[1].seconds);
+    // On a probe point: its time, or the smaller size's when a loaded machine timed that one slower (the curve
+    // never falls with size).
+    CHECK(a.model.predict(65536) ==
+          doctest::Approx(std::max(a.samples[0].seconds, a.samples[1].seconds)).epsilon(1e-12));
     CHECK(a.key.find("threads world 2") != std::string::npos);
     Calibration const b = calibrate(comm, {.cache = cache, .probe = small});
     second[comm.rank()] = b.model;
