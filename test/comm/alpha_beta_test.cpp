@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -47,7 +48,10 @@ TEST_CASE("AlphaBeta::predict follows the probe's curve where it has one, the li
 }
 
 TEST_CASE("calibrate: every rank gets the same fit; the cache is written once and read back") {
-  auto const dir = std::filesystem::temp_directory_path() / ("ddp_ab_" + std::to_string(::getpid()));
+  // Bazel's per-test directory (concurrent runs of this test share /tmp and, in their sandboxes, pids).
+  char const* test_tmp = std::getenv("TEST_TMPDIR");
+  auto const dir = (test_tmp ? std::filesystem::path(test_tmp) : std::filesystem::temp_directory_path()) /
+                   ("ddp_ab_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::string const cache = (dir / "cache.txt").string();
   std::vector<AlphaBeta> first(2), second(2);
