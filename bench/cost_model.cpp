@@ -191,7 +191,23 @@ int main(int argc, char** argv) {
     auto const launch = examples::launch_choice(flags);
     std::string const models = "," + flags.str("models") + ",";
     std::string const cache = flags.str("cache");
-    int const iters = std::max(3, std::stoi(flags.str("iters")));
+    int iters = 0;
+    try {
+      std::size_t used = 0;
+      iters = std::stoi(flags.str("iters"), &used);
+      if (used != flags.str("iters").size()) throw std::invalid_argument("trailing characters");
+    } catch (std::exception const&) {
+      throw ArgumentError("--iters must be a whole number, got '" + flags.str("iters") + "'");
+    }
+    iters = std::max(3, iters);
+    for (std::size_t at = 1; at < models.size();) {  // every name in --models is one of the three
+      std::size_t const end = models.find(',', at);
+      std::string const name = models.substr(at, end - at);
+      if (name != "mlp" && name != "cnn" && name != "wide")
+        throw ArgumentError("--models takes a comma-separated subset of mlp,cnn,wide, got '" + flags.str("models") +
+                            "'");
+      at = end + 1;
+    }
     bool const mlp = models.find(",mlp,") != std::string::npos, cnn = models.find(",cnn,") != std::string::npos,
                wide = models.find(",wide,") != std::string::npos;
     auto make_mlp = [] {
