@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "ddp/comm/detail/describe.hpp"
+#include "ddp/comm/detail/finalize_watchdog.hpp"
+#include "ddp/comm/detail/pmi1.hpp"
 #include "ddp/comm/env.hpp"
 #include "ddp/error.hpp"
 
@@ -67,6 +69,25 @@ inline void abort_if_exiting_mid_run() noexcept {
 
 }  // namespace detail
 
+// How MpiSession ends MPI when the job's ranks span more than one node. MPICH's UCX transport closes every
+// connection in MPI_Finalize and waits for each close to be flushed; over TCP a flush needs the peer's
+// answer (UCX sends it an empty put and waits for the ack). A rank whose own closes are done goes on to the
+// launcher's barrier and answers no more, so a peer still closing can wait forever (openucx/ucx issue 8738;
+// here up to 1 run in 4 of a plain all-reduce program across namespace hosts, bench/RESULTS.md). Two
+// measures, both only across nodes (on one node MPI uses shared memory and MPI_Finalize is called as is):
+//  - `finalize_quiet`: the destructor meets all ranks in a barrier on a communicator of its own, then every
+//    rank stays out of MPI this long before MPI_Finalize, so no rank is still inside an MPI call, answering,
+//    when a peer starts closing. This removed most hangs, not all under CPU contention.
+//  - `finalize_timeout`: a rank whose MPI_Finalize has not returned by then, and is not simply waiting in
+//    the launcher's barrier (a read on $PMI_FD), says so and ends as MPI_Finalize would have: under Hydra it
+//    sends the launcher the barrier and finalize MPICH still owed (PMI-1 on $PMI_FD, detail/pmi1.hpp), so
+//    the barrier completes for the other ranks and the job ends cleanly; then it exits with the program's
+//    status (every rank had passed the barrier before: the job's work is done). 0: wait without limit.
+struct MpiSessionOptions {
+  std::chrono::milliseconds finalize_quiet{200};
+  std::chrono::milliseconds finalize_timeout{20'000};
+};
+
 // Initialises MPI with MPI_THREAD_MULTIPLE, unless the program already did (then the level is checked), and
 // finalises it on destruction only if it initialised it. No global state: create exactly one, in main.
 // Construction is collective over MPI_COMM_WORLD: each rank checks the thread level and its launcher's
@@ -79,8 +100,9 @@ inline void abort_if_exiting_mid_run() noexcept {
 // runs two collectives on one communicator at once (blocking collectives wait for the queue to drain).
 class MpiSession {
  public:
-  MpiSession() : MpiSession(nullptr, nullptr) {}
-  MpiSession(int& argc, char**& argv) : MpiSession(&argc, &argv) {}
+  MpiSession() : MpiSession(nullptr, nullptr, {}) {}
+  MpiSession(int& argc, char**& argv, MpiSessionOptions options = {}) : MpiSession(&argc, &argv, options) {}
+  explicit MpiSession(MpiSessionOptions options) : MpiSession(nullptr, nullptr, options) {}
   MpiSession(MpiSession const&) = delete;
   MpiSession& operator=(MpiSession const&) = delete;
   ~MpiSession() {
@@ -94,7 +116,7 @@ class MpiSession {
     if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owns_ && !finalized) MPI_Finalize();
+    if (owns_ && !finalized) finalize();
   }
 
   int rank() const noexcept { return rank_; }
@@ -108,6 +130,10 @@ class MpiSession {
   void note_failure() const noexcept { failed_.store(true); }
   bool failed() const noexcept { return failed_.load(); }
 
+  // The status this rank exits with if MPI_Finalize outlives MpiSessionOptions::finalize_timeout (default 0);
+  // mpi_main sets it to the program's.
+  void set_exit_status(int status) noexcept { exit_status_ = status; }
+
   // Prints "ddp: rank R of N failed: <why>; aborting the MPI job" and ends every rank of the job.
   [[noreturn]] void abort(std::string_view why, int code = 1) const noexcept {
     std::fprintf(stderr, "ddp: rank %d of %d failed: %.*s; aborting the MPI job (MPI_Abort)\n", rank_, world_size_,
@@ -119,7 +145,8 @@ class MpiSession {
   }
 
  private:
-  MpiSession(int* argc, char*** argv) {
+  MpiSession(int* argc, char*** argv, MpiSessionOptions options) : options_(options) {
+    check_options(options);
     int initialized = 0;
     MPI_Initialized(&initialized);
     int provided = 0;
@@ -149,6 +176,7 @@ class MpiSession {
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_comm_);
     MPI_Comm_rank(local_comm_, &local_rank_);
     MPI_Comm_size(local_comm_, &local_size_);
+    if (owns_ && local_size_ < world_size_) MPI_Comm_dup(MPI_COMM_WORLD, &finalize_comm_);
     static bool const hooked = std::atexit(detail::abort_if_exiting_mid_run) == 0;
     if (hooked) {
       detail::exit_guard().rank.store(rank_);
@@ -156,6 +184,52 @@ class MpiSession {
       detail::exit_guard().live.fetch_add(1);
       hooked_ = true;
     }
+  }
+
+  static void check_options(MpiSessionOptions const& o) {
+    if (o.finalize_quiet.count() < 0) {
+      throw ArgumentError(
+          detail::cat("MpiSessionOptions::finalize_quiet must be >= 0 ms, got ", o.finalize_quiet.count(), " ms"));
+    }
+    if (o.finalize_timeout.count() < 0) {
+      throw ArgumentError(detail::cat("MpiSessionOptions::finalize_timeout must be >= 0 ms (0: no limit), got ",
+                                      o.finalize_timeout.count(), " ms"));
+    }
+  }
+
+  // MpiSessionOptions says why: across nodes, all ranks meet, leave MPI for finalize_quiet, then finalize
+  // under the watchdog.
+  void finalize() {
+    if (finalize_comm_ == MPI_COMM_NULL) {
+      MPI_Finalize();
+      return;
+    }
+    MPI_Barrier(finalize_comm_);
+    MPI_Comm_free(&finalize_comm_);
+    std::this_thread::sleep_for(options_.finalize_quiet);
+    detail::FinalizeWatchdog watchdog(
+        options_.finalize_timeout,
+        [rank = rank_, size = world_size_, status = exit_status_, limit = options_.finalize_timeout,
+         tid = detail::this_thread_id(), pmi = detail::pmi_fd()] {
+          if (pmi && detail::thread_blocked_in_read(tid, *pmi)) return false;  // in the launcher's barrier
+          std::fprintf(stderr,
+                       "ddp: rank %d of %d: MPI_Finalize has not returned after %lld ms, although every rank had "
+                       "finished its work (UCX over TCP waits for a peer that already left: openucx/ucx issue 8738); "
+                       "ending it with the launcher and exiting with status %d (MpiSessionOptions::finalize_timeout)\n",
+                       rank, size, static_cast<long long>(limit.count()), status);
+          std::fflush(stderr);
+          if (pmi) {
+            try {
+              detail::pmi1_barrier_and_finalize(*pmi, limit);
+            } catch (std::exception const& e) {
+              std::fprintf(stderr, "ddp: rank %d of %d: %s\n", rank, size, e.what());
+              std::fflush(stderr);
+            }
+          }
+          std::_Exit(status);
+          return true;
+        });
+    MPI_Finalize();
   }
 
   static void check_thread_level(int provided) {
@@ -211,14 +285,17 @@ class MpiSession {
                     rank_);
   }
 
+  MpiSessionOptions options_;
   bool owns_ = false;
   bool hooked_ = false;
+  int exit_status_ = 0;
   mutable std::atomic<bool> failed_{false};
   int rank_ = 0;
   int world_size_ = 1;
   int local_rank_ = 0;
   int local_size_ = 1;
   MPI_Comm local_comm_ = MPI_COMM_NULL;
+  MPI_Comm finalize_comm_ = MPI_COMM_NULL;  // across nodes only: the barrier before MPI_Finalize
 };
 
 // The recommended main for MPI programs: return ddp::mpi_main(argc, argv, [](ddp::MpiSession& s) { ... });
@@ -226,10 +303,10 @@ class MpiSession {
 // whole job within seconds instead of leaving the other ranks waiting in a collective forever.
 template <class F>
 requires std::invocable<F&, MpiSession&>
-int mpi_main(int& argc, char**& argv, F&& fn) {
+int mpi_main(int& argc, char**& argv, MpiSessionOptions options, F&& fn) {
   std::optional<MpiSession> started;
   try {
-    started.emplace(argc, argv);
+    started.emplace(argc, argv, options);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "ddp: MPI setup failed: %s\n", e.what());
     return 1;
@@ -237,7 +314,9 @@ int mpi_main(int& argc, char**& argv, F&& fn) {
   MpiSession& session = *started;
   try {
     if constexpr (std::is_convertible_v<std::invoke_result_t<F&, MpiSession&>, int>) {
-      return static_cast<int>(fn(session));
+      int const status = static_cast<int>(fn(session));
+      session.set_exit_status(status);
+      return status;
     } else {
       fn(session);
       return 0;
@@ -248,5 +327,9 @@ int mpi_main(int& argc, char**& argv, F&& fn) {
     session.abort("unknown exception");
   }
 }
+
+template <class F>
+requires std::invocable<F&, MpiSession&>
+int mpi_main(int& argc, char**& argv, F&& fn) { return mpi_main(argc, argv, MpiSessionOptions{}, std::forward<F>(fn)); }
 
 }  // namespace ddp
