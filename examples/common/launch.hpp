@@ -47,7 +47,10 @@ inline Flags& add_launch_flags(Flags& f, int default_world_size = 2) {
            "$DDP_TIMEOUT, else 600); a warning comes at half of it")
       .add("mpi-allreduce", "shm",
            "with mpi: shm (ranks on one node reduce through shared memory; hierarchical across nodes) or mpi "
-           "(MPI_Allreduce over all ranks)");
+           "(MPI_Allreduce over all ranks)")
+      .add("mpi-grads", "shared",
+           "with mpi and shm on one node: shared (DDP's gradients live in a shared window and are reduced in "
+           "place) or private (in each rank's memory, copied through the window)");
 }
 inline LaunchChoice launch_choice(Flags const& f) {
   LaunchChoice c;
@@ -64,6 +67,8 @@ inline LaunchChoice launch_choice(Flags const& f) {
   }
   c.node.all_reduce =
       f.choice("mpi-allreduce", {"shm", "mpi"}) == "mpi" ? NodeAllReduce::kMpi : NodeAllReduce::kSharedMemory;
+  c.node.gradient_storage =
+      f.choice("mpi-grads", {"shared", "private"}) == "private" ? GradientStorage::kPrivate : GradientStorage::kShared;
   return c;
 }
 

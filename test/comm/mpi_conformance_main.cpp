@@ -5,8 +5,11 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ddp/comm/mpi.hpp"
 #include "test/comm/conformance.hpp"
@@ -60,6 +63,40 @@ TEST_CASE("the layout names how all_reduce runs") {
   CAPTURE(layout);
   CHECK(!layout.empty());
   if (g_comm->world_size() == 1) CHECK(layout == "MPI_Iallreduce over 1 rank");
+}
+
+TEST_CASE_TEMPLATE(
+    "gradient_storage: slices all-reduced in place equal the serial fold and the chunked path, bit for bit", T, float,
+    double, std::int32_t, std::int64_t) {
+  using namespace ddp::test;
+  auto& comm = *g_comm;
+  int const n = comm.world_size();
+  int const r = comm.rank();
+  std::size_t const total = 300000;
+  auto storage = comm.gradient_storage<T>(static_cast<std::int64_t>(total));
+  REQUIRE(storage.numel() == static_cast<std::int64_t>(total));
+  bool const shared = n > 1 && comm.layout().rfind("1 node x", 0) == 0;
+  CHECK((storage.owner() == nullptr) == shared);  // a view of the window's block, or memory of its own
+  // Slices at odd offsets, below and above the small-call size (32 KiB), one of them most of the storage.
+  std::pair<std::size_t, std::size_t> const slices[] = {{0, 5}, {5, 8200}, {8205, 140003}, {148208, 151792}};
+  for (ddp::ReduceOp op : kOps) {
+    std::vector<T> const mine = filled<T>(r, total);
+    std::copy(mine.begin(), mine.end(), storage.data());
+    std::vector<T> chunked = mine;
+    for (auto const& [lo, len] : slices) {
+      comm.all_reduce(std::span<T>(storage.data() + lo, len), op, {"in place", static_cast<std::int64_t>(lo)});
+      comm.all_reduce(std::span<T>(chunked.data() + lo, len), op, {"chunked", static_cast<std::int64_t>(lo)});
+      std::vector<T> const got(storage.data() + lo, storage.data() + lo + len);
+      expect_equal(got, reduced<T>(n, len, op, lo),
+                   where(r, n, std::string("in place ") + std::string(ddp::name(op)) + " at " + std::to_string(lo)));
+    }
+    CHECK_MESSAGE(std::memcmp(storage.data(), chunked.data(), total * sizeof(T)) == 0,
+                  where(r, n, std::string("in place against chunked, ") + std::string(ddp::name(op))));
+    std::vector<T> first(storage.data(), storage.data() + total);  // every rank holds rank 0's bits
+    comm.broadcast(std::span<T>(first), 0);
+    CHECK_MESSAGE(std::memcmp(storage.data(), first.data(), total * sizeof(T)) == 0,
+                  where(r, n, std::string("in place, ranks alike, ") + std::string(ddp::name(op))));
+  }
 }
 
 // --node=mpi | --node=shm (default), --ranks-per-node=K, --chunk-bytes=N, --streaming-bytes=N,

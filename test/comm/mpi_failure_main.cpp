@@ -2,13 +2,17 @@
 // escapes into mpi_main), --mode=exit (std::exit(3)), --mode=kill (SIGKILL: no code runs, Hydra cleans up),
 // --mode=stall (it stops taking part: sleeps far past the collective timeout), --mode=desync (it issues a
 // broadcast where the others all-reduce), --mode=count (it all-reduces 64 more elements than the others: on
-// one node the shared-memory path compares the calls and every rank raises at once). --timeout=SECONDS sets MpiOptions::timeout (default: $DDP_TIMEOUT,
+// one node the shared-memory path compares the calls and every rank raises at once), --mode=place (it
+// all-reduces a private buffer where the others all-reduce their MpiBackend::gradient_storage: on one node
+// every rank raises at once). --timeout=SECONDS sets MpiOptions::timeout (default: $DDP_TIMEOUT,
 // else 10 minutes). Run by expect_failure.sh: the job must end quickly and non-zero, naming the rank (and for
 // stall/desync the collective) on every rank that can still speak.
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -30,6 +34,13 @@ int main(int argc, char** argv) {
   return ddp::mpi_main(argc, argv, [&](ddp::MpiSession& session) {
     ddp::MpiBackend comm(session, opts);
     std::vector<float> grads(1 << 16, 1.0f);
+    if (mode == "place") {  // rank --rank all-reduces a private copy where the others use their shared storage
+      auto storage = comm.gradient_storage<float>(1 << 16);
+      std::fill(storage.data(), storage.data() + storage.numel(), 1.0f);
+      std::span<float> buf = comm.rank() == bad ? std::span<float>(grads) : std::span<float>(storage.data(), 1 << 16);
+      comm.all_reduce_async(buf, ddp::ReduceOp::kAvg, {"bucket", 0}).wait();
+      return;
+    }
     for (int step = 0;; ++step) {
       if (comm.rank() == bad && step == 3) {
         if (mode == "exit") std::exit(3);

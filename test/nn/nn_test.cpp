@@ -127,6 +127,26 @@ TEST_CASE("ParameterArena packs in reverse registration order and parameters bec
   for (std::int64_t i = 0; i < arena.numel(); ++i) CHECK(arena.grads()[i] == 0.0f);
 }
 
+TEST_CASE("ParameterArena keeps gradients in the storage it is given, which must hold exactly the arena") {
+  Var w(full<float>({3}, 1.0f), RequiresGrad::kYes);
+  Var b(full<float>({2}, 1.0f), RequiresGrad::kYes);
+  std::vector<nn::NamedParameter<float, HostSpace>> const params{{"w", w}, {"b", b}};
+  auto block = std::make_shared<std::vector<float>>(5, -1.0f);  // e.g. a communicator's shared window
+  std::int64_t asked = -1;
+  nn::ParameterArena<float> arena(params, {}, [&](std::int64_t n) {
+    asked = n;
+    return Tensor<float>::view(block, block->data(), Shape{n});
+  });
+  CHECK(asked == 5);
+  CHECK(arena.grads().data() == block->data());
+  backward(sum(add(sum(w), sum(b))));
+  CHECK(w.grad().data() == block->data() + 2);  // b first (reverse registration order), then w
+  CHECK((*block)[2] == doctest::Approx(1.0f));
+  CHECK_THROWS_WITH_AS(nn::ParameterArena<float>(params, {}, [](std::int64_t n) { return zeros<float>({n + 1}); }),
+                       doctest::Contains("the gradient storage holds 6 elements, the parameters need 5"),
+                       ArgumentError);
+}
+
 TEST_CASE("ParameterArena rejects non-leaves, skips frozen parameters and packs shared weights once") {
   Var w(zeros<float>({3}), RequiresGrad::kYes);
   Var d = scale(w, 2.0f);  // an op's output is no parameter

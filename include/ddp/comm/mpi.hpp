@@ -29,6 +29,7 @@
 #include "ddp/comm/trace.hpp"
 #include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"
+#include "ddp/tensor/tensor.hpp"
 
 namespace ddp {
 
@@ -78,6 +79,7 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
     if (opts.node.all_reduce == NodeAllReduce::kSharedMemory && n_ > 1) {
       node_ = std::make_unique<detail::NodeAllReduce>(comm_, opts.node, *watch_);
     }
+    gradient_storage_ = opts.node.gradient_storage;
   }
   MpiBackend(MpiBackend const&) = delete;
   MpiBackend& operator=(MpiBackend const&) = delete;
@@ -115,6 +117,23 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
 
   // The collectives come from CollectiveFrontEnd; all_reduce_async runs MPI_Allreduce on this rank's
   // progress thread, in issue order. Below: the transport.
+
+  // Memory for `numel` elements that all_reduce can reduce in place: on one node with the shared-memory
+  // path and MpiNodeOptions::gradient_storage = kShared (the default), a block of a shared window at the same
+  // place on every rank, so an all-reduce of any slice of it (the same slice on every rank) moves no bytes
+  // into or out of the window; otherwise ordinary private memory. DistributedDataParallel keeps its gradients
+  // here. Collective: every rank calls it, in the same order, with the same numel. The memory lives as long as
+  // this backend, whatever becomes of the returned tensor.
+  template <class T>
+  Tensor<T, HostSpace> gradient_storage(std::int64_t numel) {
+    if (numel < 0) throw ArgumentError(detail::cat("MpiBackend::gradient_storage: numel must be >= 0, got ", numel));
+    if (node_ && gradient_storage_ == GradientStorage::kShared) {
+      if (void* block = node_->shared_block(static_cast<std::size_t>(numel) * sizeof(T))) {
+        return Tensor<T, HostSpace>::view(nullptr, static_cast<T*>(block), Shape{numel});
+      }
+    }
+    return Tensor<T, HostSpace>(Shape{numel});
+  }
 
   // Waits for every async collective issued so far; rethrows the first error.
   void synchronize() { queue_.drain(); }
@@ -320,7 +339,8 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   std::atomic<bool> broken_{false};
   int unwinding_at_start_ = std::uncaught_exceptions();  // more in the destructor: destroyed by unwinding
   std::unique_ptr<detail::MpiWatch> watch_;
-  std::unique_ptr<detail::NodeAllReduce> node_;  // null: every all_reduce is MPI_Iallreduce on comm_
+  std::unique_ptr<detail::NodeAllReduce> node_;
+  GradientStorage gradient_storage_ = GradientStorage::kShared;  // null: every all_reduce is MPI_Iallreduce on comm_
   detail::AllReduceQueue<MpiBackend> queue_;
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -68,10 +69,14 @@ class ParameterArena {
     return nullptr;
   }
 
+  // Makes the gradient buffer of a given number of elements (DDP: the communicator's gradient_storage, which
+  // an all-reduce may reduce in place); unset: ordinary memory.
+  using GradStorage = std::function<Tensor<T, S>(std::int64_t numel)>;
+
   // `reserve_after[i]` extra elements are left free right after unique parameter i (registration order) in
   // both buffers; DDP keeps a bucket's status words there, inside the bucket's all-reduce slice.
   explicit ParameterArena(std::vector<NamedParameter<T, S>> const& params,
-                          std::vector<std::int64_t> const& reserve_after = {}) {
+                          std::vector<std::int64_t> const& reserve_after = {}, GradStorage const& grad_storage = {}) {
     using K = Kernels<S>;
     for (auto const& p : trainable(params)) entries_.push_back({p.name, p.var.shape(), 0, p.var.numel(), p.var});
     if (!reserve_after.empty() && reserve_after.size() != entries_.size())
@@ -83,7 +88,10 @@ class ParameterArena {
       off += entries_[k].numel + (reserve_after.empty() ? 0 : reserve_after[k]);
     }
     values_ = Tensor<T, S>(Shape{off});
-    grads_ = Tensor<T, S>(Shape{off});
+    grads_ = grad_storage ? grad_storage(off) : Tensor<T, S>(Shape{off});
+    if (grads_.numel() != off)
+      throw ArgumentError(ddp::detail::cat("ParameterArena: the gradient storage holds ", grads_.numel(),
+                                           " elements, the parameters need ", off));
     lease_ = std::make_shared<char const>('\0');
     for (auto& e : entries_) {
       auto& n = e.var.node();

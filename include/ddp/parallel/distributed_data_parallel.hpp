@@ -130,7 +130,14 @@ class DistributedDataParallel {
     std::vector<std::int64_t> reserve(params.size(), 0);
     for (auto const& b : plan.buckets)
       if (!b.params.empty()) reserve[b.params.back()] = reducer_t::status_slots(b.params.size(), world);
-    arena_ = Arena(params, reserve);
+    // Gradients where the communicator can all-reduce them in place (MpiBackend on one node), if it can.
+    typename Arena::GradStorage storage;
+    if constexpr (requires(C & c, std::int64_t n) {
+                    { c.template gradient_storage<T>(n) } -> std::same_as<Tensor<T, S>>;
+                  }) {
+      storage = [&comm](std::int64_t n) { return comm.template gradient_storage<T>(n); };
+    }
+    arena_ = Arena(params, reserve, storage);
     std::vector<std::int64_t> offsets;
     for (auto const& b : plan.buckets)
       offsets.push_back(b.params.empty() ? 0 : arena_.entries()[b.params.front()].offset);

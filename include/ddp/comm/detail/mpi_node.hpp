@@ -37,6 +37,8 @@ enum class NodeAllReduce {
   kMpi,           // MPI_Iallreduce over all ranks, as the MPI library does it
 };
 
+enum class GradientStorage { kShared, kPrivate };
+
 struct MpiNodeOptions {
   NodeAllReduce all_reduce = NodeAllReduce::kSharedMemory;
   // Large all-reduces go through the window in chunks of this many bytes per rank (two chunks in flight).
@@ -59,6 +61,12 @@ struct MpiNodeOptions {
   // Smaller all-reduces always use plain stores (latency-bound: the window's lines stay in cache).
   WindowStores window_stores = WindowStores::kAdaptive;
   std::size_t streaming_bytes = std::size_t{1} << 20;
+  // Where MpiBackend::gradient_storage puts a gradient buffer (DistributedDataParallel asks for one): kShared,
+  // on one node, a block of a shared window at the same place in every rank's segment, which all_reduce then
+  // reduces in place: each rank reduces its slice straight from the peers' buffers into all of them, with no
+  // copy into or out of the window (half the memory traffic of the chunked path); kPrivate, the rank's own
+  // memory, through the window's chunks. Across nodes the storage is always private.
+  GradientStorage gradient_storage = GradientStorage::kShared;
 };
 
 namespace detail {
@@ -67,6 +75,9 @@ namespace detail {
 struct alignas(64) NodeSlot {
   std::atomic<std::uint64_t> arrived{0};
   alignas(64) CallRecord pub[2];  // by the parity of the rank's all-reduce count
+  // Where the rank's buffer of that call lives: -1 private memory; else shared block b, byte offset o, as
+  // b * 2^40 + o (all ranks must agree: the in-place and chunked paths take different barriers).
+  std::int64_t place[2] = {-1, -1};
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "cross-process atomics must be lock-free");
 
@@ -178,7 +189,10 @@ class NodeAllReduce {
     std::size_t const bytes = count * sizeof(T);
     std::uint64_t const op_seq = ++ops_;
     self().pub[op_seq & 1] = call;
+    std::int64_t const place = nodes_ == 1 && bytes > small_bytes_ ? place_of(data, bytes) : -1;
+    self().place[op_seq & 1] = place;
     if (nodes_ == 1 && bytes <= small_bytes_) return small(data, count, op, call, op_seq);
+    if (place >= 0) return in_place(data, count, op, call, op_seq, place);
     auto& srcs = pointers<T>();
     // Chunks of whole cache lines per stripe, so no two ranks write one line.
     std::size_t const line = 64 / sizeof(T);
@@ -235,7 +249,78 @@ class NodeAllReduce {
     stores_.record(stream, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
   }
 
+  // A block of `bytes` at the same place in every node rank's segment of a new shared window, for a buffer
+  // that all_reduce reduces in place (MpiNodeOptions::gradient_storage); null across nodes (the storage would
+  // gain nothing), or when any rank could not make the window (every rank then gets null). Collective over
+  // the backend's communicator; freed with this object.
+  void* shared_block(std::size_t bytes) {
+    if (nodes_ != 1 || bytes == 0) return nullptr;
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    void* base = nullptr;
+    SharedBlock block{MPI_WIN_NULL, {}, bytes};
+    int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes + 64), 1, info, node_, &base, &block.win);
+    MPI_Info_free(&info);
+    for (int k = 0; k < local_n_ && rc == MPI_SUCCESS; ++k) {
+      MPI_Aint size = 0;
+      int disp = 0;
+      void* at = nullptr;
+      rc = MPI_Win_shared_query(block.win, k, &size, &disp, &at);
+      block.bases.push_back(reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(at) + 63) / 64 * 64));
+    }
+    int failed = rc == MPI_SUCCESS ? 0 : 1;
+    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, node_);
+    if (failed) {
+      if (block.win != MPI_WIN_NULL) MPI_Win_free(&block.win);
+      return nullptr;
+    }
+    blocks_.push_back(std::move(block));
+    return blocks_.back().bases[static_cast<std::size_t>(local_rank_)];
+  }
+
  private:
+  struct SharedBlock {
+    MPI_Win win = MPI_WIN_NULL;
+    std::vector<std::byte*> bases;  // by local rank
+    std::size_t bytes = 0;
+  };
+
+  // The place code of [data, data + bytes) if it lies in one of this rank's shared blocks, else -1.
+  std::int64_t place_of(void const* data, std::size_t bytes) const noexcept {
+    auto const* p = static_cast<std::byte const*>(data);
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      std::byte const* base = blocks_[b].bases[static_cast<std::size_t>(local_rank_)];
+      if (p >= base && p + bytes <= base + blocks_[b].bytes) {
+        return static_cast<std::int64_t>(b << 40) + static_cast<std::int64_t>(p - base);
+      }
+    }
+    return -1;
+  }
+
+  // In place, in a shared block: one barrier (every rank's buffer is ready), each rank reduces its slice from
+  // all ranks' buffers into all of them (rank order: every rank gets the same bits), one barrier (no rank
+  // touches its buffer again before every slice is written).
+  template <class T>
+  void in_place(T* data, std::size_t count, ReduceOp op, CallRecord const& call, std::uint64_t op_seq,
+                std::int64_t place) {
+    (void)data;
+    arrive(call);
+    verify(call, op_seq);
+    SharedBlock const& block = blocks_[static_cast<std::size_t>(place >> 40)];
+    std::size_t const offset = static_cast<std::size_t>(place & ((std::int64_t{1} << 40) - 1));
+    auto const [lo, hi] = slice(count, 64 / sizeof(T), local_rank_);
+    auto& srcs = pointers<T>();
+    auto& dsts = targets<T>();
+    for (int k = 0; k < local_n_; ++k) {
+      T* const at = reinterpret_cast<T*>(block.bases[static_cast<std::size_t>(k)] + offset) + lo;
+      srcs[static_cast<std::size_t>(k)] = at;
+      dsts[static_cast<std::size_t>(k)] = at;
+    }
+    reduce_blocks<T>(srcs.data(), local_n_, dsts.data(), local_n_, hi - lo, op);
+    arrive(call);
+  }
+
   NodeSlot& slot(int k) const noexcept { return *static_cast<NodeSlot*>(segments_[static_cast<std::size_t>(k)]); }
   NodeSlot& self() const noexcept { return slot(local_rank_); }
   std::byte* bytes_of(int k) const noexcept { return static_cast<std::byte*>(segments_[static_cast<std::size_t>(k)]); }
@@ -309,7 +394,7 @@ class NodeAllReduce {
     auto const pub = [&](int k) -> CallRecord const& { return slot(k).pub[op_seq & 1]; };
     bool agree = true;
     for (int k = 0; k < local_n_; ++k) agree = agree && pub(k).seq == call.seq && pub(k).same_call(call);
-    if (agree) return;
+    if (agree) return verify_places(call, op_seq);
     std::string sides;
     std::vector<char> told(static_cast<std::size_t>(local_n_), 0);
     for (int i = 0; i < local_n_; ++i) {
@@ -326,6 +411,33 @@ class NodeAllReduce {
     throw CommError(cat("ddp mpi: collective mismatch at #", call.seq, " (seen by rank ", rank_, " of ", n_,
                         "): ", sides, "; every rank must issue the same collectives in the same order"),
                     rank_);
+  }
+
+  // The same call on every rank, but the buffers must be alike too: all in one shared block at one offset (in
+  // place), or all elsewhere (chunked). Same error on every rank otherwise.
+  void verify_places(CallRecord const& call, std::uint64_t op_seq) const {
+    auto const place = [&](int k) { return slot(k).place[op_seq & 1]; };
+    bool agree = true;
+    for (int k = 1; k < local_n_; ++k) agree = agree && place(k) == place(0);
+    if (agree) return;
+    std::string sides;
+    for (int k = 0; k < local_n_; ++k) {
+      std::int64_t const p = place(k);
+      sides += cat(k == 0 ? "" : "; ", "rank ", node_ranks_[static_cast<std::size_t>(k)],
+                   p < 0 ? std::string(" a buffer outside the shared gradient storage")
+                         : cat(" shared gradient block ", p >> 40, " at byte ", p & ((std::int64_t{1} << 40) - 1)));
+    }
+    throw CommError(cat("ddp mpi: ", describe(call), " (seen by rank ", rank_, " of ", n_,
+                        ") got buffers in different places: ", sides,
+                        "; every rank must all-reduce the same slice of its MpiBackend::gradient_storage, or none"),
+                    rank_);
+  }
+
+  template <class T>
+  std::vector<T*>& targets() {
+    auto& v = std::get<std::vector<T*>>(targets_);
+    v.resize(static_cast<std::size_t>(local_n_));
+    return v;
   }
 
   template <class T>
@@ -347,6 +459,8 @@ class NodeAllReduce {
       copy(dst, src, m);
   }
   void release() noexcept {
+    for (auto& block : blocks_) MPI_Win_free(&block.win);
+    blocks_.clear();
     if (win_ != MPI_WIN_NULL) {
       if (!segments_.empty()) MPI_Win_unlock_all(win_);
       MPI_Win_free(&win_);
@@ -374,6 +488,9 @@ class NodeAllReduce {
   std::tuple<std::vector<float const*>, std::vector<double const*>, std::vector<std::int32_t const*>,
              std::vector<std::int64_t const*>>
       ptrs_;
+  std::tuple<std::vector<float*>, std::vector<double*>, std::vector<std::int32_t*>, std::vector<std::int64_t*>>
+      targets_;
+  std::vector<SharedBlock> blocks_;               // shared_block's, in the order the ranks made them
   std::uint64_t ops_ = 0;                         // all-reduces through this path (the parity of the published call)
   std::uint64_t barrier_ = 0;                     // node barriers passed
   std::uint64_t chunks_ = 0;                      // chunks through the window (the parity of the half in use)
