@@ -78,15 +78,18 @@ int iterations_for(double first_s, Args const& a) {
 struct Row {
   std::size_t bytes = 0;
   double threads = 0, threads_async = 0, loop = 0;  // seconds (median)
-  double mpi = 0, mpi_async = 0, mpi_flat = 0, mpi_cached = 0, raw = 0;
+  double mpi = 0, mpi_async = 0, mpi_flat = 0, mpi_cached = 0, mpi_in_place = 0, raw = 0;
 };
 
 // ---- MPI: raw MPI_Allreduce, MpiBackend (default layout: shared memory on a node; sync and async) and
 // MpiBackend with NodeAllReduce::kMpi (its MPI_Iallreduce path) and with plain stores into the window at every
-// size (WindowStores::kPlain), interleaved per iteration ------------------------------------------------------------------
+// size (WindowStores::kPlain), and MpiBackend on a buffer in its gradient_storage (on one node: reduced in place
+// in a shared window, as DDP's gradients are), interleaved per iteration ------------------------------------------------------------------
 void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& cached, Args const& a,
                std::vector<Row>& rows) {
   std::vector<float> buf(a.max_bytes / sizeof(float), 0.0f);
+  auto storage = comm.gradient_storage<float>(static_cast<std::int64_t>(buf.size()));
+  std::fill(storage.data(), storage.data() + storage.numel(), 0.0f);
   MPI_Comm raw_comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
   for (Row& row : rows) {
@@ -102,24 +105,27 @@ void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& ca
         comm.all_reduce_async(std::span(buf).first(n), ddp::ReduceOp::kSum).wait();
       } else if (variant == 3) {
         flat.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
-      } else {
+      } else if (variant == 4) {
         cached.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
+      } else {
+        comm.all_reduce(std::span(storage.data(), n), ddp::ReduceOp::kSum);
       }
       double dt = MPI_Wtime() - t0;
       MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, raw_comm);  // the slowest rank's time
       return dt;
     };
-    double const first = std::max({one(0), one(1), one(2), one(3), one(4)});
+    double const first = std::max({one(0), one(1), one(2), one(3), one(4), one(5)});
     int const iters = std::max(5, iterations_for(first, a) / 4 + 1);  // MPI oversubscribed is noisy: >= 5 rounds
-    std::vector<double> t[5];
+    std::vector<double> t[6];
     for (int i = 0; i < iters; ++i) {
-      for (int v = 0; v < 5; ++v) t[v].push_back(one(v));
+      for (int v = 0; v < 6; ++v) t[v].push_back(one(v));
     }
     row.raw = median(t[0]);
     row.mpi = median(t[1]);
     row.mpi_async = median(t[2]);
     row.mpi_flat = median(t[3]);
     row.mpi_cached = median(t[4]);
+    row.mpi_in_place = median(t[5]);
   }
   MPI_Comm_free(&raw_comm);
 }
@@ -275,16 +281,18 @@ int main(int argc, char** argv) {
     if (!layout.empty()) std::printf("MpiBackend all_reduce: %s\n", layout.c_str());
     std::printf(
         "\n| size | threads | threads async | plain loop | threads / loop | MpiBackend | MpiBackend async | "
-        "MpiBackend kMpi | MpiBackend plain stores | raw MPI_Allreduce | MpiBackend / raw |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "MpiBackend kMpi | MpiBackend plain stores | MpiBackend in place | raw MPI_Allreduce | MpiBackend / raw | "
+        "in place / raw |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int const pt = a.threads_world > 0 ? a.threads_world : p;  // the threads part's world size
     for (Row const& row : rows) {
       auto bw = [&](double t) { return busbw_gbs(row.bytes, t, p); };
       auto tbw = [&](double t) { return busbw_gbs(row.bytes, t, pt); };
-      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                   human(row.bytes).c_str(), tbw(row.threads), tbw(row.threads_async), tbw(row.loop),
                   row.threads > 0 ? row.loop / row.threads : 0.0, bw(row.mpi), bw(row.mpi_async), bw(row.mpi_flat),
-                  bw(row.mpi_cached), bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0);
+                  bw(row.mpi_cached), bw(row.mpi_in_place), bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0,
+                  row.mpi_in_place > 0 ? row.raw / row.mpi_in_place : 0.0);
     }
     std::printf("\nlatency: threads all_reduce 4 B %.2f us, 4 KiB %.2f us; MpiBackend 4 B %.2f us\n", lat4 * 1e6,
                 lat4k * 1e6, mpi_lat * 1e6);
