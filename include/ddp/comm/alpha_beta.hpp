@@ -106,6 +106,9 @@ std::string calibration_key(C const& comm) {
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   std::string key = detail::cat(C::backend_name, " world ", comm.world_size(), " host ", host);
   if constexpr (requires { comm.layout(); }) key += detail::cat(" ", comm.layout());
+  if constexpr (requires { comm.gradients_in_place(); }) {
+    if (comm.gradients_in_place()) key += " gradients in place";
+  }
   for (char& c : key)
     if (c == '\n' || c == '\t') c = ' ';
   return key;
@@ -113,16 +116,27 @@ std::string calibration_key(C const& comm) {
 
 // Collective: every rank times blocking all-reduces (kSum) of each size, with a barrier before each; the
 // slowest rank's time of each repetition counts (what a bucket waits for), the median over repetitions is the
-// sample, and every rank fits the same samples.
+// sample, and every rank fits the same samples. Where the communicator keeps DDP's gradients in storage of
+// its own (MpiBackend::gradient_storage: reduced in place), the probe's buffers are slices of such storage,
+// so it times the path DDP's buckets take.
 template <AsyncCommunicator C>
 Calibration probe_alpha_beta(C& comm, ProbeOptions const& opts = {}) {
   using S = native_space_t<C>;
   if (opts.sizes.size() < 2 || opts.reps < 1)
     throw ArgumentError("probe_alpha_beta: needs two or more sizes and reps >= 1");
   Calibration cal{calibration_key(comm), {}, {}, false};
+  Tensor<float, S> storage;
+  if constexpr (requires(std::int64_t n) {
+                  { comm.template gradient_storage<float>(n) } -> std::same_as<Tensor<float, S>>;
+                }) {
+    std::size_t const largest = *std::max_element(opts.sizes.begin(), opts.sizes.end());
+    storage = comm.template gradient_storage<float>(
+        static_cast<std::int64_t>(std::max<std::size_t>(largest / sizeof(float), 1)));
+  }
   for (std::size_t bytes : opts.sizes) {
     auto const n = static_cast<std::int64_t>(std::max<std::size_t>(bytes / sizeof(float), 1));
-    Tensor<float, S> buf(Shape{n});
+    Tensor<float, S> buf = storage.defined() ? Tensor<float, S>::view(storage.owner(), storage.data(), Shape{n})
+                                             : Tensor<float, S>(Shape{n});
     if constexpr (std::same_as<S, HostSpace>)
       std::fill_n(buf.data(), n, 0.5f);
     else

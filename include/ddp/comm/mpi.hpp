@@ -124,6 +124,10 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   // into or out of the window; otherwise ordinary private memory. DistributedDataParallel keeps its gradients
   // here. Collective: every rank calls it, in the same order, with the same numel. The memory lives as long as
   // this backend, whatever becomes of the returned tensor.
+  // Whether gradient_storage gives shared memory that all_reduce reduces in place (one node, kShared).
+  bool gradients_in_place() const noexcept {
+    return node_ && node_->nodes() == 1 && gradient_storage_ == GradientStorage::kShared;
+  }
   template <class T>
   Tensor<T, HostSpace> gradient_storage(std::int64_t numel) {
     if (numel < 0) throw ArgumentError(detail::cat("MpiBackend::gradient_storage: numel must be >= 0, got ", numel));
