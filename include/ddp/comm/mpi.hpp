@@ -122,8 +122,8 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   // path and MpiNodeOptions::gradient_storage = kShared (the default), a block of a shared window at the same
   // place on every rank, so an all-reduce of any slice of it (the same slice on every rank) moves no bytes
   // into or out of the window; otherwise ordinary private memory. DistributedDataParallel keeps its gradients
-  // here. Collective: every rank calls it, in the same order, with the same numel. The memory lives as long as
-  // this backend, whatever becomes of the returned tensor.
+  // here. Collective: every rank calls it, in the same order, with the same numel. A block stays with this
+  // backend: once no tensor views it on any rank (DDP and the model's parameters gone), a later call reuses it.
   // Whether gradient_storage gives shared memory that all_reduce reduces in place (one node, kShared).
   bool gradients_in_place() const noexcept {
     return node_ && node_->nodes() == 1 && gradient_storage_ == GradientStorage::kShared;
@@ -132,9 +132,8 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   Tensor<T, HostSpace> gradient_storage(std::int64_t numel) {
     if (numel < 0) throw ArgumentError(detail::cat("MpiBackend::gradient_storage: numel must be >= 0, got ", numel));
     if (node_ && gradient_storage_ == GradientStorage::kShared) {
-      if (void* block = node_->shared_block(static_cast<std::size_t>(numel) * sizeof(T))) {
-        return Tensor<T, HostSpace>::view(nullptr, static_cast<T*>(block), Shape{numel});
-      }
+      auto [block, lease] = node_->shared_block(static_cast<std::size_t>(numel) * sizeof(T));
+      if (block != nullptr) return Tensor<T, HostSpace>::view(std::move(lease), static_cast<T*>(block), Shape{numel});
     }
     return Tensor<T, HostSpace>(Shape{numel});
   }

@@ -249,17 +249,31 @@ class NodeAllReduce {
     stores_.record(stream, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
   }
 
-  // A block of `bytes` at the same place in every node rank's segment of a new shared window, for a buffer
-  // that all_reduce reduces in place (MpiNodeOptions::gradient_storage); null across nodes (the storage would
-  // gain nothing), or when any rank could not make the window (every rank then gets null). Collective over
-  // the backend's communicator; freed with this object.
-  void* shared_block(std::size_t bytes) {
-    if (nodes_ != 1 || bytes == 0) return nullptr;
+  // A block of at least `bytes` at the same place in every node rank's segment of a shared window, for a
+  // buffer that all_reduce reduces in place (MpiNodeOptions::gradient_storage), and the lease that marks it in
+  // use: a block whose lease has expired on every rank (no tensor views it any more) is reused, else a new
+  // window is made. Null across nodes (the storage would gain nothing), or when any rank could not make the
+  // window (every rank then gets null). Collective over the backend's communicator; freed with this object.
+  std::pair<void*, std::shared_ptr<void>> shared_block(std::size_t bytes) {
+    if (nodes_ != 1 || bytes == 0) return {};
+    std::vector<int> reusable(blocks_.size());  // the same count on every rank: blocks are made collectively
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      reusable[b] = blocks_[b].lease.expired() && blocks_[b].bytes >= bytes ? 1 : 0;
+    }
+    if (!reusable.empty()) {
+      MPI_Allreduce(MPI_IN_PLACE, reusable.data(), static_cast<int>(reusable.size()), MPI_INT, MPI_MIN, node_);
+    }
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      if (reusable[b] == 0) continue;
+      auto lease = std::make_shared<char>('\0');
+      blocks_[b].lease = lease;
+      return {blocks_[b].bases[static_cast<std::size_t>(local_rank_)], std::move(lease)};
+    }
     MPI_Info info;
     MPI_Info_create(&info);
     MPI_Info_set(info, "alloc_shared_noncontig", "true");
     void* base = nullptr;
-    SharedBlock block{MPI_WIN_NULL, {}, bytes};
+    SharedBlock block{MPI_WIN_NULL, {}, bytes, {}};
     int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes + 64), 1, info, node_, &base, &block.win);
     MPI_Info_free(&info);
     for (int k = 0; k < local_n_ && rc == MPI_SUCCESS; ++k) {
@@ -273,10 +287,12 @@ class NodeAllReduce {
     MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, node_);
     if (failed) {
       if (block.win != MPI_WIN_NULL) MPI_Win_free(&block.win);
-      return nullptr;
+      return {};
     }
+    auto lease = std::make_shared<char>('\0');
+    block.lease = lease;
     blocks_.push_back(std::move(block));
-    return blocks_.back().bases[static_cast<std::size_t>(local_rank_)];
+    return {blocks_.back().bases[static_cast<std::size_t>(local_rank_)], std::move(lease)};
   }
 
  private:
@@ -284,6 +300,7 @@ class NodeAllReduce {
     MPI_Win win = MPI_WIN_NULL;
     std::vector<std::byte*> bases;  // by local rank
     std::size_t bytes = 0;
+    std::weak_ptr<void> lease;  // alive while a tensor views the block on this rank
   };
 
   // The place code of [data, data + bytes) if it lies in one of this rank's shared blocks, else -1.
