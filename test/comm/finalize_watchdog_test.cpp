@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <thread>
 
 using ddp::detail::FinalizeWatchdog;
@@ -75,15 +74,4 @@ TEST_CASE("thread_blocked_in_read: true only for the thread's own fd while it wa
   reader.join();
   ::close(fds[0]);
   ::close(fds[1]);
-}
-
-TEST_CASE("pmi_fd: the launcher's socket from $PMI_FD, nothing for a missing or malformed value") {
-  ::setenv("PMI_FD", "6", 1);
-  CHECK(ddp::detail::pmi_fd() == 6);
-  ::setenv("PMI_FD", "6x", 1);
-  CHECK_FALSE(ddp::detail::pmi_fd().has_value());
-  ::setenv("PMI_FD", "-1", 1);
-  CHECK_FALSE(ddp::detail::pmi_fd().has_value());
-  ::unsetenv("PMI_FD");
-  CHECK_FALSE(ddp::detail::pmi_fd().has_value());
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -61,4 +62,15 @@ TEST_CASE("pmi1_barrier_and_finalize: a wrong answer, or none, is an error namin
   std::string const silent = run("", "", &heard);
   CHECK(silent.find("no \"cmd=barrier_out\" from the launcher") != std::string::npos);
   CHECK(silent.find("within 200 ms") != std::string::npos);
+}
+
+TEST_CASE("pmi_fd: the launcher's socket from $PMI_FD, nothing for a missing or malformed value") {
+  ::setenv("PMI_FD", "6", 1);
+  CHECK(ddp::detail::pmi_fd() == 6);
+  ::setenv("PMI_FD", "6x", 1);
+  CHECK_FALSE(ddp::detail::pmi_fd().has_value());
+  ::setenv("PMI_FD", "-1", 1);
+  CHECK_FALSE(ddp::detail::pmi_fd().has_value());
+  ::unsetenv("PMI_FD");
+  CHECK_FALSE(ddp::detail::pmi_fd().has_value());
 }

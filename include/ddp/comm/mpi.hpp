@@ -124,10 +124,6 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   // into or out of the window; otherwise ordinary private memory. DistributedDataParallel keeps its gradients
   // here. Collective: every rank calls it, in the same order, with the same numel. A block stays with this
   // backend: once no tensor views it on any rank (DDP and the model's parameters gone), a later call reuses it.
-  // Whether gradient_storage gives shared memory that all_reduce reduces in place (one node, kShared).
-  bool gradients_in_place() const noexcept {
-    return node_ && node_->nodes() == 1 && gradient_storage_ == GradientStorage::kShared;
-  }
   template <class T>
   Tensor<T, HostSpace> gradient_storage(std::int64_t numel) {
     if (numel < 0) throw ArgumentError(detail::cat("MpiBackend::gradient_storage: numel must be >= 0, got ", numel));
@@ -136,6 +132,10 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
       if (block != nullptr) return Tensor<T, HostSpace>::view(std::move(lease), static_cast<T*>(block), Shape{numel});
     }
     return Tensor<T, HostSpace>(Shape{numel});
+  }
+  // Whether gradient_storage gives shared memory that all_reduce reduces in place (one node, kShared).
+  bool gradients_in_place() const noexcept {
+    return node_ && node_->nodes() == 1 && gradient_storage_ == GradientStorage::kShared;
   }
 
   // Waits for every async collective issued so far; rethrows the first error.
@@ -342,8 +342,8 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   std::atomic<bool> broken_{false};
   int unwinding_at_start_ = std::uncaught_exceptions();  // more in the destructor: destroyed by unwinding
   std::unique_ptr<detail::MpiWatch> watch_;
-  std::unique_ptr<detail::NodeAllReduce> node_;
-  GradientStorage gradient_storage_ = GradientStorage::kShared;  // null: every all_reduce is MPI_Iallreduce on comm_
+  std::unique_ptr<detail::NodeAllReduce> node_;                  // null: every all_reduce is MPI_Iallreduce on comm_
+  GradientStorage gradient_storage_ = GradientStorage::kShared;  // MpiNodeOptions::gradient_storage
   detail::AllReduceQueue<MpiBackend> queue_;
 };
 

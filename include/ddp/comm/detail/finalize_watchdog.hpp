@@ -17,7 +17,6 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -67,16 +66,6 @@ inline bool thread_blocked_in_read([[maybe_unused]] long tid, [[maybe_unused]] i
 #else
   return false;
 #endif
-}
-
-// The launcher's PMI socket ($PMI_FD, set by MPICH's Hydra and by Slurm's PMI), if this process has one.
-inline std::optional<int> pmi_fd() {
-  char const* text = std::getenv("PMI_FD");
-  if (text == nullptr) return std::nullopt;
-  char* end = nullptr;
-  long const fd = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || fd < 0 || fd > (1 << 20)) return std::nullopt;
-  return static_cast<int>(fd);
 }
 
 inline long this_thread_id() noexcept {

@@ -125,28 +125,12 @@ class NodeAllReduce {
     // The window: per rank a slot, two small areas and two chunk halves.
     head_bytes_ = (sizeof(NodeSlot) + 63) / 64 * 64;
     segment_bytes_ = head_bytes_ + 2 * small_bytes_ + 2 * chunk_bytes_;
-    MPI_Info info;
-    MPI_Info_create(&info);
-    MPI_Info_set(info, "alloc_shared_noncontig", "true");
-    void* base = nullptr;
-    // 64 bytes more: MPICH may place a one-rank window on the heap, 16-byte aligned; segments start on a line.
-    int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(segment_bytes_ + 64), 1, info, node_, &base, &win_);
-    MPI_Info_free(&info);
-    if (rc == MPI_SUCCESS) {
-      segments_.resize(static_cast<std::size_t>(local_n_));
-      for (int k = 0; k < local_n_ && rc == MPI_SUCCESS; ++k) {
-        MPI_Aint size = 0;
-        int disp = 0;
-        void* at = nullptr;
-        rc = MPI_Win_shared_query(win_, k, &size, &disp, &at);
-        auto const addr = reinterpret_cast<std::uintptr_t>(at);
-        segments_[static_cast<std::size_t>(k)] = reinterpret_cast<void*>((addr + 63) / 64 * 64);
-      }
-    }
+    int const rc = allocate_window(segment_bytes_, win_, segments_);
     int failed = rc == MPI_SUCCESS ? 0 : 1;
     MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
     if (failed) {
       std::string const why = rc == MPI_SUCCESS ? "a peer's window failed" : mpi_error_string(rc);
+      segments_.clear();  // not locked yet: release() must not unlock it
       release();
       throw CommError(cat("ddp mpi: the shared-memory window for all_reduce (", segment_bytes_,
                           " bytes per rank) could not be set up on rank ", rank_, " of ", n_, ": ", why,
@@ -192,7 +176,7 @@ class NodeAllReduce {
     std::int64_t const place = nodes_ == 1 && bytes > small_bytes_ ? place_of(data, bytes) : -1;
     self().place[op_seq & 1] = place;
     if (nodes_ == 1 && bytes <= small_bytes_) return small(data, count, op, call, op_seq);
-    if (place >= 0) return in_place(data, count, op, call, op_seq, place);
+    if (place >= 0) return in_place<T>(count, op, call, op_seq, place);
     auto& srcs = pointers<T>();
     // Chunks of whole cache lines per stripe, so no two ranks write one line.
     std::size_t const line = 64 / sizeof(T);
@@ -269,21 +253,8 @@ class NodeAllReduce {
       blocks_[b].lease = lease;
       return {blocks_[b].bases[static_cast<std::size_t>(local_rank_)], std::move(lease)};
     }
-    MPI_Info info;
-    MPI_Info_create(&info);
-    MPI_Info_set(info, "alloc_shared_noncontig", "true");
-    void* base = nullptr;
     SharedBlock block{MPI_WIN_NULL, {}, bytes, {}};
-    int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes + 64), 1, info, node_, &base, &block.win);
-    MPI_Info_free(&info);
-    for (int k = 0; k < local_n_ && rc == MPI_SUCCESS; ++k) {
-      MPI_Aint size = 0;
-      int disp = 0;
-      void* at = nullptr;
-      rc = MPI_Win_shared_query(block.win, k, &size, &disp, &at);
-      block.bases.push_back(reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(at) + 63) / 64 * 64));
-    }
-    int failed = rc == MPI_SUCCESS ? 0 : 1;
+    int failed = allocate_window(bytes, block.win, block.bases) == MPI_SUCCESS ? 0 : 1;
     MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, node_);
     if (failed) {
       if (block.win != MPI_WIN_NULL) MPI_Win_free(&block.win);
@@ -296,6 +267,28 @@ class NodeAllReduce {
   }
 
  private:
+  // A shared window over the node with `bytes` per rank, and every rank's segment, each starting on a cache
+  // line (64 bytes more: MPICH may place a one-rank window on the heap, 16-byte aligned). `bases` is filled
+  // only on success. Returns MPI's code.
+  int allocate_window(std::size_t bytes, MPI_Win& win, std::vector<std::byte*>& bases) const {
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    void* base = nullptr;
+    int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes + 64), 1, info, node_, &base, &win);
+    MPI_Info_free(&info);
+    std::vector<std::byte*> found;
+    for (int k = 0; k < local_n_ && rc == MPI_SUCCESS; ++k) {
+      MPI_Aint size = 0;
+      int disp = 0;
+      void* at = nullptr;
+      rc = MPI_Win_shared_query(win, k, &size, &disp, &at);
+      found.push_back(reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(at) + 63) / 64 * 64));
+    }
+    if (rc == MPI_SUCCESS) bases = std::move(found);
+    return rc;
+  }
+
   struct SharedBlock {
     MPI_Win win = MPI_WIN_NULL;
     std::vector<std::byte*> bases;  // by local rank
@@ -303,13 +296,20 @@ class NodeAllReduce {
     std::weak_ptr<void> lease;  // alive while a tensor views the block on this rank
   };
 
+  // NodeSlot::place: block b, byte offset o as b * 2^40 + o.
+  static constexpr int kPlaceShift = 40;
+  static constexpr std::int64_t place_block(std::int64_t place) noexcept { return place >> kPlaceShift; }
+  static constexpr std::int64_t place_offset(std::int64_t place) noexcept {
+    return place & ((std::int64_t{1} << kPlaceShift) - 1);
+  }
+
   // The place code of [data, data + bytes) if it lies in one of this rank's shared blocks, else -1.
   std::int64_t place_of(void const* data, std::size_t bytes) const noexcept {
     auto const* p = static_cast<std::byte const*>(data);
     for (std::size_t b = 0; b < blocks_.size(); ++b) {
       std::byte const* base = blocks_[b].bases[static_cast<std::size_t>(local_rank_)];
       if (p >= base && p + bytes <= base + blocks_[b].bytes) {
-        return static_cast<std::int64_t>(b << 40) + static_cast<std::int64_t>(p - base);
+        return static_cast<std::int64_t>(b << kPlaceShift) + static_cast<std::int64_t>(p - base);
       }
     }
     return -1;
@@ -319,13 +319,11 @@ class NodeAllReduce {
   // all ranks' buffers into all of them (rank order: every rank gets the same bits), one barrier (no rank
   // touches its buffer again before every slice is written).
   template <class T>
-  void in_place(T* data, std::size_t count, ReduceOp op, CallRecord const& call, std::uint64_t op_seq,
-                std::int64_t place) {
-    (void)data;
+  void in_place(std::size_t count, ReduceOp op, CallRecord const& call, std::uint64_t op_seq, std::int64_t place) {
     arrive(call);
     verify(call, op_seq);
-    SharedBlock const& block = blocks_[static_cast<std::size_t>(place >> 40)];
-    std::size_t const offset = static_cast<std::size_t>(place & ((std::int64_t{1} << 40) - 1));
+    SharedBlock const& block = blocks_[static_cast<std::size_t>(place_block(place))];
+    std::size_t const offset = static_cast<std::size_t>(place_offset(place));
     auto const [lo, hi] = slice(count, 64 / sizeof(T), local_rank_);
     auto& srcs = pointers<T>();
     auto& dsts = targets<T>();
@@ -338,9 +336,9 @@ class NodeAllReduce {
     arrive(call);
   }
 
-  NodeSlot& slot(int k) const noexcept { return *static_cast<NodeSlot*>(segments_[static_cast<std::size_t>(k)]); }
+  NodeSlot& slot(int k) const noexcept { return *reinterpret_cast<NodeSlot*>(segments_[static_cast<std::size_t>(k)]); }
   NodeSlot& self() const noexcept { return slot(local_rank_); }
-  std::byte* bytes_of(int k) const noexcept { return static_cast<std::byte*>(segments_[static_cast<std::size_t>(k)]); }
+  std::byte* bytes_of(int k) const noexcept { return segments_[static_cast<std::size_t>(k)]; }
   template <class T>
   T* small_area(int k, std::uint64_t barrier) const noexcept {
     return reinterpret_cast<T*>(bytes_of(k) + head_bytes_ + (barrier & 1) * small_bytes_);
@@ -442,7 +440,7 @@ class NodeAllReduce {
       std::int64_t const p = place(k);
       sides += cat(k == 0 ? "" : "; ", "rank ", node_ranks_[static_cast<std::size_t>(k)],
                    p < 0 ? std::string(" a buffer outside the shared gradient storage")
-                         : cat(" shared gradient block ", p >> 40, " at byte ", p & ((std::int64_t{1} << 40) - 1)));
+                         : cat(" shared gradient block ", place_block(p), " at byte ", place_offset(p)));
     }
     throw CommError(cat("ddp mpi: ", describe(call), " (seen by rank ", rank_, " of ", n_,
                         ") got buffers in different places: ", sides,
@@ -500,8 +498,8 @@ class NodeAllReduce {
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
-  std::vector<void*> segments_;
-  std::vector<int> node_ranks_;  // the node's ranks, by local rank, as ranks of the backend's communicator
+  std::vector<std::byte*> segments_;  // by local rank, each on a cache line
+  std::vector<int> node_ranks_;       // the node's ranks, by local rank, as ranks of the backend's communicator
   std::tuple<std::vector<float const*>, std::vector<double const*>, std::vector<std::int32_t const*>,
              std::vector<std::int64_t const*>>
       ptrs_;

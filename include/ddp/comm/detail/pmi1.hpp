@@ -2,6 +2,7 @@
 // Hydra speaks): "cmd=barrier_in" / "cmd=barrier_out", then "cmd=finalize" / "cmd=finalize_ack". MpiSession's
 // finalize watchdog says it for a rank whose MPI_Finalize is stuck in UCX after its work is done, so that
 // the launcher's barrier completes for the other ranks and the launcher sees a clean exit, not a crash.
+// pmi_fd(): that socket, from $PMI_FD, where this process has one.
 #pragma once
 
 #include <poll.h>
@@ -9,13 +10,25 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "ddp/error.hpp"
 
 namespace ddp::detail {
+
+// The launcher's PMI socket ($PMI_FD, set by MPICH's Hydra and by Slurm's PMI), if this process has one.
+inline std::optional<int> pmi_fd() {
+  char const* text = std::getenv("PMI_FD");
+  if (text == nullptr) return std::nullopt;
+  char* end = nullptr;
+  long const fd = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || fd < 0 || fd > (1 << 20)) return std::nullopt;
+  return static_cast<int>(fd);
+}
 
 inline void pmi1_send(int fd, std::string_view line) {
   for (std::size_t sent = 0; sent < line.size();) {
