@@ -58,10 +58,17 @@ TEST_CASE("MpiSession knows the node-local rank from MPI, matching launch_env()"
   CHECK(env.local_size == g_comm->session().local_size());
 }
 
-TEST_CASE("the layout names how all_reduce runs") {
+TEST_CASE("the layout names how all_reduce runs, the same on every rank") {
   std::string const layout = g_comm->layout();
   CAPTURE(layout);
   CHECK(!layout.empty());
+  std::vector<std::int32_t> const mine(layout.begin(), layout.end());  // rank 0's, against this rank's
+  std::vector<std::int32_t> len{static_cast<std::int32_t>(mine.size())};
+  g_comm->broadcast(std::span<std::int32_t>(len), 0);
+  std::vector<std::int32_t> first = mine;
+  first.resize(static_cast<std::size_t>(len[0]));
+  g_comm->broadcast(std::span<std::int32_t>(first), 0);
+  CHECK(first == mine);
   if (g_comm->world_size() == 1) CHECK(layout == "MPI_Iallreduce over 1 rank");
 }
 
@@ -75,7 +82,9 @@ TEST_CASE_TEMPLATE(
   std::size_t const total = 300000;
   auto storage = comm.gradient_storage<T>(static_cast<std::int64_t>(total));
   REQUIRE(storage.numel() == static_cast<std::int64_t>(total));
-  CHECK(comm.gradients_in_place() == (n > 1 && comm.layout().rfind("1 node x", 0) == 0));
+  std::string const layout = comm.layout();
+  CAPTURE(layout);  // in place wherever a node has a shared window: not with one rank per node, nor kMpi
+  CHECK(comm.gradients_in_place() == (n > 1 && layout.find("shared memory") != std::string::npos));
   // Slices at odd offsets, below and above the small-call size (32 KiB), one of them most of the storage.
   std::pair<std::size_t, std::size_t> const slices[] = {{0, 5}, {5, 8200}, {8205, 140003}, {148208, 151792}};
   for (ddp::ReduceOp op : kOps) {
@@ -95,6 +104,34 @@ TEST_CASE_TEMPLATE(
     comm.broadcast(std::span<T>(first), 0);
     CHECK_MESSAGE(std::memcmp(storage.data(), first.data(), total * sizeof(T)) == 0,
                   where(r, n, std::string("in place, ranks alike, ") + std::string(ddp::name(op))));
+  }
+}
+
+TEST_CASE("gradient_storage across nodes: a node in place and a node with private buffers all-reduce together") {
+  using namespace ddp::test;
+  auto& comm = *g_comm;
+  std::string const layout = comm.layout();  // "2 nodes x 2 ranks (...)": nodes of K consecutive ranks
+  auto const x = layout.find(" nodes x ");
+  if (x == std::string::npos || !comm.gradients_in_place()) return;
+  int const per_node = std::stoi(layout.substr(x + 9));
+  int const n = comm.world_size();
+  int const r = comm.rank();
+  bool const in_place = r / per_node == 0;  // node 0 passes its gradient_storage, the others private memory
+  std::size_t const total = 150001;         // above the small-call size, many 4 KiB chunks, a ragged end
+  auto storage = comm.gradient_storage<float>(static_cast<std::int64_t>(total));
+  std::vector<float> priv(total);
+  float* const buf = in_place ? storage.data() : priv.data();
+  for (ddp::ReduceOp op : kOps) {
+    std::vector<float> const mine = filled<float>(r, total);
+    std::copy(mine.begin(), mine.end(), buf);
+    comm.all_reduce(std::span<float>(buf, total), op);
+    std::vector<float> const got(buf, buf + total);
+    expect_equal(got, reduced<float>(n, total, op, 0),
+                 where(r, n, std::string(in_place ? "in place " : "private ") + std::string(ddp::name(op))));
+    std::vector<float> first = got;  // every rank holds rank 0's bits
+    comm.broadcast(std::span<float>(first), 0);
+    CHECK_MESSAGE(std::memcmp(got.data(), first.data(), total * sizeof(float)) == 0,
+                  where(r, n, std::string("mixed places, ranks alike, ") + std::string(ddp::name(op))));
   }
 }
 

@@ -118,10 +118,11 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   // The collectives come from CollectiveFrontEnd; all_reduce_async runs MPI_Allreduce on this rank's
   // progress thread, in issue order. Below: the transport.
 
-  // Memory for `numel` elements that all_reduce can reduce in place: on one node with the shared-memory
-  // path and MpiNodeOptions::gradient_storage = kShared (the default), a block of a shared window at the same
-  // place on every rank, so an all-reduce of any slice of it (the same slice on every rank) moves no bytes
-  // into or out of the window; otherwise ordinary private memory. DistributedDataParallel keeps its gradients
+  // Memory for `numel` elements that all_reduce can reduce in place: with the shared-memory path and
+  // MpiNodeOptions::gradient_storage = kShared (the default), a block of a shared window at the same place on
+  // every rank of a node, so an all-reduce of any slice of it (the same slice on every rank) moves no bytes
+  // into or out of the window (across nodes: in the hierarchical all-reduce's node phase); with one rank per
+  // node, or otherwise, ordinary private memory. DistributedDataParallel keeps its gradients
   // here. Collective: every rank calls it, in the same order, with the same numel. A block stays with this
   // backend: once no tensor views it on any rank (DDP and the model's parameters gone), a later call reuses it.
   template <class T>
@@ -133,9 +134,10 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
     }
     return Tensor<T, HostSpace>(Shape{numel});
   }
-  // Whether gradient_storage gives shared memory that all_reduce reduces in place (one node, kShared).
+  // Whether gradient_storage gives shared memory that all_reduce reduces in place (the shared-memory path with
+  // more than one rank on a node, kShared).
   bool gradients_in_place() const noexcept {
-    return node_ && node_->nodes() == 1 && gradient_storage_ == GradientStorage::kShared;
+    return node_ && node_->reduces_in_place() && gradient_storage_ == GradientStorage::kShared;
   }
 
   // Waits for every async collective issued so far; rethrows the first error.

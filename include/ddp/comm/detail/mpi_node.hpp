@@ -64,8 +64,9 @@ struct MpiNodeOptions {
   // Where MpiBackend::gradient_storage puts a gradient buffer (DistributedDataParallel asks for one): kShared,
   // on one node, a block of a shared window at the same place in every rank's segment, which all_reduce then
   // reduces in place: each rank reduces its slice straight from the peers' buffers into all of them, with no
-  // copy into or out of the window (half the memory traffic of the chunked path); kPrivate, the rank's own
-  // memory, through the window's chunks. Across nodes the storage is always private.
+  // copy into or out of the window (half the memory traffic of the chunked path); across nodes the node phase
+  // of the hierarchical all-reduce is in place the same way. kPrivate: the rank's own memory, through the
+  // window's chunks. With one rank per node the storage is always private (MPI all-reduces it directly).
   GradientStorage gradient_storage = GradientStorage::kShared;
 };
 
@@ -113,9 +114,9 @@ class NodeAllReduce {
     int sizes[2] = {local_n_, -local_n_};
     MPI_Allreduce(&leader, &nodes_, 1, MPI_INT, MPI_SUM, comm);
     MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, comm);
-    bool const uniform = sizes[0] == -sizes[1];
+    uniform_ = sizes[0] == -sizes[1];
     alone_ = sizes[0] == 1;  // every node has one rank
-    stripes_ = nodes_ == 1 || uniform ? local_n_ : 1;
+    stripes_ = nodes_ == 1 || uniform_ ? local_n_ : 1;
     if (nodes_ > 1) {
       int const color = local_rank_ < stripes_ ? local_rank_ : MPI_UNDEFINED;
       MPI_Comm_split(comm, color, rank_, &cross_);
@@ -160,8 +161,8 @@ class NodeAllReduce {
   std::string layout() const {
     if (nodes_ == 1) return cat("1 node x ", local_n_, " ranks (shared memory)");
     if (alone_) return cat(nodes_, " nodes x 1 rank (MPI_Iallreduce)");
-    return cat(nodes_, " nodes", stripes_ == local_n_ ? cat(" x ", local_n_, " ranks") : std::string(" (uneven)"),
-               " (shared memory, ", stripes_ == local_n_ ? "striped" : "leaders'", " MPI across nodes)");
+    return cat(nodes_, " nodes", uniform_ ? cat(" x ", local_n_, " ranks") : std::string(" (uneven)"),
+               " (shared memory, ", uniform_ ? "striped" : "leaders'", " MPI across nodes)");
   }
 
   // Whether this path takes an all-reduce of `bytes` (else MPI_Iallreduce over all ranks does).
@@ -173,7 +174,7 @@ class NodeAllReduce {
     std::size_t const bytes = count * sizeof(T);
     std::uint64_t const op_seq = ++ops_;
     self().pub[op_seq & 1] = call;
-    std::int64_t const place = nodes_ == 1 && bytes > small_bytes_ ? place_of(data, bytes) : -1;
+    std::int64_t const place = bytes > small_bytes_ ? place_of(data, bytes) : -1;
     self().place[op_seq & 1] = place;
     if (nodes_ == 1 && bytes <= small_bytes_) return small(data, count, op, call, op_seq);
     if (place >= 0) return in_place<T>(count, op, call, op_seq, place);
@@ -233,13 +234,18 @@ class NodeAllReduce {
     stores_.record(stream, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
   }
 
+  // Whether shared_block gives memory that all_reduce reduces in place: every layout but one rank per node
+  // (whose all-reduces go straight to MPI_Iallreduce).
+  bool reduces_in_place() const noexcept { return !alone_; }
+
   // A block of at least `bytes` at the same place in every node rank's segment of a shared window, for a
   // buffer that all_reduce reduces in place (MpiNodeOptions::gradient_storage), and the lease that marks it in
-  // use: a block whose lease has expired on every rank (no tensor views it any more) is reused, else a new
-  // window is made. Null across nodes (the storage would gain nothing), or when any rank could not make the
-  // window (every rank then gets null). Collective over the backend's communicator; freed with this object.
+  // use: a block whose lease has expired on every rank of the node (no tensor views it any more) is reused,
+  // else a new window is made. Null with one rank per node (the window would gain nothing), or when any rank
+  // of the node could not make the window (every rank of the node then gets null). Collective over the
+  // backend's communicator; freed with this object.
   std::pair<void*, std::shared_ptr<void>> shared_block(std::size_t bytes) {
-    if (nodes_ != 1 || bytes == 0) return {};
+    if (alone_ || bytes == 0) return {};
     std::vector<int> reusable(blocks_.size());  // the same count on every rank: blocks are made collectively
     for (std::size_t b = 0; b < blocks_.size(); ++b) {
       reusable[b] = blocks_[b].lease.expired() && blocks_[b].bytes >= bytes ? 1 : 0;
@@ -317,23 +323,56 @@ class NodeAllReduce {
 
   // In place, in a shared block: one barrier (every rank's buffer is ready), each rank reduces its slice from
   // all ranks' buffers into all of them (rank order: every rank gets the same bits), one barrier (no rank
-  // touches its buffer again before every slice is written).
+  // touches its buffer again before every slice is written). Across nodes see in_place_across.
   template <class T>
   void in_place(std::size_t count, ReduceOp op, CallRecord const& call, std::uint64_t op_seq, std::int64_t place) {
     arrive(call);
     verify(call, op_seq);
     SharedBlock const& block = blocks_[static_cast<std::size_t>(place_block(place))];
     std::size_t const offset = static_cast<std::size_t>(place_offset(place));
-    auto const [lo, hi] = slice(count, 64 / sizeof(T), local_rank_);
-    auto& srcs = pointers<T>();
-    auto& dsts = targets<T>();
-    for (int k = 0; k < local_n_; ++k) {
-      T* const at = reinterpret_cast<T*>(block.bases[static_cast<std::size_t>(k)] + offset) + lo;
-      srcs[static_cast<std::size_t>(k)] = at;
-      dsts[static_cast<std::size_t>(k)] = at;
+    auto const buffer = [&](int k) { return reinterpret_cast<T*>(block.bases[static_cast<std::size_t>(k)] + offset); };
+    if (nodes_ > 1) {
+      in_place_across<T>(count, op, call, buffer);
+    } else {
+      auto const [lo, hi] = slice(count, 64 / sizeof(T), local_rank_);
+      auto& srcs = pointers<T>();
+      auto& dsts = targets<T>();
+      for (int k = 0; k < local_n_; ++k) {
+        srcs[static_cast<std::size_t>(k)] = buffer(k) + lo;
+        dsts[static_cast<std::size_t>(k)] = buffer(k) + lo;
+      }
+      reduce_blocks<T>(srcs.data(), local_n_, dsts.data(), local_n_, hi - lo, op);
     }
-    reduce_blocks<T>(srcs.data(), local_n_, dsts.data(), local_n_, hi - lo, op);
     arrive(call);
+  }
+
+  // The node phase of the hierarchical all-reduce, in place: for each chunk of the chunked path's size, the
+  // rank of stripe k reduces slice k of the chunk from the node's buffers into its own, all-reduces it across
+  // nodes, and writes the result into the other buffers of the node. The chunks, stripes and MPI calls across
+  // nodes are the chunked path's, so the bits are the same, and a node whose ranks pass private buffers (the
+  // chunked path) all-reduces alongside one whose ranks pass gradient_storage. No barrier between chunks: a
+  // rank reads and writes only its own stripes.
+  template <class T, class Buffer>
+  void in_place_across(std::size_t count, ReduceOp op, CallRecord const& call, Buffer const& buffer) {
+    if (local_rank_ >= stripes_) return;  // uneven nodes: the leader does the node's part
+    std::size_t const line = 64 / sizeof(T);
+    std::size_t const chunk = std::max(line, chunk_bytes_ / sizeof(T) / line * line);
+    ReduceOp const node_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    auto& srcs = pointers<T>();
+    T* const own = buffer(local_rank_);
+    for (std::size_t off = 0; off < count;) {
+      std::size_t const m = std::min(chunk, count - off);
+      auto const [lo, hi] = slice(m, line, local_rank_);
+      for (int k = 0; k < local_n_; ++k) srcs[static_cast<std::size_t>(k)] = buffer(k) + off + lo;
+      T* result = own + off + lo;
+      reduce_blocks<T>(srcs.data(), local_n_, &result, 1, hi - lo, node_op);
+      across_nodes(result, hi - lo, node_op, call);
+      if (op == ReduceOp::kAvg) average(result, hi - lo, n_);
+      for (int k = 0; k < local_n_; ++k) {
+        if (k != local_rank_) copy(buffer(k) + off + lo, result, hi - lo);
+      }
+      off += m;
+    }
   }
 
   NodeSlot& slot(int k) const noexcept { return *reinterpret_cast<NodeSlot*>(segments_[static_cast<std::size_t>(k)]); }
@@ -511,6 +550,7 @@ class NodeAllReduce {
   std::uint64_t chunks_ = 0;                      // chunks through the window (the parity of the half in use)
   StoreChooser stores_{WindowStores::kPlain, 0};  // MpiNodeOptions::window_stores, streaming_bytes
   bool alone_ = false;
+  bool uniform_ = true;  // every node has the same number of ranks (the same on every rank, as layout() must be)
   bool abandoned_ = false;
 };
 
