@@ -1,8 +1,7 @@
 // allreduce: bus bandwidth (nccl-tests convention) of ThreadsBackend and MpiBackend, side by side with the
 // simplest in-process loop and raw MPI_Allreduce on the same buffers, 4 KiB-400 MB, plus small-message
 // latency. Run: mpirun -n P bazel-bin/bench/comm/allreduce  (P ranks for MPI, P threads for the threads part);
-// threads only: bazel-bin/bench/comm/allreduce --no-mpi --threads-world=P. Options: --max-bytes= --budget-ms=,
-// and MpiBackend's layout: --chunk-bytes= --ranks-per-node= (MpiNodeOptions).
+// threads only: bazel-bin/bench/comm/allreduce --no-mpi --threads-world=P. Options: see kUsage.
 #include <mpi.h>
 
 #include <algorithm>
@@ -10,7 +9,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <string>
 #include <thread>
@@ -31,9 +32,18 @@ struct Args {
   bool mpi = true;
   bool threads = true;
   int threads_world = 0;       // 0: the MPI world size
+  bool rewrite = false;        // each rank rewrites its whole buffer before every timed MPI all-reduce
   ddp::MpiNodeOptions node{};  // MpiBackend's all-reduce layout (--chunk-bytes=, --ranks-per-node=)
 };
 
+constexpr char const* kUsage =
+    "usage: [mpirun -n P] allreduce [--min-bytes=N] [--max-bytes=N] [--budget-ms=MS] [--max-iters=N]\n"
+    "         [--no-mpi] [--no-threads] [--threads-world=P] [--rewrite] [--chunk-bytes=N] [--ranks-per-node=K]\n"
+    "  --rewrite: before every timed MPI all-reduce each rank writes its whole buffer, as a backward pass leaves\n"
+    "  DDP's gradients (else a buffer holds the previous all-reduce's result: with gradients in place each\n"
+    "  rank's stripe is then already in its own cache, which training never sees)\n";
+
+// Exits with the usage on --help (0) or on a flag it does not know or a bad number (2).
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -41,15 +51,42 @@ Args parse(int argc, char** argv) {
     auto value = [&](char const* key) -> char const* {
       return s.rfind(key, 0) == 0 ? s.c_str() + std::strlen(key) : nullptr;
     };
-    if (auto v = value("--max-bytes=")) a.max_bytes = std::stoull(v);
-    if (auto v = value("--min-bytes=")) a.min_bytes = std::stoull(v);
-    if (auto v = value("--budget-ms=")) a.budget_s = std::stod(v) / 1000.0;
-    if (auto v = value("--max-iters=")) a.max_iters = std::stoi(v);
-    if (auto v = value("--threads-world=")) a.threads_world = std::stoi(v);
-    if (auto v = value("--chunk-bytes=")) a.node.chunk_bytes = std::stoull(v);
-    if (auto v = value("--ranks-per-node=")) a.node.ranks_per_node = std::stoi(v);
-    if (s == "--no-mpi") a.mpi = false;
-    if (s == "--no-threads") a.threads = false;
+    try {
+      if (auto v = value("--max-bytes=")) {
+        a.max_bytes = std::stoull(v);
+      } else if (auto v = value("--min-bytes=")) {
+        a.min_bytes = std::stoull(v);
+      } else if (auto v = value("--budget-ms=")) {
+        a.budget_s = std::stod(v) / 1000.0;
+      } else if (auto v = value("--max-iters=")) {
+        a.max_iters = std::stoi(v);
+      } else if (auto v = value("--threads-world=")) {
+        a.threads_world = std::stoi(v);
+      } else if (auto v = value("--chunk-bytes=")) {
+        a.node.chunk_bytes = std::stoull(v);
+      } else if (auto v = value("--ranks-per-node=")) {
+        a.node.ranks_per_node = std::stoi(v);
+      } else if (s == "--no-mpi") {
+        a.mpi = false;
+      } else if (s == "--no-threads") {
+        a.threads = false;
+      } else if (s == "--rewrite") {
+        a.rewrite = true;
+      } else if (s == "--help" || s == "-h") {
+        std::fputs(kUsage, stdout);
+        std::exit(0);
+      } else {
+        std::fprintf(stderr, "allreduce: unknown flag '%s'\n%s", s.c_str(), kUsage);
+        std::exit(2);
+      }
+    } catch (std::exception const&) {
+      std::fprintf(stderr, "allreduce: '%s' needs a number\n%s", s.c_str(), kUsage);
+      std::exit(2);
+    }
+  }
+  if (a.min_bytes == 0 || a.min_bytes > a.max_bytes) {
+    std::fprintf(stderr, "allreduce: need 0 < --min-bytes (%zu) <= --max-bytes (%zu)\n", a.min_bytes, a.max_bytes);
+    std::exit(2);
   }
   return a;
 }
@@ -95,6 +132,10 @@ void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& ca
   for (Row& row : rows) {
     std::size_t const n = row.bytes / sizeof(float);
     auto one = [&](int variant) {
+      if (a.rewrite) {  // the whole buffer, from this rank, as a backward pass writes DDP's gradients
+        float* const dst = variant == 5 ? storage.data() : buf.data();
+        std::fill(dst, dst + n, 0.5f);
+      }
       MPI_Barrier(raw_comm);
       double const t0 = MPI_Wtime();
       if (variant == 0) {
