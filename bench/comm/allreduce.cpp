@@ -38,7 +38,8 @@ struct Args {
 
 constexpr char const* kUsage =
     "usage: [mpirun -n P] allreduce [--min-bytes=N] [--max-bytes=N] [--budget-ms=MS] [--max-iters=N]\n"
-    "         [--no-mpi] [--no-threads] [--threads-world=P] [--rewrite] [--chunk-bytes=N] [--ranks-per-node=K]\n"
+    "         [--no-mpi] [--no-threads] [--threads-world=P] [--rewrite] [--chunk-bytes=N]\n"
+    "         [--streaming-bytes=N] [--ranks-per-node=K]   (MpiNodeOptions of the MpiBackend columns)\n"
     "  --rewrite: before every timed MPI all-reduce each rank writes its whole buffer, as a backward pass leaves\n"
     "  DDP's gradients (else a buffer holds the previous all-reduce's result: with gradients in place each\n"
     "  rank's stripe is then already in its own cache, which training never sees)\n";
@@ -64,6 +65,8 @@ Args parse(int argc, char** argv) {
         a.threads_world = std::stoi(v);
       } else if (auto v = value("--chunk-bytes=")) {
         a.node.chunk_bytes = std::stoull(v);
+      } else if (auto v = value("--streaming-bytes=")) {
+        a.node.streaming_bytes = std::stoull(v);
       } else if (auto v = value("--ranks-per-node=")) {
         a.node.ranks_per_node = std::stoi(v);
       } else if (s == "--no-mpi") {
