@@ -62,7 +62,7 @@ struct MpiNodeOptions {
   WindowStores window_stores = WindowStores::kAdaptive;
   std::size_t streaming_bytes = std::size_t{1} << 20;
   // Where MpiBackend::gradient_storage puts a gradient buffer (DistributedDataParallel asks for one): kShared,
-  // on one node, a block of a shared window at the same place in every rank's segment, which all_reduce then
+  // a block of a shared window at the same place in every segment of the node's ranks, which all_reduce then
   // reduces in place: each rank reduces its slice straight from the peers' buffers into all of them, with no
   // copy into or out of the window (half the memory traffic of the chunked path); across nodes the node phase
   // of the hierarchical all-reduce is in place the same way. kPrivate: the rank's own memory, through the
