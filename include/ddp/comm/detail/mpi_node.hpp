@@ -58,9 +58,11 @@ struct MpiNodeOptions {
   // do not. On this project's 2-vCPU VM the hypervisor moves the vCPUs between one L3 domain and two (cache-line
   // round trip 55 ns or 350 ns, from minute to minute): from 16 MiB up plain stores ran at 1.5-1.9 GB/s in the
   // second case against 3.4-6.7 streaming, and at 7.5-9.8 in the first against 5.5-6.9 (bench/RESULTS.md).
-  // Smaller all-reduces always use plain stores (latency-bound: the window's lines stay in cache).
+  // The same holds from 64 KiB: in the second case kAdaptive ran 64 KiB-1 MiB at 1.6-4.4x plain stores (1.9-3.8x
+  // raw MPI_Allreduce, where plain stores were 0.8-1.3x), and within noise of plain in the first. Smaller
+  // all-reduces always use plain stores (latency-bound: the window's lines stay in cache).
   WindowStores window_stores = WindowStores::kAdaptive;
-  std::size_t streaming_bytes = std::size_t{1} << 20;
+  std::size_t streaming_bytes = std::size_t{1} << 16;
   // Where MpiBackend::gradient_storage puts a gradient buffer (DistributedDataParallel asks for one): kShared,
   // a block of a shared window at the same place in every segment of the node's ranks, which all_reduce then
   // reduces in place: each rank reduces its slice straight from the peers' buffers into all of them, with no
