@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,7 +40,8 @@ struct Args {
 constexpr char const* kUsage =
     "usage: [mpirun -n P] allreduce [--min-bytes=N] [--max-bytes=N] [--budget-ms=MS] [--max-iters=N]\n"
     "         [--no-mpi] [--no-threads] [--threads-world=P] [--rewrite] [--chunk-bytes=N]\n"
-    "         [--streaming-bytes=N] [--ranks-per-node=K]   (MpiNodeOptions of the MpiBackend columns)\n"
+    "         [--streaming-bytes=N] [--ranks-per-node=K] [--window-stores=adaptive|streaming|plain]\n"
+    "         (MpiNodeOptions of the MpiBackend columns; the plain-stores columns always store plainly)\n"
     "  --rewrite: before every timed MPI all-reduce each rank writes its whole buffer, as a backward pass leaves\n"
     "  DDP's gradients (else a buffer holds the previous all-reduce's result: with gradients in place each\n"
     "  rank's stripe is then already in its own cache, which training never sees)\n";
@@ -73,6 +75,12 @@ Args parse(int argc, char** argv) {
         a.mpi = false;
       } else if (s == "--no-threads") {
         a.threads = false;
+      } else if (auto v = value("--window-stores=")) {
+        std::string const w = v;
+        if (w != "adaptive" && w != "streaming" && w != "plain") throw std::invalid_argument(w);
+        a.node.window_stores = w == "adaptive"    ? ddp::WindowStores::kAdaptive
+                               : w == "streaming" ? ddp::WindowStores::kStreaming
+                                                  : ddp::WindowStores::kPlain;
       } else if (s == "--rewrite") {
         a.rewrite = true;
       } else if (s == "--help" || s == "-h") {
@@ -83,7 +91,7 @@ Args parse(int argc, char** argv) {
         std::exit(2);
       }
     } catch (std::exception const&) {
-      std::fprintf(stderr, "allreduce: '%s' needs a number\n%s", s.c_str(), kUsage);
+      std::fprintf(stderr, "allreduce: bad value in '%s'\n%s", s.c_str(), kUsage);
       std::exit(2);
     }
   }
@@ -118,7 +126,7 @@ int iterations_for(double first_s, Args const& a) {
 struct Row {
   std::size_t bytes = 0;
   double threads = 0, threads_async = 0, loop = 0;  // seconds (median)
-  double mpi = 0, mpi_async = 0, mpi_flat = 0, mpi_cached = 0, mpi_in_place = 0, raw = 0;
+  double mpi = 0, mpi_async = 0, mpi_flat = 0, mpi_cached = 0, mpi_in_place = 0, mpi_in_place_plain = 0, raw = 0;
 };
 
 // ---- MPI: raw MPI_Allreduce, MpiBackend (default layout: shared memory on a node; sync and async) and
@@ -129,14 +137,16 @@ void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& ca
                std::vector<Row>& rows) {
   std::vector<float> buf(a.max_bytes / sizeof(float), 0.0f);
   auto storage = comm.gradient_storage<float>(static_cast<std::int64_t>(buf.size()));
+  auto plain_storage = cached.gradient_storage<float>(static_cast<std::int64_t>(buf.size()));
   std::fill(storage.data(), storage.data() + storage.numel(), 0.0f);
+  std::fill(plain_storage.data(), plain_storage.data() + plain_storage.numel(), 0.0f);
   MPI_Comm raw_comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
   for (Row& row : rows) {
     std::size_t const n = row.bytes / sizeof(float);
     auto one = [&](int variant) {
       if (a.rewrite) {  // the whole buffer, from this rank, as a backward pass writes DDP's gradients
-        float* const dst = variant == 5 ? storage.data() : buf.data();
+        float* const dst = variant == 5 ? storage.data() : variant == 6 ? plain_storage.data() : buf.data();
         std::fill(dst, dst + n, 0.5f);
       }
       MPI_Barrier(raw_comm);
@@ -151,18 +161,20 @@ void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& ca
         flat.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
       } else if (variant == 4) {
         cached.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
-      } else {
+      } else if (variant == 5) {
         comm.all_reduce(std::span(storage.data(), n), ddp::ReduceOp::kSum);
+      } else {
+        cached.all_reduce(std::span(plain_storage.data(), n), ddp::ReduceOp::kSum);
       }
       double dt = MPI_Wtime() - t0;
       MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, raw_comm);  // the slowest rank's time
       return dt;
     };
-    double const first = std::max({one(0), one(1), one(2), one(3), one(4), one(5)});
+    double const first = std::max({one(0), one(1), one(2), one(3), one(4), one(5), one(6)});
     int const iters = std::max(5, iterations_for(first, a) / 4 + 1);  // MPI oversubscribed is noisy: >= 5 rounds
-    std::vector<double> t[6];
+    std::vector<double> t[7];
     for (int i = 0; i < iters; ++i) {
-      for (int v = 0; v < 6; ++v) t[v].push_back(one(v));
+      for (int v = 0; v < 7; ++v) t[v].push_back(one(v));
     }
     row.raw = median(t[0]);
     row.mpi = median(t[1]);
@@ -170,6 +182,7 @@ void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& ca
     row.mpi_flat = median(t[3]);
     row.mpi_cached = median(t[4]);
     row.mpi_in_place = median(t[5]);
+    row.mpi_in_place_plain = median(t[6]);
   }
   MPI_Comm_free(&raw_comm);
 }
@@ -325,18 +338,18 @@ int main(int argc, char** argv) {
     if (!layout.empty()) std::printf("MpiBackend all_reduce: %s\n", layout.c_str());
     std::printf(
         "\n| size | threads | threads async | plain loop | threads / loop | MpiBackend | MpiBackend async | "
-        "MpiBackend kMpi | MpiBackend plain stores | MpiBackend in place | raw MPI_Allreduce | MpiBackend / raw | "
-        "in place / raw |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "MpiBackend kMpi | MpiBackend plain stores | MpiBackend in place | in place plain stores | "
+        "raw MPI_Allreduce | MpiBackend / raw | in place / raw |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int const pt = a.threads_world > 0 ? a.threads_world : p;  // the threads part's world size
     for (Row const& row : rows) {
       auto bw = [&](double t) { return busbw_gbs(row.bytes, t, p); };
       auto tbw = [&](double t) { return busbw_gbs(row.bytes, t, pt); };
-      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                   human(row.bytes).c_str(), tbw(row.threads), tbw(row.threads_async), tbw(row.loop),
                   row.threads > 0 ? row.loop / row.threads : 0.0, bw(row.mpi), bw(row.mpi_async), bw(row.mpi_flat),
-                  bw(row.mpi_cached), bw(row.mpi_in_place), bw(row.raw), row.mpi > 0 ? row.raw / row.mpi : 0.0,
-                  row.mpi_in_place > 0 ? row.raw / row.mpi_in_place : 0.0);
+                  bw(row.mpi_cached), bw(row.mpi_in_place), bw(row.mpi_in_place_plain), bw(row.raw),
+                  row.mpi > 0 ? row.raw / row.mpi : 0.0, row.mpi_in_place > 0 ? row.raw / row.mpi_in_place : 0.0);
     }
     std::printf("\nlatency: threads all_reduce 4 B %.2f us, 4 KiB %.2f us; MpiBackend 4 B %.2f us\n", lat4 * 1e6,
                 lat4k * 1e6, mpi_lat * 1e6);

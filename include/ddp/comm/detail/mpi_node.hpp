@@ -99,6 +99,7 @@ class NodeAllReduce {
     }
     chunk_bytes_ = opts.chunk_bytes / 64 * 64;
     stores_ = StoreChooser(opts.window_stores, opts.streaming_bytes);
+    in_place_stores_ = StoreChooser(opts.window_stores, opts.streaming_bytes);
     small_bytes_ = (std::max<std::size_t>(opts.small_bytes, 64) + 63) / 64 * 64;
     if (opts.ranks_per_node == 0) {
       MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_);
@@ -256,10 +257,7 @@ class NodeAllReduce {
       MPI_Allreduce(MPI_IN_PLACE, reusable.data(), static_cast<int>(reusable.size()), MPI_INT, MPI_MIN, node_);
     }
     for (std::size_t b = 0; b < blocks_.size(); ++b) {
-      if (reusable[b] == 0) continue;
-      auto lease = std::make_shared<char>('\0');
-      blocks_[b].lease = lease;
-      return {blocks_[b].bases[static_cast<std::size_t>(local_rank_)], std::move(lease)};
+      if (reusable[b] != 0) return blocks_[b].hand_out(local_rank_);
     }
     SharedBlock block{MPI_WIN_NULL, {}, bytes, {}};
     int failed = allocate_window(bytes, block.win, block.bases) == MPI_SUCCESS ? 0 : 1;
@@ -268,10 +266,8 @@ class NodeAllReduce {
       if (block.win != MPI_WIN_NULL) MPI_Win_free(&block.win);
       return {};
     }
-    auto lease = std::make_shared<char>('\0');
-    block.lease = lease;
     blocks_.push_back(std::move(block));
-    return {blocks_.back().bases[static_cast<std::size_t>(local_rank_)], std::move(lease)};
+    return blocks_.back().hand_out(local_rank_);
   }
 
  private:
@@ -302,6 +298,13 @@ class NodeAllReduce {
     std::vector<std::byte*> bases;  // by local rank
     std::size_t bytes = 0;
     std::weak_ptr<void> lease;  // alive while a tensor views the block on this rank
+
+    // This rank's part of the block, with a new lease.
+    std::pair<void*, std::shared_ptr<void>> hand_out(int local_rank) {
+      auto fresh = std::make_shared<char>('\0');
+      lease = fresh;
+      return {bases[static_cast<std::size_t>(local_rank)], std::move(fresh)};
+    }
   };
 
   // NodeSlot::place: block b, byte offset o as b * 2^40 + o.
@@ -335,17 +338,50 @@ class NodeAllReduce {
     auto const buffer = [&](int k) { return reinterpret_cast<T*>(block.bases[static_cast<std::size_t>(k)] + offset); };
     if (nodes_ > 1) {
       in_place_across<T>(count, op, call, buffer);
+      arrive(call);
+      return;
+    }
+    auto const since = std::chrono::steady_clock::now();
+    std::size_t const bytes = count * sizeof(T);
+    bool const stream = in_place_stores_.stream(bytes);  // this rank's choice: the bytes are the same either way
+    auto const [lo, hi] = slice(count, 64 / sizeof(T), local_rank_);
+    auto& srcs = pointers<T>();
+    auto& dsts = targets<T>();
+    for (int k = 0; k < local_n_; ++k) {
+      srcs[static_cast<std::size_t>(k)] = buffer(k) + lo;
+      dsts[static_cast<std::size_t>(k)] = buffer(k) + lo;
+    }
+    if (stream) {
+      reduce_then_stream<T>(hi - lo, op);
     } else {
-      auto const [lo, hi] = slice(count, 64 / sizeof(T), local_rank_);
-      auto& srcs = pointers<T>();
-      auto& dsts = targets<T>();
-      for (int k = 0; k < local_n_; ++k) {
-        srcs[static_cast<std::size_t>(k)] = buffer(k) + lo;
-        dsts[static_cast<std::size_t>(k)] = buffer(k) + lo;
-      }
       reduce_blocks<T>(srcs.data(), local_n_, dsts.data(), local_n_, hi - lo, op);
     }
     arrive(call);
+    in_place_stores_.record(stream, bytes,
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
+  }
+
+  // In place with streaming stores into the peers' buffers: per piece of kStreamPiece elements, reduce from
+  // pointers() into this rank's own buffer (targets()[local_rank_]), then stream the piece (still in L1) into
+  // the other targets. A plain store into a peer's line that the peer's core last wrote fetches it across
+  // cores first; in other cache domains that dominates (bench/RESULTS.md). Fenced before the caller's barrier.
+  template <class T>
+  void reduce_then_stream(std::size_t m, ReduceOp op) {
+    constexpr std::size_t kStreamPiece = 8192 / sizeof(T);
+    auto& srcs = pointers<T>();
+    auto const& dsts = targets<T>();
+    std::vector<T const*>& at = std::get<std::vector<T const*>>(piece_ptrs_);
+    at.resize(static_cast<std::size_t>(local_n_));
+    for (std::size_t off = 0; off < m; off += kStreamPiece) {
+      std::size_t const len = std::min(kStreamPiece, m - off);
+      for (int k = 0; k < local_n_; ++k) at[static_cast<std::size_t>(k)] = srcs[static_cast<std::size_t>(k)] + off;
+      T* const own = dsts[static_cast<std::size_t>(local_rank_)] + off;
+      reduce_blocks<T>(at.data(), local_n_, &own, 1, len, op);
+      for (int k = 0; k < local_n_; ++k) {
+        if (k != local_rank_) stream_copy(dsts[static_cast<std::size_t>(k)] + off, own, len * sizeof(T));
+      }
+    }
+    stream_fence();
   }
 
   // The node phase of the hierarchical all-reduce, in place: for each chunk of the chunked path's size, the
@@ -546,11 +582,15 @@ class NodeAllReduce {
       ptrs_;
   std::tuple<std::vector<float*>, std::vector<double*>, std::vector<std::int32_t*>, std::vector<std::int64_t*>>
       targets_;
+  std::tuple<std::vector<float const*>, std::vector<double const*>, std::vector<std::int32_t const*>,
+             std::vector<std::int64_t const*>>
+      piece_ptrs_;                                // reduce_then_stream's sources at the current piece
   std::vector<SharedBlock> blocks_;               // shared_block's, in the order the ranks made them
   std::uint64_t ops_ = 0;                         // all-reduces through this path (the parity of the published call)
   std::uint64_t barrier_ = 0;                     // node barriers passed
   std::uint64_t chunks_ = 0;                      // chunks through the window (the parity of the half in use)
   StoreChooser stores_{WindowStores::kPlain, 0};  // MpiNodeOptions::window_stores, streaming_bytes
+  StoreChooser in_place_stores_{WindowStores::kPlain, 0};  // the same options, for the in-place path's rates
   bool alone_ = false;
   bool uniform_ = true;  // every node has the same number of ranks (the same on every rank, as layout() must be)
   bool abandoned_ = false;
