@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -34,6 +35,7 @@ struct Args {
   bool threads = true;
   int threads_world = 0;       // 0: the MPI world size
   bool rewrite = false;        // each rank rewrites its whole buffer before every timed MPI all-reduce
+  bool mean = false;           // the MPI columns: mean time per call instead of the median
   ddp::MpiNodeOptions node{};  // MpiBackend's all-reduce layout (--chunk-bytes=, --ranks-per-node=)
 };
 
@@ -42,6 +44,9 @@ constexpr char const* kUsage =
     "         [--no-mpi] [--no-threads] [--threads-world=P] [--rewrite] [--chunk-bytes=N]\n"
     "         [--streaming-bytes=N] [--ranks-per-node=K] [--window-stores=adaptive|streaming|plain]\n"
     "         (MpiNodeOptions of the MpiBackend columns; the plain-stores columns always store plainly)\n"
+    "         [--mean]\n"
+    "  --mean: the MPI columns give the mean time per call (else the median), which counts the calls that\n"
+    "  WindowStores::kAdaptive spends trying the slower stores\n"
     "  --rewrite: before every timed MPI all-reduce each rank writes its whole buffer, as a backward pass leaves\n"
     "  DDP's gradients (else a buffer holds the previous all-reduce's result: with gradients in place each\n"
     "  rank's stripe is then already in its own cache, which training never sees)\n";
@@ -81,6 +86,8 @@ Args parse(int argc, char** argv) {
         a.node.window_stores = w == "adaptive"    ? ddp::WindowStores::kAdaptive
                                : w == "streaming" ? ddp::WindowStores::kStreaming
                                                   : ddp::WindowStores::kPlain;
+      } else if (s == "--mean") {
+        a.mean = true;
       } else if (s == "--rewrite") {
         a.rewrite = true;
       } else if (s == "--help" || s == "-h") {
@@ -172,17 +179,23 @@ void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& ca
     };
     double const first = std::max({one(0), one(1), one(2), one(3), one(4), one(5), one(6)});
     int const iters = std::max(5, iterations_for(first, a) / 4 + 1);  // MPI oversubscribed is noisy: >= 5 rounds
+    auto const stat = [&](std::vector<double> const& v) {
+      return a.mean ? std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()) : median(v);
+    };
     std::vector<double> t[7];
     for (int i = 0; i < iters; ++i) {
-      for (int v = 0; v < 7; ++v) t[v].push_back(one(v));
+      for (int k = 0; k < 7; ++k) {  // each variant after each other one in turn: none always follows another
+        int const v = (k + i) % 7;
+        t[v].push_back(one(v));
+      }
     }
-    row.raw = median(t[0]);
-    row.mpi = median(t[1]);
-    row.mpi_async = median(t[2]);
-    row.mpi_flat = median(t[3]);
-    row.mpi_cached = median(t[4]);
-    row.mpi_in_place = median(t[5]);
-    row.mpi_in_place_plain = median(t[6]);
+    row.raw = stat(t[0]);
+    row.mpi = stat(t[1]);
+    row.mpi_async = stat(t[2]);
+    row.mpi_flat = stat(t[3]);
+    row.mpi_cached = stat(t[4]);
+    row.mpi_in_place = stat(t[5]);
+    row.mpi_in_place_plain = stat(t[6]);
   }
   MPI_Comm_free(&raw_comm);
 }

@@ -50,7 +50,8 @@ struct MpiNodeOptions {
   // groups of k ranks count as nodes, to run the hierarchical algorithm on one host (tests, studies); each
   // group must still share memory.
   int ranks_per_node = 0;
-  // How all-reduces of at least streaming_bytes write the window's chunk areas (copy-in and the reduced slice):
+  // How all-reduces of at least streaming_bytes write the window's chunk areas (copy-in and the reduced slice),
+  // and, in place (gradient_storage), the reduced slice into the peers' buffers:
   // kPlain, plain stores; kStreaming, non-temporal stores (x86 SSE2; elsewhere plain), which invalidate the
   // peers' cached copies of those lines without fetching them first; kAdaptive, each rank takes whichever its
   // recent all-reduces ran faster with (detail::StoreChooser). A peer read each line of an area in the round

@@ -4,18 +4,21 @@
 // project's VM the hypervisor moves between the two every few minutes, and the wrong choice costs 1.3x one way
 // and 4x the other). The choice changes only how bytes get into the window, never the bytes, so every rank may
 // decide for itself: kAdaptive keeps each mode's last measured rate per size class (a power of two: in-cache and
-// out-of-cache sizes differ) and takes the faster. To follow a change it tries the slower one again after
-// kExplore calls of that class when the two are close, and more rarely the further apart they are: after
-// kExplore * ceil(r^2) calls for a rate ratio r (at most kExplore * kMaxBackoff). The time lost to exploring is
-// then at most (r - 1) / (kExplore r^2) <= 1 / (4 kExplore) of the calls' time: 3%, where a fixed interval
-// would lose (r - 1) / kExplore (50% for in-place all-reduces in the shared-cache mode, where streaming stores
-// run at a fifth of plain ones). A change that slows the chosen mode shows at once, since its rate is measured
-// on every call.
+// out-of-cache sizes differ) and takes the faster.
+// - A rate counts only from a call that follows a call of the same mode and class: a call's speed depends on
+//   where the previous one left the lines (after streaming stores they are in memory, after plain ones in the
+//   peer's cache), and the first call at a size runs cold. So each mode is measured on its second call in a row.
+// - To follow a change it tries the slower mode again (two calls: the first is not counted), at first after
+//   kFirst calls of that class, then after twice as many each time the try confirms the choice, at most
+//   kLongest; when the choice changes the interval starts again at kFirst. In a steady state the time lost to
+//   tries is at most 2 (r - 1) / kLongest for a rate ratio r: 3% at r = 5, which is in place in the
+//   shared-cache mode (streaming stores at a fifth of plain ones' rate), where a try every 8 calls cost 50%.
+// - A change that slows the chosen mode shows at once (it is measured on every call); one that speeds up the
+//   other mode shows within kLongest calls.
 #pragma once
 
 #include <algorithm>
 #include <bit>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -27,8 +30,8 @@ namespace detail {
 
 class StoreChooser {
  public:
-  static constexpr std::uint64_t kExplore = 8;
-  static constexpr std::uint64_t kMaxBackoff = 64;
+  static constexpr std::uint64_t kFirst = 2;
+  static constexpr std::uint64_t kLongest = 256;
 
   StoreChooser(WindowStores mode, std::size_t min_bytes) noexcept : mode_(mode), min_bytes_(min_bytes) {}
 
@@ -37,19 +40,24 @@ class StoreChooser {
     if (bytes < min_bytes_ || mode_ == WindowStores::kPlain) return false;
     if (mode_ == WindowStores::kStreaming) return true;
     Class& c = cls(bytes);
-    if (c.rate[0] == 0) return false;  // measure each mode once first
+    if (c.rate[0] == 0) return false;  // measure each mode first
     if (c.rate[1] == 0) return true;
     bool const best = c.rate[1] > c.rate[0];
-    double const r = c.rate[best ? 1 : 0] / c.rate[best ? 0 : 1];
-    double const backoff = std::min(static_cast<double>(kMaxBackoff), std::ceil(r * r));
-    if (static_cast<double>(++c.since) < static_cast<double>(kExplore) * backoff) return best;
+    if (best != c.best) c.best = best, c.since = 0, c.interval = kFirst;
+    if (++c.since <= c.interval) return best;
+    if (c.since == c.interval + 1) return !best;  // a try: two calls of the slower mode, the second measured
     c.since = 0;
+    c.interval = std::min(2 * c.interval, kLongest);  // reset above if the try changes the choice
     return !best;
   }
-  // The rate (bytes per second) an all-reduce of `bytes` that streamed (or not) reached.
+  // The rate (bytes per second) an all-reduce of `bytes` that streamed (or not) reached. Counted only if the
+  // class's previous call took the same mode.
   void record(bool streamed, std::size_t bytes, double seconds) noexcept {
     if (mode_ != WindowStores::kAdaptive || bytes < min_bytes_ || seconds <= 0) return;
-    cls(bytes).rate[streamed ? 1 : 0] = static_cast<double>(bytes) / seconds;
+    Class& c = cls(bytes);
+    int const mode = streamed ? 1 : 0;
+    if (c.last == mode) c.rate[mode] = static_cast<double>(bytes) / seconds;
+    c.last = mode;
   }
   double rate(bool streamed, std::size_t bytes) const noexcept {
     return classes_[static_cast<std::size_t>(std::bit_width(bytes))].rate[streamed ? 1 : 0];
@@ -57,8 +65,11 @@ class StoreChooser {
 
  private:
   struct Class {
-    std::uint64_t since = 0;  // calls since the slower mode was last tried
-    double rate[2] = {0, 0};  // plain, streaming: the last measured bytes per second
+    double rate[2] = {0, 0};          // plain, streaming: the last measured bytes per second
+    int last = -1;                    // the mode of the previous call: 0 plain, 1 streaming
+    bool best = false;                // the faster at the last call: streaming?
+    std::uint64_t since = 0;          // calls since the slower mode was last tried (a try's two included)
+    std::uint64_t interval = kFirst;  // how many before the next try
   };
   Class& cls(std::size_t bytes) noexcept { return classes_[static_cast<std::size_t>(std::bit_width(bytes))]; }
 
