@@ -4,8 +4,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 TEST_CASE("stream_copy copies exactly the bytes asked for, at any alignment and length") {
@@ -27,4 +29,17 @@ TEST_CASE("stream_copy copies exactly the bytes asked for, at any alignment and 
         CHECK(same);
         CHECK(untouched);
       }
+}
+
+TEST_CASE("stream_line copies one aligned cache line") {
+  alignas(64) std::uint8_t src[64];
+  alignas(64) std::uint8_t dst[192];
+  for (std::size_t i = 0; i < 64; ++i) src[i] = static_cast<std::uint8_t>(i * 5 + 1);
+  std::fill(std::begin(dst), std::end(dst), std::uint8_t{0xEE});
+  ddp::detail::stream_line(dst + 64, src);
+  ddp::detail::stream_fence();
+  for (std::size_t i = 0; i < 192; ++i) {
+    CAPTURE(i);
+    CHECK(dst[i] == (i >= 64 && i < 128 ? src[i - 64] : 0xEE));
+  }
 }

@@ -42,6 +42,20 @@ inline void stream_copy(void* dst, void const* src, std::size_t bytes) noexcept 
 #endif
 }
 
+// One cache line: 64 bytes from `src` to `dst`, both 64-byte aligned, with streaming stores (memcpy without SSE2).
+inline void stream_line(void* dst, void const* src) noexcept {
+#if defined(__SSE2__)
+  auto* d = static_cast<__m128i*>(dst);
+  auto const* s = static_cast<__m128i const*>(src);
+  _mm_stream_si128(d, _mm_load_si128(s));
+  _mm_stream_si128(d + 1, _mm_load_si128(s + 1));
+  _mm_stream_si128(d + 2, _mm_load_si128(s + 2));
+  _mm_stream_si128(d + 3, _mm_load_si128(s + 3));
+#else
+  std::memcpy(dst, src, 64);
+#endif
+}
+
 // Orders the streaming stores before every later store (SFENCE); a no-op where stream_copy is memcpy.
 inline void stream_fence() noexcept {
 #if defined(__SSE2__)

@@ -353,36 +353,14 @@ class NodeAllReduce {
       dsts[static_cast<std::size_t>(k)] = buffer(k) + lo;
     }
     if (stream) {
-      reduce_then_stream<T>(hi - lo, op);
+      std::swap(dsts[0], dsts[static_cast<std::size_t>(local_rank_)]);  // this rank's buffer first
+      reduce_blocks_streaming<T>(srcs.data(), local_n_, dsts.data(), local_n_, hi - lo, op);
     } else {
       reduce_blocks<T>(srcs.data(), local_n_, dsts.data(), local_n_, hi - lo, op);
     }
     arrive(call);
     in_place_stores_.record(stream, bytes,
                             std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
-  }
-
-  // In place with streaming stores into the peers' buffers: per piece of kStreamPiece elements, reduce from
-  // pointers() into this rank's own buffer (targets()[local_rank_]), then stream the piece (still in L1) into
-  // the other targets. A plain store into a peer's line that the peer's core last wrote fetches it across
-  // cores first; in other cache domains that dominates (bench/RESULTS.md). Fenced before the caller's barrier.
-  template <class T>
-  void reduce_then_stream(std::size_t m, ReduceOp op) {
-    constexpr std::size_t kStreamPiece = 8192 / sizeof(T);
-    auto& srcs = pointers<T>();
-    auto const& dsts = targets<T>();
-    std::vector<T const*>& at = std::get<std::vector<T const*>>(piece_ptrs_);
-    at.resize(static_cast<std::size_t>(local_n_));
-    for (std::size_t off = 0; off < m; off += kStreamPiece) {
-      std::size_t const len = std::min(kStreamPiece, m - off);
-      for (int k = 0; k < local_n_; ++k) at[static_cast<std::size_t>(k)] = srcs[static_cast<std::size_t>(k)] + off;
-      T* const own = dsts[static_cast<std::size_t>(local_rank_)] + off;
-      reduce_blocks<T>(at.data(), local_n_, &own, 1, len, op);
-      for (int k = 0; k < local_n_; ++k) {
-        if (k != local_rank_) stream_copy(dsts[static_cast<std::size_t>(k)] + off, own, len * sizeof(T));
-      }
-    }
-    stream_fence();
   }
 
   // The node phase of the hierarchical all-reduce, in place: for each chunk of the chunked path's size, the
@@ -583,9 +561,6 @@ class NodeAllReduce {
       ptrs_;
   std::tuple<std::vector<float*>, std::vector<double*>, std::vector<std::int32_t*>, std::vector<std::int64_t*>>
       targets_;
-  std::tuple<std::vector<float const*>, std::vector<double const*>, std::vector<std::int32_t const*>,
-             std::vector<std::int64_t const*>>
-      piece_ptrs_;                                // reduce_then_stream's sources at the current piece
   std::vector<SharedBlock> blocks_;               // shared_block's, in the order the ranks made them
   std::uint64_t ops_ = 0;                         // all-reduces through this path (the parity of the published call)
   std::uint64_t barrier_ = 0;                     // node barriers passed

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "ddp/comm/communicator.hpp"
+#include "ddp/tensor/stream_copy.hpp"
 
 namespace ddp::detail {
 
@@ -89,6 +91,73 @@ void reduce_blocks_impl(T const* const* srcs, int nsrc, T* const* dsts, int ndst
     }
     if constexpr (kAvg) average(tmp, m, nsrc);
     for (int d = 0; d < ndst; ++d) std::memcpy(dsts[d] + off, tmp, m * sizeof(T));
+  }
+}
+
+// One piece of at most a cache line: v[j] = op over k of srcs[k][i + j] (rank order), for j < m; kAvg folded in.
+// The same operations in the same order as reduce_blocks_impl, so the same bits.
+template <class Op, bool kAvg, class T>
+inline void reduce_piece(T* __restrict v, T const* const* srcs, int nsrc, std::size_t i, std::size_t m) noexcept {
+  T const* s0 = srcs[0] + i;
+  if (nsrc == 1) {
+    for (std::size_t j = 0; j < m; ++j) v[j] = s0[j];
+  } else {
+    T const* s1 = srcs[1] + i;
+    for (std::size_t j = 0; j < m; ++j) v[j] = Op::apply(s0[j], s1[j]);
+    for (int k = 2; k < nsrc; ++k) {
+      T const* sk = srcs[k] + i;
+      for (std::size_t j = 0; j < m; ++j) v[j] = Op::apply(v[j], sk[j]);
+    }
+  }
+  if constexpr (kAvg) average(v, m, nsrc);
+}
+
+template <class Op, bool kAvg, class T>
+void reduce_streaming_impl(T const* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count) noexcept {
+  constexpr std::size_t kLine = 64 / sizeof(T);
+  alignas(64) T v[kLine];
+  auto const plain = [&](std::size_t from, std::size_t to) {
+    for (std::size_t i = from; i < to; i += kLine) {
+      std::size_t const m = std::min(kLine, to - i);
+      reduce_piece<Op, kAvg>(v, srcs, nsrc, i, m);
+      for (int d = 0; d < ndst; ++d) std::memcpy(dsts[d] + i, v, m * sizeof(T));
+    }
+  };
+  // Whole lines from the first line boundary of dsts[0]; every destination must be at the same offset in its
+  // line (else plain stores throughout).
+  auto const offset = [](T const* p) { return reinterpret_cast<std::uintptr_t>(p) % 64; };
+  bool aligned = offset(dsts[0]) % sizeof(T) == 0;
+  for (int d = 1; d < ndst; ++d) aligned = aligned && offset(dsts[d]) == offset(dsts[0]);
+  std::size_t const head = !aligned ? count : std::min(count, (64 - offset(dsts[0])) % 64 / sizeof(T));
+  plain(0, head);
+  std::size_t i = head;
+  for (; i + kLine <= count; i += kLine) {
+    reduce_piece<Op, kAvg>(v, srcs, nsrc, i, kLine);
+    std::memcpy(dsts[0] + i, v, 64);
+    for (int d = 1; d < ndst; ++d) stream_line(dsts[d] + i, v);
+  }
+  plain(i, count);
+  stream_fence();
+}
+
+// reduce_blocks for an in-place all-reduce on a node where each rank's buffer is dsts[0] on that rank: plain
+// stores into dsts[0] (this rank reads it next), streaming stores into the others (the peers' buffers), a cache
+// line at a time, fenced before return. Writing a line a peer's core holds in another cache domain with a plain
+// store first fetches it across domains; a streaming store does not (bench/RESULTS.md). Same bits as
+// reduce_blocks.
+template <class T>
+void reduce_blocks_streaming(T const* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count,
+                             ReduceOp op) noexcept {
+  if (count == 0 || nsrc <= 0 || ndst <= 0) return;
+  switch (op) {
+    case ReduceOp::kSum:
+      return reduce_streaming_impl<PlusOp, false>(srcs, nsrc, dsts, ndst, count);
+    case ReduceOp::kAvg:
+      return reduce_streaming_impl<PlusOp, true>(srcs, nsrc, dsts, ndst, count);
+    case ReduceOp::kMax:
+      return reduce_streaming_impl<MaxOp, false>(srcs, nsrc, dsts, ndst, count);
+    case ReduceOp::kMin:
+      return reduce_streaming_impl<MinOp, false>(srcs, nsrc, dsts, ndst, count);
   }
 }
 
