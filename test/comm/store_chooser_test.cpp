@@ -66,6 +66,16 @@ TEST_CASE("StoreChooser: kAdaptive measures both, takes the faster, explores, an
   CHECK(seen.substr(0, 4) == "ppSS");
   CHECK(std::count(seen.begin() + 4, seen.end(), 'S') <= 8);  // tries only
   CHECK(state.rate(false, 1000) == doctest::Approx(8e6));
+  // One slow call (a preemption, a late peer) does not flip the choice: a mode is judged by the better of its
+  // last two measurements. Two in a row do.
+  StoreChooser noisy(WindowStores::kAdaptive, 100);
+  CHECK(run(noisy, 1000, 4, 8e6, 2e6) == "ppSS");
+  CHECK_FALSE(noisy.stream(1000));
+  noisy.record(false, 1000, 1e-3);  // 1 MB/s once
+  CHECK(noisy.rate(false, 1000) == doctest::Approx(8e6));
+  CHECK_FALSE(noisy.stream(1000));
+  noisy.record(false, 1000, 1e-3);  // and again: plain is now slower than streaming
+  CHECK(noisy.stream(1000));
   // Another size class has its own rates: measured afresh, plain first.
   CHECK_FALSE(c.stream(1 << 20));
   CHECK(c.rate(false, 1 << 20) == 0);
