@@ -60,8 +60,10 @@ struct MpiNodeOptions {
   // round trip 55 ns or 350 ns, from minute to minute): from 16 MiB up plain stores ran at 1.5-1.9 GB/s in the
   // second case against 3.4-6.7 streaming, and at 7.5-9.8 in the first against 5.5-6.9 (bench/RESULTS.md).
   // The same holds from 64 KiB: in the second case kAdaptive ran 64 KiB-1 MiB at 1.6-4.4x plain stores (1.9-3.8x
-  // raw MPI_Allreduce, where plain stores were 0.8-1.3x), and within noise of plain in the first. Smaller
-  // all-reduces always use plain stores (latency-bound: the window's lines stay in cache).
+  // raw MPI_Allreduce, where plain stores were 0.8-1.3x), and within noise of plain in the first. In place,
+  // in the second case: 15.9-18.5 GB/s at 4 MiB against 4.8-6.5 plain (6.4-7.6x raw against 2.0-2.6x); in the
+  // first, streaming in place runs at a fifth of plain stores' rate and is only tried. Smaller all-reduces
+  // always use plain stores (latency-bound: the window's lines stay in cache).
   WindowStores window_stores = WindowStores::kAdaptive;
   std::size_t streaming_bytes = std::size_t{1} << 16;
   // Where MpiBackend::gradient_storage puts a gradient buffer (DistributedDataParallel asks for one): kShared,
@@ -328,8 +330,9 @@ class NodeAllReduce {
   }
 
   // In place, in a shared block: one barrier (every rank's buffer is ready), each rank reduces its slice from
-  // all ranks' buffers into all of them (rank order: every rank gets the same bits), one barrier (no rank
-  // touches its buffer again before every slice is written). Across nodes see in_place_across.
+  // all ranks' buffers into all of them (rank order: every rank gets the same bits; into the peers' buffers
+  // with streaming stores when in_place_stores_ says so), one barrier (no rank touches its buffer again before
+  // every slice is written). Across nodes see in_place_across.
   template <class T>
   void in_place(std::size_t count, ReduceOp op, CallRecord const& call, std::uint64_t op_seq, std::int64_t place) {
     arrive(call);
