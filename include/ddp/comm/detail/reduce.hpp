@@ -140,6 +140,21 @@ void reduce_streaming_impl(T const* const* srcs, int nsrc, T* const* dsts, int n
   stream_fence();
 }
 
+// Calls f(Op{}, std::bool_constant<kAvg>{}) with the element-wise operation of `op` and whether it averages.
+template <class F>
+void with_op(ReduceOp op, F&& f) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return f(PlusOp{}, std::false_type{});
+    case ReduceOp::kAvg:
+      return f(PlusOp{}, std::true_type{});
+    case ReduceOp::kMax:
+      return f(MaxOp{}, std::false_type{});
+    case ReduceOp::kMin:
+      return f(MinOp{}, std::false_type{});
+  }
+}
+
 // reduce_blocks for an in-place all-reduce on a node where each rank's buffer is dsts[0] on that rank: plain
 // stores into dsts[0] (this rank reads it next), streaming stores into the others (the peers' buffers), a cache
 // line at a time, fenced before return. Writing a line a peer's core holds in another cache domain with a plain
@@ -149,16 +164,9 @@ template <class T>
 void reduce_blocks_streaming(T const* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count,
                              ReduceOp op) noexcept {
   if (count == 0 || nsrc <= 0 || ndst <= 0) return;
-  switch (op) {
-    case ReduceOp::kSum:
-      return reduce_streaming_impl<PlusOp, false>(srcs, nsrc, dsts, ndst, count);
-    case ReduceOp::kAvg:
-      return reduce_streaming_impl<PlusOp, true>(srcs, nsrc, dsts, ndst, count);
-    case ReduceOp::kMax:
-      return reduce_streaming_impl<MaxOp, false>(srcs, nsrc, dsts, ndst, count);
-    case ReduceOp::kMin:
-      return reduce_streaming_impl<MinOp, false>(srcs, nsrc, dsts, ndst, count);
-  }
+  with_op(op, [&](auto o, auto avg) {
+    reduce_streaming_impl<decltype(o), decltype(avg)::value>(srcs, nsrc, dsts, ndst, count);
+  });
 }
 
 // dst[d][i] = op over k of srcs[k][i] (k in rank order, so every destination gets bitwise the same value),
@@ -166,16 +174,9 @@ void reduce_blocks_streaming(T const* const* srcs, int nsrc, T* const* dsts, int
 template <class T>
 void reduce_blocks(T const* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count, ReduceOp op) noexcept {
   if (count == 0 || nsrc <= 0) return;
-  switch (op) {
-    case ReduceOp::kSum:
-      return reduce_blocks_impl<PlusOp, false>(srcs, nsrc, dsts, ndst, count);
-    case ReduceOp::kAvg:
-      return reduce_blocks_impl<PlusOp, true>(srcs, nsrc, dsts, ndst, count);
-    case ReduceOp::kMax:
-      return reduce_blocks_impl<MaxOp, false>(srcs, nsrc, dsts, ndst, count);
-    case ReduceOp::kMin:
-      return reduce_blocks_impl<MinOp, false>(srcs, nsrc, dsts, ndst, count);
-  }
+  with_op(op, [&](auto o, auto avg) {
+    reduce_blocks_impl<decltype(o), decltype(avg)::value>(srcs, nsrc, dsts, ndst, count);
+  });
 }
 
 }  // namespace ddp::detail

@@ -1,12 +1,12 @@
-// Which stores NodeAllReduce writes its shared window with, per rank: plain or streaming (non-temporal). The
-// faster one depends on where the ranks' cores are: sharing a cache, plain stores hand lines over through it;
-// in other cache domains every plain store first fetches back the line a peer read (bench/RESULTS.md: on this
-// project's VM the hypervisor moves between the two every few minutes, and the wrong choice costs 1.3x one way
-// and 4x the other). The choice changes only how bytes get into the window, never the bytes, so every rank may
-// decide for itself: kAdaptive keeps each mode's rate per size class (a power of two: in-cache and out-of-cache
-// sizes differ) and takes the faster. A mode's rate is the higher of its last two measurements: a call that a
-// preemption or a late peer slowed down does not flip the choice (timing noise only ever slows a call), while a
-// mode that got faster shows at its first measurement.
+// Which stores NodeAllReduce writes its shared window (and, in place, the peers' buffers) with, per rank: plain
+// or streaming (non-temporal). The faster one depends on where the ranks' cores are: sharing a cache, plain
+// stores hand lines over through it; in other cache domains every plain store first fetches back the line a
+// peer read (bench/RESULTS.md: on this project's VM the hypervisor moves between the two every few minutes, and
+// the wrong choice costs 1.3x one way and 4x the other). The choice changes only how bytes get into the window,
+// never the bytes, so every rank may decide for itself: kAdaptive keeps each mode's rate per size class (a power
+// of two: in-cache and out-of-cache sizes differ) and takes the faster. A mode's rate is the higher of its last
+// two measurements: a call that a preemption or a late peer slowed down does not flip the choice (timing noise
+// only ever slows a call), while a mode that got faster shows at its first measurement.
 // - A rate counts only from a call that follows a call of the same mode and class: a call's speed depends on
 //   where the previous one left the lines (after streaming stores they are in memory, after plain ones in the
 //   peer's cache), and the first call at a size runs cold. So each mode is measured on its second call in a row.
