@@ -74,6 +74,19 @@ inline void reduce_pair_inplace(T* __restrict a, T* __restrict b, std::size_t co
   }
 }
 
+// out[j] = op over k of srcs[k][off + j] (rank order), for j < m, with kAvg's scale folded in: the one
+// definition of a reduced value, so every kernel below gives the same bits.
+template <class Op, bool kAvg, class T>
+inline void reduce_piece(T* __restrict out, T const* const* srcs, int nsrc, std::size_t off, std::size_t m) noexcept {
+  if (nsrc == 1) {
+    std::memcpy(out, srcs[0] + off, m * sizeof(T));
+  } else {
+    combine2<Op>(out, srcs[0] + off, srcs[1] + off, m);
+    for (int k = 2; k < nsrc; ++k) combine_into<Op>(out, srcs[k] + off, m);
+  }
+  if constexpr (kAvg) average(out, m, nsrc);
+}
+
 template <class Op, bool kAvg, class T>
 void reduce_blocks_impl(T const* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count) noexcept {
   if (nsrc == 2 && ndst == 2 && dsts[0] == srcs[0] && dsts[1] == srcs[1] && srcs[0] != srcs[1]) {
@@ -83,33 +96,9 @@ void reduce_blocks_impl(T const* const* srcs, int nsrc, T* const* dsts, int ndst
   alignas(64) T tmp[kReduceChunk<T>];
   for (std::size_t off = 0; off < count; off += kReduceChunk<T>) {
     std::size_t const m = std::min(kReduceChunk<T>, count - off);
-    if (nsrc == 1) {
-      std::memcpy(tmp, srcs[0] + off, m * sizeof(T));
-    } else {
-      combine2<Op>(tmp, srcs[0] + off, srcs[1] + off, m);
-      for (int k = 2; k < nsrc; ++k) combine_into<Op>(tmp, srcs[k] + off, m);
-    }
-    if constexpr (kAvg) average(tmp, m, nsrc);
+    reduce_piece<Op, kAvg>(tmp, srcs, nsrc, off, m);
     for (int d = 0; d < ndst; ++d) std::memcpy(dsts[d] + off, tmp, m * sizeof(T));
   }
-}
-
-// One piece of at most a cache line: v[j] = op over k of srcs[k][i + j] (rank order), for j < m; kAvg folded in.
-// The same operations in the same order as reduce_blocks_impl, so the same bits.
-template <class Op, bool kAvg, class T>
-inline void reduce_piece(T* __restrict v, T const* const* srcs, int nsrc, std::size_t i, std::size_t m) noexcept {
-  T const* s0 = srcs[0] + i;
-  if (nsrc == 1) {
-    for (std::size_t j = 0; j < m; ++j) v[j] = s0[j];
-  } else {
-    T const* s1 = srcs[1] + i;
-    for (std::size_t j = 0; j < m; ++j) v[j] = Op::apply(s0[j], s1[j]);
-    for (int k = 2; k < nsrc; ++k) {
-      T const* sk = srcs[k] + i;
-      for (std::size_t j = 0; j < m; ++j) v[j] = Op::apply(v[j], sk[j]);
-    }
-  }
-  if constexpr (kAvg) average(v, m, nsrc);
 }
 
 template <class Op, bool kAvg, class T>
