@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ddp/bucket/cost_model.hpp"
@@ -60,122 +63,166 @@ Clock::time_point common_zero(Comm& comm) {
   return Clock::time_point(shift);
 }
 
-// `iters` DDP steps after `warmup` with bucket cap `cap`. Every rank stamps its phases against a common zero
-// (common_zero), and the job's view is taken per step across ranks: forward runs from the
-// first rank's step start to the last rank's backward start, a gradient is ready when it is ready on every
-// rank, the update is the slowest rank's. Ranks that share cores (4 ranks on 2 here) take turns; per-rank
-// phase times would hide that, the job's view does not.
+// One DDP configuration of an interleaved run: its own model, DDP (bucket cap `cap`), optimizer and stamps.
+// On the heap: the gradient hooks hold its address.
+template <class Comm, class Model, class MakeOpt>
+struct Job {
+  using Ddp = DistributedDataParallel<Model, Comm>;
+  using Opt = decltype(std::declval<MakeOpt&>()(std::declval<Ddp&>().parameters()));
+  Model model;
+  Timeline timeline;
+  Ddp ddp;
+  Opt opt;
+  std::vector<Var> params;                  // trainable, registration order: DDP's parameter indices
+  std::vector<double> ready_now;            // this step's ready time per parameter, s since the common zero
+  std::vector<double> stamps;               // per timed step: -start, backward start, ready times, backward end, update
+  std::vector<std::vector<double>> bucket;  // per bucket, its all-reduce time in each timed step
+
+  template <class MakeModel>
+  Job(Comm& comm, MakeModel& make_model, MakeOpt& make_opt, std::size_t cap)
+      : model(make_model()),
+        timeline(comm.rank()),
+        ddp(model, comm, {.timeline = &timeline},
+            SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}}),
+        opt(make_opt(ddp.parameters())),
+        bucket(ddp.plan().buckets.size()) {
+    for (auto const& p : model.named_parameters())
+      if (p.var.requires_grad()) params.push_back(p.var);
+    ready_now.assign(params.size(), 0);
+  }
+  std::size_t row() const noexcept { return params.size() + 4; }
+};
+
+// `iters` DDP steps of each cap after `warmup`, interleaved: cap 0's step, cap 1's step, ..., then again, so
+// every configuration sees the same state of the machine (on this VM the same run measures tens of percent
+// apart an hour, or a minute, later: a prediction checked against a run taken at another time measures the
+// machine, not the model). Every rank stamps its phases against a common zero (common_zero), and the job's
+// view is taken per step across ranks: forward runs from the first rank's step start to the last rank's
+// backward start, a gradient is ready when it is ready on every rank, the update is the slowest rank's. Ranks
+// that share cores (4 ranks on 2 here) take turns; per-rank phase times would hide that, the job's view does
+// not. A step's time is from the end of the step before it (whichever configuration ran it) to its own end,
+// both on the last rank to finish, so the steps' times add up to the run's wall time.
 template <class Comm, class MakeModel, class MakeOpt, class Loss>
-Measured run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x, Loss&& loss,
-             std::size_t cap, int warmup, int iters) {
-  auto model = make_model();
-  Timeline timeline(comm.rank());
-  DistributedDataParallel ddp(
-      model, comm, {.timeline = &timeline},
-      SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
-  auto opt = make_opt(ddp.parameters());
-  std::vector<Var> params;  // trainable, registration order: DDP's parameter indices
-  for (auto const& p : model.named_parameters())
-    if (p.var.requires_grad()) params.push_back(p.var);
-  std::size_t const np = params.size();
+std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x, Loss&& loss,
+                          std::vector<std::size_t> const& caps, int warmup, int iters) {
+  using J = Job<Comm, decltype(make_model()), std::remove_reference_t<MakeOpt>>;
+  std::vector<std::unique_ptr<J>> jobs;
+  for (std::size_t cap : caps) jobs.push_back(std::make_unique<J>(comm, make_model, make_opt, cap));
   Clock::time_point zero;
-  std::vector<double> ready_now(np, 0);
-  for (std::size_t i = 0; i < np; ++i)
-    params[i].set_grad_hook([&, i](auto&) { ready_now[i] = seconds(zero, Clock::now()); });
-  // Per timed step, in seconds since `zero`: -start (negated: max-reduced into the earliest start), backward
-  // start, each parameter's ready time, backward's end, update time.
-  std::size_t const row = np + 4;
-  std::vector<double> stamps(static_cast<std::size_t>(iters) * row, 0);
-  std::size_t const nb = ddp.plan().buckets.size();
-  std::vector<std::vector<double>> bucket(nb);
+  for (auto& j : jobs) {
+    j->stamps.assign(static_cast<std::size_t>(iters) * j->row(), 0);
+    for (std::size_t i = 0; i < j->params.size(); ++i)
+      j->params[i].set_grad_hook([&zero, &ready = j->ready_now, i](auto&) { ready[i] = seconds(zero, Clock::now()); });
+  }
+  std::size_t const nj = jobs.size();
+  // The end of every step, in execution order (warm-up included: the first timed step's time starts at the
+  // last warm-up step's end).
+  std::vector<double> ends(static_cast<std::size_t>(warmup + iters) * nj, 0);
   zero = common_zero(comm);
   for (int it = 0; it < warmup + iters; ++it) {
-    std::size_t const before = timeline.size();
-    auto const t0 = Clock::now();
-    opt.zero_grad();
-    Var l = loss(ddp(Var(x)));
-    auto const t1 = Clock::now();
-    backward(l);
-    auto const t2 = Clock::now();
-    opt.step();
-    auto const t3 = Clock::now();
-    if (it < warmup) continue;
-    double* r = stamps.data() + static_cast<std::size_t>(it - warmup) * row;
-    r[0] = -seconds(zero, t0), r[1] = seconds(zero, t1);
-    for (std::size_t i = 0; i < np; ++i) r[2 + i] = ready_now[i];
-    r[np + 2] = seconds(zero, t2), r[np + 3] = seconds(t2, t3);
-    auto const spans = timeline.spans();
-    for (std::size_t k = before; k < spans.size(); ++k) {
-      auto const& s = spans[k];
-      if (s.name.rfind("all_reduce bucket ", 0) == 0)
-        bucket[std::stoul(s.name.substr(18))].push_back(s.duration_us * 1e-6);
+    for (std::size_t jj = 0; jj < nj; ++jj) {
+      J& j = *jobs[jj];
+      std::size_t const before = j.timeline.size();
+      auto const t0 = Clock::now();
+      j.opt.zero_grad();
+      Var l = loss(j.ddp(Var(x)));
+      auto const t1 = Clock::now();
+      backward(l);
+      auto const t2 = Clock::now();
+      j.opt.step();
+      auto const t3 = Clock::now();
+      ends[static_cast<std::size_t>(it) * nj + jj] = seconds(zero, t3);
+      if (it < warmup) continue;
+      std::size_t const np = j.params.size();
+      double* r = j.stamps.data() + static_cast<std::size_t>(it - warmup) * j.row();
+      r[0] = -seconds(zero, t0), r[1] = seconds(zero, t1);
+      for (std::size_t i = 0; i < np; ++i) r[2 + i] = j.ready_now[i];
+      r[np + 2] = seconds(zero, t2), r[np + 3] = seconds(t2, t3);
+      auto const spans = j.timeline.spans();
+      for (std::size_t k = before; k < spans.size(); ++k) {
+        auto const& s = spans[k];
+        if (s.name.rfind("all_reduce bucket ", 0) == 0)
+          j.bucket[std::stoul(s.name.substr(18))].push_back(s.duration_us * 1e-6);
+      }
     }
   }
-  double const end = seconds(zero, Clock::now());
-  // The job's view: every stamp max-reduced across ranks (the start through its negation), then per step.
-  std::vector<double> all = stamps;
-  for (auto const& b : bucket) all.push_back(median(b));
-  all.push_back(end);
-  host_all_reduce(comm, std::span<double>(all), ReduceOp::kMax);
-  std::vector<std::vector<double>> ready(np);
-  std::vector<double> fwd, bwd, upd;
-  for (int k = 0; k < iters; ++k) {
-    double const* r = all.data() + static_cast<std::size_t>(k) * row;
-    double const start = -r[0], bstart = r[1];
-    fwd.push_back(bstart - start);
-    double last = 0;
-    for (std::size_t i = 0; i < np; ++i) {
-      double const t = std::max(0.0, r[2 + i] - bstart);
-      ready[i].push_back(t), last = std::max(last, t);
+  // The job's view: every stamp max-reduced across ranks (a start through its negation).
+  host_all_reduce(comm, std::span<double>(ends), ReduceOp::kMax);
+  std::vector<Measured> out;
+  for (std::size_t jj = 0; jj < nj; ++jj) {
+    J& j = *jobs[jj];
+    std::size_t const np = j.params.size(), row = j.row();
+    std::vector<double> all = j.stamps;
+    for (auto const& b : j.bucket) all.push_back(median(b));
+    host_all_reduce(comm, std::span<double>(all), ReduceOp::kMax);
+    std::vector<std::vector<double>> ready(np);
+    std::vector<double> fwd, bwd, upd;
+    double total = 0;
+    for (int k = 0; k < iters; ++k) {
+      double const* r = all.data() + static_cast<std::size_t>(k) * row;
+      double const start = -r[0], bstart = r[1];
+      fwd.push_back(bstart - start);
+      double last = 0;
+      for (std::size_t i = 0; i < np; ++i) {
+        double const t = std::max(0.0, r[2 + i] - bstart);
+        ready[i].push_back(t), last = std::max(last, t);
+      }
+      bwd.push_back(last);
+      upd.push_back(r[np + 3]);
+      std::size_t const at = static_cast<std::size_t>(warmup + k) * nj + jj;  // this step, in execution order
+      total += ends[at] - ends[at - 1];
     }
-    bwd.push_back(last);
-    upd.push_back(r[np + 3]);
+    Measured m;
+    for (auto const& p : j.params) m.profile.numels.push_back(p.numel());
+    for (auto const& r : ready) m.profile.ready.push_back(median(r));
+    m.profile.forward = median(fwd), m.profile.backward = median(bwd), m.profile.update = median(upd);
+    m.bucket_seconds.assign(all.begin() + static_cast<std::ptrdiff_t>(j.stamps.size()), all.end());
+    m.step = total / iters;
+    m.buckets = j.bucket.size();
+    out.push_back(std::move(m));
   }
-  Measured m;
-  for (auto const& p : params) m.profile.numels.push_back(p.numel());
-  for (auto const& r : ready) m.profile.ready.push_back(median(r));
-  m.profile.forward = median(fwd), m.profile.backward = median(bwd), m.profile.update = median(upd);
-  m.bucket_seconds.assign(all.begin() + static_cast<std::ptrdiff_t>(stamps.size()), all.end() - 1);
-  m.step = (all.back() + all[0]) / iters;  // all[0] = -(the first timed step's earliest start)
-  m.buckets = nb;
-  return m;
+  return out;
 }
 
+// The cap is chosen from a profiling run at PyTorch's cap; then PyTorch's cap and the chosen one run
+// interleaved (run), and both are predicted from the profile of the PyTorch-cap steps of that run: the chosen
+// cap's steps are measured, never fed back into its prediction.
 template <class Comm, class MakeModel, class MakeOpt, class Loss>
 void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&& make_model, MakeOpt&& make_opt,
                 Tensor<float> const& x, Loss&& loss, int warmup, int iters) {
   bool const r0 = comm.rank() == 0;
-  // The profile comes from a run with PyTorch's cap; its own prediction is checked too.
-  Measured const base = run(comm, make_model, make_opt, x, loss, kDefaultBucketCapBytes, warmup, iters);
-  CapChoice const choice = choose_bucket_cap(base.profile, cal.model, sizeof(float));
+  Measured const first = run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes}, warmup, iters).front();
+  CapChoice const choice = choose_bucket_cap(first.profile, cal.model, sizeof(float));
   if (r0) {
     std::printf("\n== %s, world size %d: forward %.3f ms, backward %.3f ms, update %.3f ms (profiled at cap 25 MiB)\n",
-                name, comm.world_size(), base.profile.forward * 1e3, base.profile.backward * 1e3,
-                base.profile.update * 1e3);
+                name, comm.world_size(), first.profile.forward * 1e3, first.profile.backward * 1e3,
+                first.profile.update * 1e3);
     std::printf("caps (predicted step, exposed):");
     for (auto const& c : choice.tried)
       std::printf(" %zuK:%.2f/%.2f", c.config.cap_bytes >> 10, c.prediction.step * 1e3, c.prediction.exposed * 1e3);
     std::printf("\nchosen cap %zu KiB\n", choice.config.cap_bytes >> 10);
   }
+  bool const other = choice.config.cap_bytes != kDefaultBucketCapBytes;
+  std::vector<Measured> const runs =
+      other ? run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes, choice.config.cap_bytes}, warmup, iters)
+            : std::vector<Measured>{first};
+  BackwardProfile const& profile = runs.front().profile;
   auto check = [&](char const* what, std::size_t cap, Measured const& m) {
     BucketConfig const cfg{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)};
-    // Predicted from the profile of the 25 MiB run: the chosen cap's run is measured, never fed back.
     StepPrediction const p =
-        predict_step(assign_buckets(base.profile.numels, sizeof(float), cfg), base.profile, cal.model, sizeof(float));
+        predict_step(assign_buckets(profile.numels, sizeof(float), cfg), profile, cal.model, sizeof(float));
     if (!r0) return;
     double const err = (p.step - m.step) / m.step;
-    std::printf("-- %s: cap %zu KiB, %zu buckets\n%s", what, cap >> 10, m.buckets,
+    std::printf("-- %s: cap %zu KiB, %zu buckets%s\n%s", what, cap >> 10, m.buckets,
+                other ? " (steps interleaved with the other cap's)" : "",
                 cost_report(p, m.bucket_seconds, m.step).c_str());
     std::printf("RESULT %s ws=%d %s cap=%zuK predicted %.3f ms measured %.3f ms error %+.1f%% %s\n", name,
                 comm.world_size(), what, cap >> 10, p.step * 1e3, m.step * 1e3, err * 100,
                 std::abs(err) <= 0.2 ? "(within 20%)" : "(OUTSIDE 20%)");
     std::fflush(stdout);
   };
-  check("pytorch-cap", kDefaultBucketCapBytes, base);
-  if (choice.config.cap_bytes != kDefaultBucketCapBytes) {
-    Measured const chosen = run(comm, make_model, make_opt, x, loss, choice.config.cap_bytes, warmup, iters);
-    check("chosen-cap", choice.config.cap_bytes, chosen);
-  }
+  check("pytorch-cap", kDefaultBucketCapBytes, runs.front());
+  if (other) check("chosen-cap", choice.config.cap_bytes, runs.back());
 }
 
 }  // namespace
@@ -244,6 +291,8 @@ int main(int argc, char** argv) {
         std::printf("cost_model: %s\nalpha %.2f us, beta %.4f ns/B (%.2f GB/s)%s\n", cal.key.c_str(),
                     cal.model.alpha * 1e6, cal.model.beta * 1e9, cal.model.bandwidth() / 1e9,
                     cal.from_cache ? " (from the cache)" : "");
+        std::printf("overlap: while both run, compute at %.3f and an all-reduce at %.3f of their rates alone\n",
+                    cal.model.overlap.compute, cal.model.overlap.comm);
         for (auto const& s : cal.samples)
           std::printf("  probe %9zu B: %.3f ms measured, %.3f ms on the fitted line\n", s.bytes, s.seconds * 1e3,
                       (cal.model.alpha + cal.model.beta * static_cast<double>(s.bytes)) * 1e3);

@@ -50,6 +50,46 @@ TEST_CASE("predict_step: buckets start when ready and after the previous one, an
   }
 }
 
+TEST_CASE("predict_step: an all-reduce that shares the cores with backward runs and lets run at the measured rates") {
+  BackwardProfile const prof = four_mib();
+  BucketPlan const plan = assign_buckets(prof.numels, 4, {.cap_bytes = 0, .first_cap_bytes = 0});
+  AlphaBeta model{.alpha = 0.5e-3, .beta = 1e-3 / double(1 << 20)};  // 1.5 ms per 1 MiB bucket alone
+  SUBCASE("rates 1: the free overlap of separate cores, as without the overlap term") {
+    StepPrediction const p = predict_step(plan, prof, model, 4);
+    CHECK(p.backward == doctest::Approx(4e-3));
+    CHECK(p.exposed == doctest::Approx(3e-3));
+  }
+  SUBCASE("the all-reduce at half its rate: bucket 0 takes until backward ends, the rest follow alone") {
+    model.overlap = {.compute = 1, .comm = 0.5};
+    StepPrediction const p = predict_step(plan, prof, model, 4);
+    CHECK(p.buckets[0].start == doctest::Approx(1e-3));
+    CHECK(p.buckets[0].end == doctest::Approx(4e-3));  // 3 ms of backward left at half rate: 1.5 ms of work
+    CHECK(p.buckets[1].start == doctest::Approx(4e-3));
+    CHECK(p.buckets[3].end == doctest::Approx(8.5e-3));
+    CHECK(p.backward == doctest::Approx(4e-3));
+    CHECK(p.exposed == doctest::Approx(4.5e-3));
+    CHECK(p.step == doctest::Approx(2e-3 + 4e-3 + 4.5e-3 + 1e-3));
+  }
+  SUBCASE("compute at half its rate while an all-reduce runs: backward ends later, ready times move with it") {
+    model.overlap = {.compute = 0.5, .comm = 1};
+    StepPrediction const p = predict_step(plan, prof, model, 4);
+    CHECK(p.buckets[0].end == doctest::Approx(2.5e-3));     // compute done by then: 1 + 0.75 ms
+    CHECK(p.buckets[1].ready == doctest::Approx(2.75e-3));  // 0.25 ms of compute alone to reach 2 ms
+    CHECK(p.buckets[1].end == doctest::Approx(4.25e-3));
+    CHECK(p.buckets[2].ready == doctest::Approx(4.5e-3));
+    CHECK(p.buckets[3].ready == doctest::Approx(6.25e-3));
+    CHECK(p.backward == doctest::Approx(6.25e-3));
+    CHECK(p.exposed == doctest::Approx(1.5e-3));
+    CHECK(p.step == doctest::Approx(2e-3 + 6.25e-3 + 1.5e-3 + 1e-3));
+  }
+  SUBCASE("an all-reduce that cannot run during backward: everything after it, the latencies add up") {
+    model.overlap = {.compute = 1, .comm = 1e-9};  // clamped to 1e-3
+    StepPrediction const p = predict_step(plan, prof, model, 4);
+    CHECK(p.backward == doctest::Approx(4e-3));
+    CHECK(p.exposed == doctest::Approx(6e-3 - 3e-6));  // four buckets after backward, less 3 ms at 1e-3
+  }
+}
+
 TEST_CASE("choose_bucket_cap: latency-bound links want big buckets, bandwidth-bound ones small buckets") {
   BackwardProfile const prof = four_mib();
   std::vector<std::size_t> const caps = {std::size_t{1} << 20, std::size_t{2} << 20, std::size_t{4} << 20};
@@ -69,6 +109,23 @@ TEST_CASE("choose_bucket_cap: latency-bound links want big buckets, bandwidth-bo
           doctest::Approx(predict_step(plan, prof, {.alpha = 0, .beta = 1e-3 / double(1 << 20)}, 4).step));
   }
   CHECK_THROWS_AS(choose_bucket_cap(prof, {}, 4, {}), ArgumentError);
+}
+
+TEST_CASE("choose_bucket_cap: where all-reduces cannot progress during backward, fewer buckets win") {
+  BackwardProfile const prof = four_mib();
+  std::vector<std::size_t> const caps = {std::size_t{1} << 20, std::size_t{2} << 20, std::size_t{4} << 20};
+  AlphaBeta model{.alpha = 0.5e-3, .beta = 1e-3 / double(1 << 20)};
+  // Free overlap: 1 and 2 MiB both leave 3 ms exposed (the tie goes to the larger cap); 4 MiB (a 1 MiB first
+  // bucket, then 3 MiB) leaves 3.5.
+  CapChoice const free = choose_bucket_cap(prof, model, 4, caps);
+  CHECK(free.config.cap_bytes == (std::size_t{2} << 20));
+  CHECK(free.prediction.exposed == doctest::Approx(3e-3));
+  // Stalled during backward: every bucket runs after it, so each extra bucket costs its latency: 4 MiB's two
+  // buckets take 1.5 + 3.5 ms (less the 3 µs bucket 0 gets done at 1e-3 during backward).
+  model.overlap = {.compute = 1, .comm = 1e-3};
+  CapChoice const stalled = choose_bucket_cap(prof, model, 4, caps);
+  CHECK(stalled.config.cap_bytes == (std::size_t{4} << 20));
+  CHECK(stalled.prediction.exposed == doctest::Approx(5e-3 - 3e-6));
 }
 
 TEST_CASE("cost_report lists every bucket and the step error") {

@@ -57,8 +57,9 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
   std::vector<AlphaBeta> first(2), second(2);
   std::vector<int> cached(2, -1);
   ProbeOptions const small{.sizes = {1024, 65536, 262144}, .warmup = 1, .reps = 3};
+  OverlapProbeOptions const quick{.bytes = 65536, .seconds = 2e-3, .reps = 1};
   spawn(2, [&](ThreadsBackend& comm) {
-    Calibration const a = calibrate(comm, {.cache = cache, .probe = small});
+    Calibration const a = calibrate(comm, {.cache = cache, .probe = small, .overlap = quick});
     first[comm.rank()] = a.model;
     CHECK_FALSE(a.from_cache);
     CHECK(a.samples.size() == 3);
@@ -68,7 +69,7 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
     CHECK(a.model.predict(65536) ==
           doctest::Approx(std::max(a.samples[0].seconds, a.samples[1].seconds)).epsilon(1e-12));
     CHECK(a.key.find("threads world 2") != std::string::npos);
-    Calibration const b = calibrate(comm, {.cache = cache, .probe = small});
+    Calibration const b = calibrate(comm, {.cache = cache, .probe = small, .overlap = quick});
     second[comm.rank()] = b.model;
     cached[comm.rank()] = b.from_cache ? 1 : 0;
   });
@@ -79,6 +80,11 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
   CHECK(second[1].beta == doctest::Approx(first[0].beta).epsilon(1e-12));
   CHECK(second[1].curve.size() == 3);  // the probe's points come back from the cache on every rank
   CHECK(second[1].predict(100000) == doctest::Approx(first[0].predict(100000)).epsilon(1e-12));
+  // The overlap rates: measured, the same on every rank, and back from the cache.
+  CHECK(first[0].overlap.compute == first[1].overlap.compute);
+  CHECK(first[0].overlap.comm == first[1].overlap.comm);
+  CHECK(second[1].overlap.compute == doctest::Approx(first[0].overlap.compute).epsilon(1e-12));
+  CHECK(second[0].overlap.comm == doctest::Approx(first[0].overlap.comm).epsilon(1e-12));
   // One line, written by rank 0; another key is not found; garbage lines are skipped.
   {
     std::ifstream f(cache);
@@ -93,10 +99,10 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
     larger.sizes.push_back(1 << 20);
     std::vector<int> reprobed(2, -1), hit(2, -1);
     spawn(2, [&](ThreadsBackend& comm) {
-      Calibration const c = calibrate(comm, {.cache = cache, .probe = larger});
+      Calibration const c = calibrate(comm, {.cache = cache, .probe = larger, .overlap = quick});
       reprobed[comm.rank()] = c.from_cache ? 0 : 1;
       CHECK(c.model.curve.size() == 4);
-      Calibration const d = calibrate(comm, {.cache = cache, .probe = larger});
+      Calibration const d = calibrate(comm, {.cache = cache, .probe = larger, .overlap = quick});
       hit[comm.rank()] = d.from_cache ? 1 : 0;
       CHECK(d.model.curve.back().bytes == std::size_t{1} << 20);
     });
@@ -115,12 +121,19 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
     f << "1e-5 1e-9 2 4096 1e-5 1024 2e-5\tkey z\n1e-5 1e-9 3 4096 1e-5\tkey z\n";
   }
   CHECK_FALSE(load_calibration(cache, "key z").has_value());
-  save_calibration(cache, "key x", {.alpha = 1e-5, .beta = 2e-10});
+  {
+    std::ofstream f(cache, std::ios::app);  // lines from before the overlap rates, and rates out of (0, 1]
+    f << "1e-5 1e-9\tkey w\n1e-5 1e-9 1 4096 1e-5\tkey w\n1e-5 1e-9 0 overlap 0 0.5\tkey w\n";
+  }
+  CHECK_FALSE(load_calibration(cache, "key w").has_value());
+  save_calibration(cache, "key x", {.alpha = 1e-5, .beta = 2e-10, .overlap = {.compute = 0.75, .comm = 0.25}});
   auto const x = load_calibration(cache, "key x");
   REQUIRE(x.has_value());
   CHECK(x->alpha == 1e-5);
   CHECK(x->beta == 2e-10);
   CHECK(x->curve.empty());
+  CHECK(x->overlap.compute == 0.75);
+  CHECK(x->overlap.comm == 0.25);
   save_calibration(cache, "key x", {.alpha = 1e-5, .beta = 2e-10, .curve = {{4096, 3e-5}, {65536, 4e-5}}});
   auto const xc = load_calibration(cache, "key x");  // the later line wins
   REQUIRE(xc.has_value());
@@ -129,4 +142,27 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
   CHECK(xc->curve[1].seconds == 4e-5);
   CHECK_FALSE(load_calibration((dir / "missing.txt").string(), "key x").has_value());
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("probe_overlap: rates in (0, 1], the same on every rank; one rank and bad options") {
+  std::vector<Overlap> got(2);
+  spawn(2, [&](ThreadsBackend& comm) {
+    got[comm.rank()] = probe_overlap(comm, {.bytes = 65536, .seconds = 2e-3, .reps = 2});
+  });
+  for (auto const& o : got) {
+    CHECK(o.compute > 0);
+    CHECK(o.compute <= 1);
+    CHECK(o.comm > 0);
+    CHECK(o.comm <= 1);
+  }
+  CHECK(got[0].compute == got[1].compute);
+  CHECK(got[0].comm == got[1].comm);
+  spawn(1, [&](ThreadsBackend& comm) {
+    Overlap const one = probe_overlap(comm);
+    CHECK(one.compute == 1);  // nothing to share: not measured
+    CHECK(one.comm == 1);
+    CHECK_THROWS_WITH_AS(probe_overlap(comm, {.seconds = 0}), doctest::Contains("seconds > 0"), ArgumentError);
+    CHECK_THROWS_AS(probe_overlap(comm, {.reps = 0}), ArgumentError);
+    CHECK_THROWS_AS(probe_overlap(comm, {.bytes = 2}), ArgumentError);
+  });
 }

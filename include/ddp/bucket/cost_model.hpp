@@ -32,39 +32,66 @@ struct BucketPrediction {
   std::size_t bytes = 0;
   double ready = 0;  // s after backward began: its last gradient is final
   double start = 0;  // max(ready, the previous bucket's end): buckets run one after another, in plan order
-  double end = 0;    // start + α + β·bytes
+  double end = 0;    // start + its all-reduce time (longer where it shares the cores with backward's compute)
 };
 
 struct StepPrediction {
   std::vector<BucketPrediction> buckets;
-  double exposed = 0;  // s of communication after backward's compute: max(0, last end − backward)
-  double step = 0;     // forward + backward + exposed + update
+  double backward = 0;  // s until backward's compute ends: the profile's, longer where all-reduces slow it
+  double exposed = 0;   // s of communication after backward's compute: max(0, last end − backward)
+  double step = 0;      // forward + backward + exposed + update
 };
 
-// Each bucket in plan order starts when its gradients are ready and the bucket before it is done.
+// Each bucket in plan order starts when its gradients are ready and the bucket before it is done, and takes
+// model.predict(bytes) alone. While backward's compute still runs, the two share the machine
+// (model.overlap, probe_overlap): the all-reduce progresses at overlap.comm of its rate alone and the compute
+// at overlap.compute of its own. With both rates 1 (separate cores) an all-reduce during backward is hidden for
+// free; with the comm rate near 0 (on this 2-core VM: each rank's progress thread waits for the CPU, and a
+// collective needs every rank's at once) it waits for backward's end. The profile's times are taken as
+// compute alone: a profile from a run with PyTorch's cap, whose first bucket is the only one launched during
+// backward, holds little of that run's own sharing.
 inline StepPrediction predict_step(BucketPlan const& plan, BackwardProfile const& profile, AlphaBeta const& model,
                                    std::size_t element_bytes) {
   if (profile.ready.size() != profile.numels.size())
     throw ArgumentError(detail::cat("predict_step: the profile has ", profile.ready.size(), " ready times for ",
                                     profile.numels.size(), " parameters"));
+  double const compute_rate = std::clamp(model.overlap.compute, 1e-3, 1.0);
+  double const comm_rate = std::clamp(model.overlap.comm, 1e-3, 1.0);
+  double const work = profile.backward;  // backward's compute, s alone
   StepPrediction p;
-  double prev_end = 0;
+  double t = 0;             // s after backward began
+  double done = 0;          // backward's compute done by t, s alone
+  double compute_end = -1;  // when done reached work (-1: not yet)
   for (auto const& b : plan.buckets) {
     BucketPrediction bp;
+    double ready = 0;  // in compute done
     for (auto i : b.params) {
       if (i >= profile.ready.size())
         throw ArgumentError(
             detail::cat("predict_step: the plan names parameter ", i, " but the profile has ", profile.ready.size()));
-      bp.ready = std::max(bp.ready, profile.ready[i]);
+      ready = std::max(ready, std::min(profile.ready[i], work));
     }
+    if (done < ready) t += ready - done, done = ready;  // no all-reduce in flight: compute alone until it is ready
+    if (done >= work && compute_end < 0) compute_end = t;
     bp.bytes = static_cast<std::size_t>(b.numel) * element_bytes;
-    bp.start = std::max(bp.ready, prev_end);
-    bp.end = bp.start + model.predict(bp.bytes);
-    prev_end = bp.end;
+    bp.ready = t;
+    bp.start = t;
+    double left = model.predict(bp.bytes);  // s of the all-reduce alone still to run
+    if (done < work) {                      // shared with backward's compute until one of them ends
+      double const to_compute_end = (work - done) / compute_rate, to_comm_end = left / comm_rate;
+      if (to_comm_end <= to_compute_end) {
+        t += to_comm_end, done += compute_rate * to_comm_end, left = 0;
+      } else {
+        t += to_compute_end, done = work, left -= comm_rate * to_compute_end, compute_end = t;
+      }
+    }
+    t += left;
+    bp.end = t;
     p.buckets.push_back(bp);
   }
-  p.exposed = std::max(0.0, prev_end - profile.backward);
-  p.step = profile.forward + profile.backward + p.exposed + profile.update;
+  p.backward = compute_end >= 0 ? compute_end : t + (work - done);
+  p.exposed = std::max(0.0, t - p.backward);
+  p.step = profile.forward + p.backward + p.exposed + profile.update;
   return p;
 }
 
@@ -89,8 +116,9 @@ struct CapChoice {
   std::vector<CapCandidate> tried;  // every candidate, in the order given
 };
 
-// The cap (first bucket capped at min(cap, 1 MiB), as SizeCapped's default) with the least predicted exposed
-// communication; ties (within 1 µs) go to the larger cap, which launches fewer all-reduces.
+// The cap (first bucket capped at min(cap, 1 MiB), as SizeCapped's default) with the least predicted step:
+// exposed communication, and backward slowed by the all-reduces that share its cores (predict_step); ties
+// (within 1 µs) go to the larger cap, which launches fewer all-reduces.
 inline CapChoice choose_bucket_cap(BackwardProfile const& profile, AlphaBeta const& model, std::size_t element_bytes,
                                    std::vector<std::size_t> const& caps = default_candidate_caps()) {
   if (caps.empty()) throw ArgumentError("choose_bucket_cap: no candidate caps");
@@ -101,8 +129,8 @@ inline CapChoice choose_bucket_cap(BackwardProfile const& profile, AlphaBeta con
     BucketPlan const plan = assign_buckets(profile.numels, element_bytes, cfg);
     StepPrediction pred = predict_step(plan, profile, model, element_bytes);
     choice.tried.push_back({cfg, plan.buckets.size(), pred});
-    bool const better = !have || pred.exposed < choice.prediction.exposed - 1e-6 ||
-                        (std::abs(pred.exposed - choice.prediction.exposed) <= 1e-6 && cap > choice.config.cap_bytes);
+    bool const better = !have || pred.step < choice.prediction.step - 1e-6 ||
+                        (std::abs(pred.step - choice.prediction.step) <= 1e-6 && cap > choice.config.cap_bytes);
     if (better) choice.config = cfg, choice.prediction = pred, have = true;
   }
   return choice;

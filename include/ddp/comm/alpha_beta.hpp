@@ -20,6 +20,7 @@
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/host_collectives.hpp"
 #include "ddp/error.hpp"
+#include "ddp/tensor/host_kernels.hpp"
 #include "ddp/tensor/kernels.hpp"
 #include "ddp/tensor/tensor.hpp"
 
@@ -35,10 +36,20 @@ struct ProbeSample {
 // probe's own points are kept in `curve`, predict() interpolates between them (every segment its own α and
 // β), holds the smallest point's time below it and extends the last segment's slope past the largest; the
 // line stays for reports and for extrapolating to other world sizes (docs/cost_model.md).
+// How an all-reduce and compute share the machine while both run (probe_overlap): each one's rate relative to
+// running alone, in (0, 1]. {1, 1} (the default) is the free overlap of separate cores; with more busy threads
+// than cores (4 ranks, each a compute thread and a progress thread, on 2 cores) both slow down, and an
+// all-reduce launched during backward is no longer hidden for free (ddp/bucket/cost_model.hpp).
+struct Overlap {
+  double compute = 1;  // compute's rate while an all-reduce is in flight
+  double comm = 1;     // an all-reduce's rate while compute runs
+};
+
 struct AlphaBeta {
   double alpha = 0;                  // s
   double beta = 0;                   // s / byte
   std::vector<ProbeSample> curve{};  // sizes ascending; used by predict() when it has two or more points
+  Overlap overlap{};                 // measured by probe_overlap; {1, 1} when not measured
   double predict(std::size_t bytes) const noexcept {
     if (curve.size() < 2) return alpha + beta * static_cast<double>(bytes);
     if (bytes <= curve.front().bytes) return curve.front().seconds;
@@ -119,28 +130,44 @@ std::string calibration_key(C const& comm) {
 // sample, and every rank fits the same samples. Where the communicator keeps DDP's gradients in storage of
 // its own (MpiBackend::gradient_storage: reduced in place), the probe's buffers are slices of such storage,
 // so it times the path DDP's buckets take.
+namespace detail {
+// n floats where the probes all-reduce them: in the communicator's gradient_storage where it has one (DDP's
+// buckets live there), else plain memory.
+template <AsyncCommunicator C>
+Tensor<float, native_space_t<C>> probe_buffer(C& comm, std::int64_t n) {
+  using S = native_space_t<C>;
+  Tensor<float, S> buf;
+  if constexpr (requires {
+                  { comm.template gradient_storage<float>(n) } -> std::same_as<Tensor<float, S>>;
+                }) {
+    buf = comm.template gradient_storage<float>(n);
+  } else {
+    buf = Tensor<float, S>(Shape{n});
+  }
+  return buf;
+}
+template <class S>
+void fill_probe(Tensor<float, S>& buf) {
+  if constexpr (std::same_as<S, HostSpace>)
+    std::fill_n(buf.data(), buf.numel(), 0.5f);
+  else
+    Kernels<S>::fill(buf.numel(), 0.5f, buf.data());
+}
+}  // namespace detail
+
 template <AsyncCommunicator C>
 Calibration probe_alpha_beta(C& comm, ProbeOptions const& opts = {}) {
   using S = native_space_t<C>;
   if (opts.sizes.size() < 2 || opts.reps < 1)
     throw ArgumentError("probe_alpha_beta: needs two or more sizes and reps >= 1");
   Calibration cal{calibration_key(comm), {}, {}, false};
-  Tensor<float, S> storage;
-  if constexpr (requires(std::int64_t n) {
-                  { comm.template gradient_storage<float>(n) } -> std::same_as<Tensor<float, S>>;
-                }) {
-    std::size_t const largest = *std::max_element(opts.sizes.begin(), opts.sizes.end());
-    storage = comm.template gradient_storage<float>(
-        static_cast<std::int64_t>(std::max<std::size_t>(largest / sizeof(float), 1)));
-  }
+  std::size_t const largest = *std::max_element(opts.sizes.begin(), opts.sizes.end());
+  Tensor<float, S> const storage =
+      detail::probe_buffer(comm, static_cast<std::int64_t>(std::max<std::size_t>(largest / sizeof(float), 1)));
   for (std::size_t bytes : opts.sizes) {
     auto const n = static_cast<std::int64_t>(std::max<std::size_t>(bytes / sizeof(float), 1));
-    Tensor<float, S> buf = storage.defined() ? Tensor<float, S>::view(storage.owner(), storage.data(), Shape{n})
-                                             : Tensor<float, S>(Shape{n});
-    if constexpr (std::same_as<S, HostSpace>)
-      std::fill_n(buf.data(), n, 0.5f);
-    else
-      Kernels<S>::fill(n, 0.5f, buf.data());
+    Tensor<float, S> buf = Tensor<float, S>::view(storage.owner(), storage.data(), Shape{n});
+    detail::fill_probe(buf);
     std::vector<double> times;
     for (int i = 0; i < opts.warmup + opts.reps; ++i) {
       comm.barrier();
@@ -163,8 +190,119 @@ Calibration probe_alpha_beta(C& comm, ProbeOptions const& opts = {}) {
   return cal;
 }
 
-// The cache: one line per key, "alpha beta [n bytes seconds ...]<TAB>key" (the probe's n points, if kept).
-// Later lines win; unreadable lines are skipped.
+struct OverlapProbeOptions {
+  std::size_t bytes = std::size_t{256} << 10;  // each all-reduce: the size of DDP's small buckets, where overlap
+                                               // decides whether more buckets pay
+  double seconds = 0.02;                       // compute per measurement
+  int reps = 5;
+};
+
+// Collective. Every rank times a fixed amount of compute (GEMMs of 128 x 128 x 128, as many as take about
+// opts.seconds) alone, a fixed number of all-reduces of opts.bytes alone (two in flight, as DDP's buckets queue),
+// and both at once: the all-reduces on the backend's progress thread, the GEMMs on the caller's, topping the
+// queue up between GEMMs, as DDP's backward launches buckets between ops. The slowest rank's times count; every
+// rank issues the same all-reduces (the count is agreed first), so the collectives match. Overlap::compute =
+// compute alone / compute together; Overlap::comm = an all-reduce's time alone / during the compute (the ones
+// finished while it ran). If the all-reduces run out before the compute ends, the round is repeated with twice
+// as many. Median over opts.reps. Host communicators at world size 2 or more: a device backend's collectives
+// and kernels share the GPU by other rules, and one rank has nothing to share; both get {1, 1} (not measured).
+template <AsyncCommunicator C>
+Overlap probe_overlap(C& comm, OverlapProbeOptions const& opts = {}) {
+  using S = native_space_t<C>;
+  if (!(opts.seconds > 0) || opts.reps < 1 || opts.bytes < sizeof(float))
+    throw ArgumentError("probe_overlap: needs seconds > 0, reps >= 1 and bytes >= 4");
+  if constexpr (!std::same_as<S, HostSpace>) {
+    return Overlap{};
+  } else {
+    if (comm.world_size() == 1) return Overlap{};  // one rank's all-reduce is a copy: nothing to share
+    using Clock = std::chrono::steady_clock;
+    auto const since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+    auto const slowest = [&](std::vector<double> v) {  // max over ranks, element-wise
+      host_all_reduce(comm, std::span<double>(v), ReduceOp::kMax);
+      return v;
+    };
+    constexpr std::int64_t kDim = 128;
+    std::vector<float> a(kDim * kDim, 0.5f), b(kDim * kDim, 0.25f), c(kDim * kDim);
+    auto const gemm = [&] {
+      Kernels<HostSpace>::gemm(Trans::kNo, Trans::kNo, kDim, kDim, kDim, 1.0f, a.data(), b.data(), 0.0f, c.data());
+    };
+    auto const n = static_cast<std::int64_t>(opts.bytes / sizeof(float));
+    Tensor<float, S> buf = detail::probe_buffer(comm, n);
+    detail::fill_probe(buf);
+    CollectiveTag const tag{"overlap probe", n};
+    auto const launch = [&] { return comm.all_reduce_async(detail::span_of<C>(buf), ReduceOp::kMax, tag); };
+    using Handle = decltype(launch());
+    constexpr std::size_t kDepth = 2;
+    // Sizes: one GEMM's and one all-reduce's time (after a warm-up of each), agreed across ranks.
+    gemm();
+    launch().wait();
+    comm.barrier();
+    auto t0 = Clock::now();
+    for (int i = 0; i < 8; ++i) gemm();
+    double const gemm_s = since(t0) / 8;
+    std::vector<double> ar;
+    for (int i = 0; i < 5; ++i) {
+      comm.barrier();
+      t0 = Clock::now();
+      launch().wait();
+      ar.push_back(since(t0));
+    }
+    auto const sizes = slowest({gemm_s, detail::median_of(ar)});
+    auto const gemms = static_cast<std::int64_t>(std::ceil(opts.seconds / std::max(sizes[0], 1e-9)));
+    auto calls = std::min<std::int64_t>(
+        static_cast<std::int64_t>(std::ceil(1.5 * opts.seconds / std::max(sizes[1], 1e-9))) + 2, 1 << 20);
+    // `calls` all-reduces, at most kDepth in flight; between GEMMs (compute > 0) the queue is topped up and the
+    // finished ones counted. Returns the compute's time and the all-reduces finished by its end; both are
+    // the whole run's time and count when compute == 0.
+    auto const round = [&](std::int64_t compute, std::int64_t count) {
+      std::vector<Handle> q;
+      q.reserve(static_cast<std::size_t>(count));
+      std::size_t head = 0;
+      auto const reap = [&] {
+        while (head < q.size() && q[head].test()) q[head++].wait();
+      };
+      auto const top_up = [&] {
+        while (static_cast<std::int64_t>(q.size()) < count && q.size() - head < kDepth) q.push_back(launch());
+      };
+      comm.barrier();
+      auto const start = Clock::now();
+      top_up();
+      for (std::int64_t g = 0; g < compute; ++g) gemm(), reap(), top_up();
+      reap();
+      double const compute_s = since(start);
+      auto const finished = static_cast<double>(head);
+      while (head < q.size() || static_cast<std::int64_t>(q.size()) < count) {
+        top_up();
+        q[head++].wait();
+      }
+      return compute > 0 ? std::pair{compute_s, finished} : std::pair{since(start), static_cast<double>(count)};
+    };
+    std::vector<double> compute_rate, comm_rate;
+    for (int rep = 0, tries = 0; rep < opts.reps;) {
+      comm.barrier();
+      t0 = Clock::now();
+      for (std::int64_t g = 0; g < gemms; ++g) gemm();
+      double const compute_alone = since(t0);
+      double const comm_alone = round(0, calls).first / static_cast<double>(calls);
+      auto const [together, finished] = round(gemms, calls);
+      // The slowest rank's times; `finished` as its negation, so the fewest count.
+      auto const r = slowest({compute_alone, comm_alone, together, -finished});
+      double const done = -r[3];
+      if (done >= static_cast<double>(calls) && ++tries < 4) {  // the all-reduces ran out before the compute
+        calls *= 2;
+        continue;
+      }
+      compute_rate.push_back(std::clamp(r[0] / r[2], 0.01, 1.0));
+      comm_rate.push_back(std::clamp(r[1] / (r[2] / std::max(done, 1.0)), 0.01, 1.0));
+      ++rep;
+    }
+    return Overlap{detail::median_of(compute_rate), detail::median_of(comm_rate)};
+  }
+}
+
+// The cache: one line per key, "alpha beta n [bytes seconds]*n overlap compute comm<TAB>key" (the probe's n
+// points, and probe_overlap's rates). Later lines win; unreadable lines are skipped, and so are lines without
+// the overlap rates (written before it was measured): such a key is probed again.
 inline std::optional<AlphaBeta> load_calibration(std::string const& path, std::string const& key) {
   std::ifstream f(path);
   if (!f) return std::nullopt;
@@ -175,17 +313,18 @@ inline std::optional<AlphaBeta> load_calibration(std::string const& path, std::s
     if (tab == std::string::npos || line.substr(tab + 1) != key) continue;
     std::istringstream in(line.substr(0, tab));
     AlphaBeta m;
-    if (!(in >> m.alpha >> m.beta) || m.alpha < 0 || m.beta < 0) continue;
     std::size_t n = 0;
+    if (!(in >> m.alpha >> m.beta >> n) || m.alpha < 0 || m.beta < 0) continue;
     bool ok = true;
-    if (in >> n) {
-      for (std::size_t i = 0; i < n && ok; ++i) {
-        ProbeSample p;
-        ok = static_cast<bool>(in >> p.bytes >> p.seconds) && p.seconds > 0 &&
-             (m.curve.empty() || p.bytes > m.curve.back().bytes);
-        m.curve.push_back(p);
-      }
+    for (std::size_t i = 0; i < n && ok; ++i) {
+      ProbeSample p;
+      ok = static_cast<bool>(in >> p.bytes >> p.seconds) && p.seconds > 0 &&
+           (m.curve.empty() || p.bytes > m.curve.back().bytes);
+      m.curve.push_back(p);
     }
+    std::string word;
+    ok = ok && static_cast<bool>(in >> word >> m.overlap.compute >> m.overlap.comm) && word == "overlap" &&
+         m.overlap.compute > 0 && m.overlap.compute <= 1 && m.overlap.comm > 0 && m.overlap.comm <= 1;
     if (ok) found = m;
   }
   return found;
@@ -193,22 +332,21 @@ inline std::optional<AlphaBeta> load_calibration(std::string const& path, std::s
 inline void save_calibration(std::string const& path, std::string const& key, AlphaBeta const& m) {
   std::ofstream f(path, std::ios::app);
   f.precision(17);
-  f << m.alpha << ' ' << m.beta;
-  if (!m.curve.empty()) {
-    f << ' ' << m.curve.size();
-    for (auto const& p : m.curve) f << ' ' << p.bytes << ' ' << p.seconds;
-  }
-  f << '\t' << key << '\n';
+  f << m.alpha << ' ' << m.beta << ' ' << m.curve.size();
+  for (auto const& p : m.curve) f << ' ' << p.bytes << ' ' << p.seconds;
+  f << " overlap " << m.overlap.compute << ' ' << m.overlap.comm << '\t' << key << '\n';
   if (!f) throw IoError(detail::cat("save_calibration: cannot append to ", path));
 }
 
 struct CalibrateOptions {
   std::string cache;  // file of earlier fits ("" : always probe, write nothing)
   ProbeOptions probe{};
+  OverlapProbeOptions overlap{};
 };
 
 // Rank 0 looks the key up in the cache; every rank follows its answer (so all use one model): a cached fit
-// is broadcast, otherwise every rank probes and rank 0 appends the fit to the cache. A cached curve that stops
+// is broadcast, otherwise every rank probes (probe_alpha_beta, then probe_overlap) and rank 0 appends the fit
+// to the cache. A cached curve that stops
 // short of the largest size asked for (opts.probe.sizes) counts as a miss: the probe runs and its line, appended
 // later, wins, so a larger model never reads an extrapolated time from an earlier, smaller calibration.
 template <AsyncCommunicator C>
@@ -221,7 +359,7 @@ Calibration calibrate(C& comm, CalibrateOptions const& opts = {}) {
     auto m = load_calibration(opts.cache, key);
     if (m && !m->curve.empty() && m->curve.back().bytes < wanted) m.reset();
     if (m) {
-      cached = {m->alpha, m->beta};
+      cached = {m->alpha, m->beta, m->overlap.compute, m->overlap.comm};
       for (auto const& p : m->curve) cached.push_back(static_cast<double>(p.bytes)), cached.push_back(p.seconds);
     }
   }
@@ -231,11 +369,13 @@ Calibration calibrate(C& comm, CalibrateOptions const& opts = {}) {
     cached.resize(static_cast<std::size_t>(size));
     host_broadcast(comm, std::span<double>(cached), 0);
     AlphaBeta m{cached[0], cached[1]};
-    for (std::size_t i = 2; i + 1 < cached.size(); i += 2)
+    m.overlap = {cached[2], cached[3]};
+    for (std::size_t i = 4; i + 1 < cached.size(); i += 2)
       m.curve.push_back({static_cast<std::size_t>(cached[i]), cached[i + 1]});
     return Calibration{key, std::move(m), {}, true};
   }
   Calibration cal = probe_alpha_beta(comm, opts.probe);
+  cal.model.overlap = probe_overlap(comm, opts.overlap);
   if (comm.rank() == 0 && !opts.cache.empty()) save_calibration(opts.cache, key, cal.model);
   return cal;
 }
