@@ -184,15 +184,20 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
   return out;
 }
 
-// The cap is chosen from a profiling run at PyTorch's cap; then PyTorch's cap and the chosen one run
-// interleaved (run), and both are predicted from the profile of the PyTorch-cap steps of that run: the chosen
-// cap's steps are measured, never fed back into its prediction.
+// The cap is chosen from a profiling run at PyTorch's cap, by the model with the measured overlap and by the
+// same model with the free overlap of separate cores (AlphaBeta::overlap = {1, 1}, the model before overlap
+// was measured); then PyTorch's cap and the distinct chosen ones run interleaved (run), and every one is
+// predicted by both models from the profile of that run's PyTorch-cap steps: a chosen cap's steps are
+// measured, never fed back into its prediction. The measured steps side by side say which choice was right.
 template <class Comm, class MakeModel, class MakeOpt, class Loss>
 void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&& make_model, MakeOpt&& make_opt,
                 Tensor<float> const& x, Loss&& loss, int warmup, int iters) {
   bool const r0 = comm.rank() == 0;
+  AlphaBeta free_model = cal.model;
+  free_model.overlap = {};
   Measured const first = run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes}, warmup, iters).front();
   CapChoice const choice = choose_bucket_cap(first.profile, cal.model, sizeof(float));
+  CapChoice const free_choice = choose_bucket_cap(first.profile, free_model, sizeof(float));
   if (r0) {
     std::printf("\n== %s, world size %d: forward %.3f ms, backward %.3f ms, update %.3f ms (profiled at cap 25 MiB)\n",
                 name, comm.world_size(), first.profile.forward * 1e3, first.profile.backward * 1e3,
@@ -200,29 +205,36 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
     std::printf("caps (predicted step, exposed):");
     for (auto const& c : choice.tried)
       std::printf(" %zuK:%.2f/%.2f", c.config.cap_bytes >> 10, c.prediction.step * 1e3, c.prediction.exposed * 1e3);
-    std::printf("\nchosen cap %zu KiB\n", choice.config.cap_bytes >> 10);
+    std::printf("\nchosen cap %zu KiB (with free overlap: %zu KiB)\n", choice.config.cap_bytes >> 10,
+                free_choice.config.cap_bytes >> 10);
   }
-  bool const other = choice.config.cap_bytes != kDefaultBucketCapBytes;
+  std::vector<std::size_t> caps = {kDefaultBucketCapBytes};
+  std::vector<char const*> what = {"pytorch-cap"};
+  for (auto [cap, label] : {std::pair{choice.config.cap_bytes, "chosen-cap"},
+                            std::pair{free_choice.config.cap_bytes, "free-overlap-choice"}}) {
+    if (std::find(caps.begin(), caps.end(), cap) == caps.end()) caps.push_back(cap), what.push_back(label);
+  }
   std::vector<Measured> const runs =
-      other ? run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes, choice.config.cap_bytes}, warmup, iters)
-            : std::vector<Measured>{first};
+      caps.size() > 1 ? run(comm, make_model, make_opt, x, loss, caps, warmup, iters) : std::vector<Measured>{first};
   BackwardProfile const& profile = runs.front().profile;
-  auto check = [&](char const* what, std::size_t cap, Measured const& m) {
-    BucketConfig const cfg{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)};
-    StepPrediction const p =
-        predict_step(assign_buckets(profile.numels, sizeof(float), cfg), profile, cal.model, sizeof(float));
-    if (!r0) return;
-    double const err = (p.step - m.step) / m.step;
-    std::printf("-- %s: cap %zu KiB, %zu buckets%s\n%s", what, cap >> 10, m.buckets,
-                other ? " (steps interleaved with the other cap's)" : "",
+  for (std::size_t k = 0; k < caps.size(); ++k) {
+    BucketConfig const cfg{.cap_bytes = caps[k], .first_cap_bytes = std::min(caps[k], kDefaultFirstBucketBytes)};
+    BucketPlan const plan = assign_buckets(profile.numels, sizeof(float), cfg);
+    StepPrediction const p = predict_step(plan, profile, cal.model, sizeof(float));
+    StepPrediction const pf = predict_step(plan, profile, free_model, sizeof(float));
+    if (!r0) continue;
+    Measured const& m = runs[k];
+    double const err = (p.step - m.step) / m.step, free_err = (pf.step - m.step) / m.step;
+    std::printf("-- %s: cap %zu KiB, %zu buckets%s\n%s", what[k], caps[k] >> 10, m.buckets,
+                caps.size() > 1 ? " (steps interleaved with the other caps')" : "",
                 cost_report(p, m.bucket_seconds, m.step).c_str());
-    std::printf("RESULT %s ws=%d %s cap=%zuK predicted %.3f ms measured %.3f ms error %+.1f%% %s\n", name,
-                comm.world_size(), what, cap >> 10, p.step * 1e3, m.step * 1e3, err * 100,
-                std::abs(err) <= 0.2 ? "(within 20%)" : "(OUTSIDE 20%)");
+    std::printf(
+        "RESULT %s ws=%d %s cap=%zuK predicted %.3f ms measured %.3f ms error %+.1f%% %s; free overlap "
+        "%.3f ms %+.1f%%\n",
+        name, comm.world_size(), what[k], caps[k] >> 10, p.step * 1e3, m.step * 1e3, err * 100,
+        std::abs(err) <= 0.2 ? "(within 20%)" : "(OUTSIDE 20%)", pf.step * 1e3, free_err * 100);
     std::fflush(stdout);
-  };
-  check("pytorch-cap", kDefaultBucketCapBytes, runs.front());
-  if (other) check("chosen-cap", choice.config.cap_bytes, runs.back());
+  }
 }
 
 }  // namespace
@@ -291,8 +303,11 @@ int main(int argc, char** argv) {
         std::printf("cost_model: %s\nalpha %.2f us, beta %.4f ns/B (%.2f GB/s)%s\n", cal.key.c_str(),
                     cal.model.alpha * 1e6, cal.model.beta * 1e9, cal.model.bandwidth() / 1e9,
                     cal.from_cache ? " (from the cache)" : "");
-        std::printf("overlap: while both run, compute at %.3f and an all-reduce at %.3f of their rates alone\n",
-                    cal.model.overlap.compute, cal.model.overlap.comm);
+        for (auto const& o : cal.model.overlap.curve)
+          std::printf(
+              "  overlap %9zu B: while both run, compute at %.3f and the all-reduce at %.3f of their rates "
+              "alone\n",
+              o.bytes, o.compute, o.comm);
         for (auto const& s : cal.samples)
           std::printf("  probe %9zu B: %.3f ms measured, %.3f ms on the fitted line\n", s.bytes, s.seconds * 1e3,
                       (cal.model.alpha + cal.model.beta * static_cast<double>(s.bytes)) * 1e3);

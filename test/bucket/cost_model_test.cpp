@@ -60,7 +60,7 @@ TEST_CASE("predict_step: an all-reduce that shares the cores with backward runs 
     CHECK(p.exposed == doctest::Approx(3e-3));
   }
   SUBCASE("the all-reduce at half its rate: bucket 0 takes until backward ends, the rest follow alone") {
-    model.overlap = {.compute = 1, .comm = 0.5};
+    model.overlap.curve = {{.bytes = 1 << 20, .compute = 1, .comm = 0.5}};
     StepPrediction const p = predict_step(plan, prof, model, 4);
     CHECK(p.buckets[0].start == doctest::Approx(1e-3));
     CHECK(p.buckets[0].end == doctest::Approx(4e-3));  // 3 ms of backward left at half rate: 1.5 ms of work
@@ -71,7 +71,7 @@ TEST_CASE("predict_step: an all-reduce that shares the cores with backward runs 
     CHECK(p.step == doctest::Approx(2e-3 + 4e-3 + 4.5e-3 + 1e-3));
   }
   SUBCASE("compute at half its rate while an all-reduce runs: backward ends later, ready times move with it") {
-    model.overlap = {.compute = 0.5, .comm = 1};
+    model.overlap.curve = {{.bytes = 1 << 20, .compute = 0.5, .comm = 1}};
     StepPrediction const p = predict_step(plan, prof, model, 4);
     CHECK(p.buckets[0].end == doctest::Approx(2.5e-3));     // compute done by then: 1 + 0.75 ms
     CHECK(p.buckets[1].ready == doctest::Approx(2.75e-3));  // 0.25 ms of compute alone to reach 2 ms
@@ -83,11 +83,22 @@ TEST_CASE("predict_step: an all-reduce that shares the cores with backward runs 
     CHECK(p.step == doctest::Approx(2e-3 + 6.25e-3 + 1.5e-3 + 1e-3));
   }
   SUBCASE("an all-reduce that cannot run during backward: everything after it, the latencies add up") {
-    model.overlap = {.compute = 1, .comm = 1e-9};  // clamped to 1e-3
+    model.overlap.curve = {{.bytes = 1 << 20, .compute = 1, .comm = 1e-9}};  // clamped to 1e-3
     StepPrediction const p = predict_step(plan, prof, model, 4);
     CHECK(p.backward == doctest::Approx(4e-3));
     CHECK(p.exposed == doctest::Approx(6e-3 - 3e-6));  // four buckets after backward, less 3 ms at 1e-3
   }
+}
+
+TEST_CASE("Overlap: rates interpolated in log size between samples, held past the ends, 1 without samples") {
+  Overlap o;
+  CHECK(o.compute_rate(123) == 1);
+  CHECK(o.comm_rate(std::size_t{1} << 30) == 1);
+  o.curve = {{.bytes = 1 << 16, .compute = 1, .comm = 0.01}, {.bytes = 1 << 22, .compute = 0.7, .comm = 0.31}};
+  CHECK(o.comm_rate(1024) == doctest::Approx(0.01));
+  CHECK(o.comm_rate(std::size_t{1} << 30) == doctest::Approx(0.31));
+  CHECK(o.compute_rate(1 << 19) == doctest::Approx(0.85));  // halfway in log2: 16 .. 22
+  CHECK(o.comm_rate(1 << 20) == doctest::Approx(0.01 + 4.0 / 6.0 * 0.3));
 }
 
 TEST_CASE("choose_bucket_cap: latency-bound links want big buckets, bandwidth-bound ones small buckets") {
@@ -122,7 +133,7 @@ TEST_CASE("choose_bucket_cap: where all-reduces cannot progress during backward,
   CHECK(free.prediction.exposed == doctest::Approx(3e-3));
   // Stalled during backward: every bucket runs after it, so each extra bucket costs its latency: 4 MiB's two
   // buckets take 1.5 + 3.5 ms (less the 3 µs bucket 0 gets done at 1e-3 during backward).
-  model.overlap = {.compute = 1, .comm = 1e-3};
+  model.overlap.curve = {{.bytes = 1 << 20, .compute = 1, .comm = 1e-3}};
   CapChoice const stalled = choose_bucket_cap(prof, model, 4, caps);
   CHECK(stalled.config.cap_bytes == (std::size_t{4} << 20));
   CHECK(stalled.prediction.exposed == doctest::Approx(5e-3 - 3e-6));

@@ -57,7 +57,7 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
   std::vector<AlphaBeta> first(2), second(2);
   std::vector<int> cached(2, -1);
   ProbeOptions const small{.sizes = {1024, 65536, 262144}, .warmup = 1, .reps = 3};
-  OverlapProbeOptions const quick{.bytes = 65536, .seconds = 2e-3, .reps = 1};
+  OverlapProbeOptions const quick{.sizes = {65536, 262144}, .seconds = 2e-3, .reps = 1};
   spawn(2, [&](ThreadsBackend& comm) {
     Calibration const a = calibrate(comm, {.cache = cache, .probe = small, .overlap = quick});
     first[comm.rank()] = a.model;
@@ -81,10 +81,15 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
   CHECK(second[1].curve.size() == 3);  // the probe's points come back from the cache on every rank
   CHECK(second[1].predict(100000) == doctest::Approx(first[0].predict(100000)).epsilon(1e-12));
   // The overlap rates: measured, the same on every rank, and back from the cache.
-  CHECK(first[0].overlap.compute == first[1].overlap.compute);
-  CHECK(first[0].overlap.comm == first[1].overlap.comm);
-  CHECK(second[1].overlap.compute == doctest::Approx(first[0].overlap.compute).epsilon(1e-12));
-  CHECK(second[0].overlap.comm == doctest::Approx(first[0].overlap.comm).epsilon(1e-12));
+  REQUIRE(first[0].overlap.curve.size() == 2);
+  REQUIRE(second[1].overlap.curve.size() == 2);
+  for (std::size_t k = 0; k < 2; ++k) {
+    CHECK(first[0].overlap.curve[k].compute == first[1].overlap.curve[k].compute);
+    CHECK(first[0].overlap.curve[k].comm == first[1].overlap.curve[k].comm);
+    CHECK(second[1].overlap.curve[k].bytes == first[0].overlap.curve[k].bytes);
+    CHECK(second[1].overlap.curve[k].compute == doctest::Approx(first[0].overlap.curve[k].compute).epsilon(1e-12));
+    CHECK(second[0].overlap.curve[k].comm == doctest::Approx(first[0].overlap.curve[k].comm).epsilon(1e-12));
+  }
   // One line, written by rank 0; another key is not found; garbage lines are skipped.
   {
     std::ifstream f(cache);
@@ -123,17 +128,21 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
   CHECK_FALSE(load_calibration(cache, "key z").has_value());
   {
     std::ofstream f(cache, std::ios::app);  // lines from before the overlap rates, and rates out of (0, 1]
-    f << "1e-5 1e-9\tkey w\n1e-5 1e-9 1 4096 1e-5\tkey w\n1e-5 1e-9 0 overlap 0 0.5\tkey w\n";
+    f << "1e-5 1e-9\tkey w\n1e-5 1e-9 1 4096 1e-5\tkey w\n1e-5 1e-9 0 overlap 1 4096 0 0.5\tkey w\n"
+      << "1e-5 1e-9 0 overlap 2 4096 1 0.5\tkey w\n";
   }
   CHECK_FALSE(load_calibration(cache, "key w").has_value());
-  save_calibration(cache, "key x", {.alpha = 1e-5, .beta = 2e-10, .overlap = {.compute = 0.75, .comm = 0.25}});
+  save_calibration(cache, "key x",
+                   {.alpha = 1e-5, .beta = 2e-10, .overlap = {{{.bytes = 65536, .compute = 0.75, .comm = 0.25}}}});
   auto const x = load_calibration(cache, "key x");
   REQUIRE(x.has_value());
   CHECK(x->alpha == 1e-5);
   CHECK(x->beta == 2e-10);
   CHECK(x->curve.empty());
-  CHECK(x->overlap.compute == 0.75);
-  CHECK(x->overlap.comm == 0.25);
+  REQUIRE(x->overlap.curve.size() == 1);
+  CHECK(x->overlap.curve[0].bytes == 65536);
+  CHECK(x->overlap.curve[0].compute == 0.75);
+  CHECK(x->overlap.curve[0].comm == 0.25);
   save_calibration(cache, "key x", {.alpha = 1e-5, .beta = 2e-10, .curve = {{4096, 3e-5}, {65536, 4e-5}}});
   auto const xc = load_calibration(cache, "key x");  // the later line wins
   REQUIRE(xc.has_value());
@@ -144,25 +153,31 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("probe_overlap: rates in (0, 1], the same on every rank; one rank and bad options") {
+TEST_CASE("probe_overlap: a sample per size, rates in (0, 1], the same on every rank; one rank and bad options") {
   std::vector<Overlap> got(2);
   spawn(2, [&](ThreadsBackend& comm) {
-    got[comm.rank()] = probe_overlap(comm, {.bytes = 65536, .seconds = 2e-3, .reps = 2});
+    got[comm.rank()] = probe_overlap(comm, {.sizes = {262144, 65536}, .seconds = 2e-3, .reps = 2});
   });
   for (auto const& o : got) {
-    CHECK(o.compute > 0);
-    CHECK(o.compute <= 1);
-    CHECK(o.comm > 0);
-    CHECK(o.comm <= 1);
+    REQUIRE(o.curve.size() == 2);
+    CHECK(o.curve[0].bytes == 65536);  // ascending
+    CHECK(o.curve[1].bytes == 262144);
+    for (auto const& s : o.curve) {
+      CHECK(s.compute > 0);
+      CHECK(s.compute <= 1);
+      CHECK(s.comm > 0);
+      CHECK(s.comm <= 1);
+    }
   }
-  CHECK(got[0].compute == got[1].compute);
-  CHECK(got[0].comm == got[1].comm);
+  for (std::size_t k = 0; k < 2; ++k) {
+    CHECK(got[0].curve[k].compute == got[1].curve[k].compute);
+    CHECK(got[0].curve[k].comm == got[1].curve[k].comm);
+  }
   spawn(1, [&](ThreadsBackend& comm) {
-    Overlap const one = probe_overlap(comm);
-    CHECK(one.compute == 1);  // nothing to share: not measured
-    CHECK(one.comm == 1);
+    CHECK(probe_overlap(comm).curve.empty());  // nothing to share: not measured
     CHECK_THROWS_WITH_AS(probe_overlap(comm, {.seconds = 0}), doctest::Contains("seconds > 0"), ArgumentError);
     CHECK_THROWS_AS(probe_overlap(comm, {.reps = 0}), ArgumentError);
-    CHECK_THROWS_AS(probe_overlap(comm, {.bytes = 2}), ArgumentError);
+    CHECK_THROWS_AS(probe_overlap(comm, {.sizes = {2}}), ArgumentError);
+    CHECK_THROWS_AS(probe_overlap(comm, {.sizes = {}}), ArgumentError);
   });
 }

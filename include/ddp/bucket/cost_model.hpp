@@ -44,10 +44,11 @@ struct StepPrediction {
 
 // Each bucket in plan order starts when its gradients are ready and the bucket before it is done, and takes
 // model.predict(bytes) alone. While backward's compute still runs, the two share the machine
-// (model.overlap, probe_overlap): the all-reduce progresses at overlap.comm of its rate alone and the compute
-// at overlap.compute of its own. With both rates 1 (separate cores) an all-reduce during backward is hidden for
-// free; with the comm rate near 0 (on this 2-core VM: each rank's progress thread waits for the CPU, and a
-// collective needs every rank's at once) it waits for backward's end. The profile's times are taken as
+// (model.overlap, measured by probe_overlap at the bucket's size): the all-reduce progresses at comm_rate of its
+// rate alone and the compute at compute_rate of its own. With both rates 1 (separate cores) an all-reduce
+// during backward is hidden for free; with the comm rate near 0 (small all-reduces on this 2-core VM: each
+// rank's progress thread waits for a core, and a collective needs every rank's at once) it waits for
+// backward's end. The profile's times are taken as
 // compute alone: a profile from a run with PyTorch's cap, whose first bucket is the only one launched during
 // backward, holds little of that run's own sharing.
 inline StepPrediction predict_step(BucketPlan const& plan, BackwardProfile const& profile, AlphaBeta const& model,
@@ -55,8 +56,6 @@ inline StepPrediction predict_step(BucketPlan const& plan, BackwardProfile const
   if (profile.ready.size() != profile.numels.size())
     throw ArgumentError(detail::cat("predict_step: the profile has ", profile.ready.size(), " ready times for ",
                                     profile.numels.size(), " parameters"));
-  double const compute_rate = std::clamp(model.overlap.compute, 1e-3, 1.0);
-  double const comm_rate = std::clamp(model.overlap.comm, 1e-3, 1.0);
   double const work = profile.backward;  // backward's compute, s alone
   StepPrediction p;
   double t = 0;             // s after backward began
@@ -78,6 +77,8 @@ inline StepPrediction predict_step(BucketPlan const& plan, BackwardProfile const
     bp.start = t;
     double left = model.predict(bp.bytes);  // s of the all-reduce alone still to run
     if (done < work) {                      // shared with backward's compute until one of them ends
+      double const compute_rate = std::clamp(model.overlap.compute_rate(bp.bytes), 1e-3, 1.0);
+      double const comm_rate = std::clamp(model.overlap.comm_rate(bp.bytes), 1e-3, 1.0);
       double const to_compute_end = (work - done) / compute_rate, to_comm_end = left / comm_rate;
       if (to_comm_end <= to_compute_end) {
         t += to_comm_end, done += compute_rate * to_comm_end, left = 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <concepts>
@@ -36,20 +37,42 @@ struct ProbeSample {
 // probe's own points are kept in `curve`, predict() interpolates between them (every segment its own α and
 // β), holds the smallest point's time below it and extends the last segment's slope past the largest; the
 // line stays for reports and for extrapolating to other world sizes (docs/cost_model.md).
-// How an all-reduce and compute share the machine while both run (probe_overlap): each one's rate relative to
-// running alone, in (0, 1]. {1, 1} (the default) is the free overlap of separate cores; with more busy threads
-// than cores (4 ranks, each a compute thread and a progress thread, on 2 cores) both slow down, and an
-// all-reduce launched during backward is no longer hidden for free (ddp/bucket/cost_model.hpp).
-struct Overlap {
-  double compute = 1;  // compute's rate while an all-reduce is in flight
+// How an all-reduce and compute share the machine while both run (probe_overlap): at a few all-reduce sizes,
+// each one's rate relative to running alone, in (0, 1]. Empty (the default, and what a device backend gets) is
+// the free overlap of separate cores: both rates 1. With more busy threads than cores (each rank a compute
+// thread and a progress thread; 2 or 4 ranks on this VM's 2 cores) both slow down: a small all-reduce barely
+// moves while compute runs (every rank's progress thread must be on a core at once to pass its barriers),
+// a large one takes its share of the cores (ddp/bucket/cost_model.hpp).
+struct OverlapSample {
+  std::size_t bytes = 0;
+  double compute = 1;  // compute's rate while all-reduces of `bytes` are in flight
   double comm = 1;     // an all-reduce's rate while compute runs
+};
+struct Overlap {
+  std::vector<OverlapSample> curve{};  // sizes ascending
+  double compute_rate(std::size_t bytes) const noexcept { return at(bytes, &OverlapSample::compute); }
+  double comm_rate(std::size_t bytes) const noexcept { return at(bytes, &OverlapSample::comm); }
+
+ private:
+  // Linear in log2(bytes) between samples, held past either end; 1 without samples.
+  double at(std::size_t bytes, double OverlapSample::*rate) const noexcept {
+    if (curve.empty()) return 1.0;
+    if (bytes <= curve.front().bytes) return curve.front().*rate;
+    if (bytes >= curve.back().bytes) return curve.back().*rate;
+    std::size_t k = 1;
+    while (curve[k].bytes < bytes) ++k;
+    auto const& a = curve[k - 1];
+    auto const& b = curve[k];
+    double const f = std::log2(double(bytes) / double(a.bytes)) / std::log2(double(b.bytes) / double(a.bytes));
+    return a.*rate + f * (b.*rate - a.*rate);
+  }
 };
 
 struct AlphaBeta {
   double alpha = 0;                  // s
   double beta = 0;                   // s / byte
   std::vector<ProbeSample> curve{};  // sizes ascending; used by predict() when it has two or more points
-  Overlap overlap{};                 // measured by probe_overlap; {1, 1} when not measured
+  Overlap overlap{};                 // measured by probe_overlap; empty (free overlap) when not measured
   double predict(std::size_t bytes) const noexcept {
     if (curve.size() < 2) return alpha + beta * static_cast<double>(bytes);
     if (bytes <= curve.front().bytes) return curve.front().seconds;
@@ -191,26 +214,28 @@ Calibration probe_alpha_beta(C& comm, ProbeOptions const& opts = {}) {
 }
 
 struct OverlapProbeOptions {
-  std::size_t bytes = std::size_t{256} << 10;  // each all-reduce: the size of DDP's small buckets, where overlap
-                                               // decides whether more buckets pay
-  double seconds = 0.02;                       // compute per measurement
-  int reps = 5;
+  // All-reduce sizes: a small bucket (latency-bound) and a large one (bandwidth-bound).
+  std::vector<std::size_t> sizes = {std::size_t{64} << 10, std::size_t{4} << 20};
+  double seconds = 0.02;  // compute per measurement, at least (and at least 8 all-reduces' time alone)
+  int reps = 3;
 };
 
-// Collective. Every rank times a fixed amount of compute (GEMMs of 128 x 128 x 128, as many as take about
-// opts.seconds) alone, a fixed number of all-reduces of opts.bytes alone (two in flight, as DDP's buckets queue),
-// and both at once: the all-reduces on the backend's progress thread, the GEMMs on the caller's, topping the
-// queue up between GEMMs, as DDP's backward launches buckets between ops. The slowest rank's times count; every
-// rank issues the same all-reduces (the count is agreed first), so the collectives match. Overlap::compute =
-// compute alone / compute together; Overlap::comm = an all-reduce's time alone / during the compute (the ones
-// finished while it ran). If the all-reduces run out before the compute ends, the round is repeated with twice
-// as many. Median over opts.reps. Host communicators at world size 2 or more: a device backend's collectives
-// and kernels share the GPU by other rules, and one rank has nothing to share; both get {1, 1} (not measured).
+// Collective. For each size, every rank times a fixed amount of compute (GEMMs of 128 x 128 x 128) alone, a
+// fixed number of all-reduces alone (four in flight, as DDP's buckets queue), and both at once: the
+// all-reduces on the backend's progress thread, the GEMMs on the caller's, topping the queue up between GEMMs,
+// as DDP's backward launches buckets between ops. The slowest rank's times count, and every rank issues the
+// same all-reduces (their count is agreed first), so the collectives match. compute rate = compute alone /
+// compute together; comm rate = the all-reduce work done while the compute ran (all of it, less what was left
+// after the compute ended and then ran alone) / the compute's time. The all-reduces outlast the compute (else
+// the round is repeated with twice as many). Median over opts.reps. Host communicators at world size 2 or more:
+// a device backend's collectives and kernels share the GPU by other rules, and one rank has nothing to share;
+// both get an empty Overlap (free overlap, not measured).
 template <AsyncCommunicator C>
 Overlap probe_overlap(C& comm, OverlapProbeOptions const& opts = {}) {
   using S = native_space_t<C>;
-  if (!(opts.seconds > 0) || opts.reps < 1 || opts.bytes < sizeof(float))
-    throw ArgumentError("probe_overlap: needs seconds > 0, reps >= 1 and bytes >= 4");
+  if (!(opts.seconds > 0) || opts.reps < 1 || opts.sizes.empty() ||
+      *std::min_element(opts.sizes.begin(), opts.sizes.end()) < sizeof(float))
+    throw ArgumentError("probe_overlap: needs seconds > 0, reps >= 1 and sizes of 4 bytes or more");
   if constexpr (!std::same_as<S, HostSpace>) {
     return Overlap{};
   } else {
@@ -226,83 +251,95 @@ Overlap probe_overlap(C& comm, OverlapProbeOptions const& opts = {}) {
     auto const gemm = [&] {
       Kernels<HostSpace>::gemm(Trans::kNo, Trans::kNo, kDim, kDim, kDim, 1.0f, a.data(), b.data(), 0.0f, c.data());
     };
-    auto const n = static_cast<std::int64_t>(opts.bytes / sizeof(float));
-    Tensor<float, S> buf = detail::probe_buffer(comm, n);
-    detail::fill_probe(buf);
-    CollectiveTag const tag{"overlap probe", n};
-    auto const launch = [&] { return comm.all_reduce_async(detail::span_of<C>(buf), ReduceOp::kMax, tag); };
-    using Handle = decltype(launch());
-    constexpr std::size_t kDepth = 2;
-    // Sizes: one GEMM's and one all-reduce's time (after a warm-up of each), agreed across ranks.
     gemm();
-    launch().wait();
     comm.barrier();
     auto t0 = Clock::now();
     for (int i = 0; i < 8; ++i) gemm();
-    double const gemm_s = since(t0) / 8;
-    std::vector<double> ar;
-    for (int i = 0; i < 5; ++i) {
-      comm.barrier();
-      t0 = Clock::now();
+    double const gemm_s = slowest({since(t0) / 8})[0];
+    std::vector<std::size_t> sizes = opts.sizes;
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    auto const largest = static_cast<std::int64_t>(sizes.back() / sizeof(float));
+    Tensor<float, S> const storage = detail::probe_buffer(comm, largest);
+    Overlap out;
+    for (std::size_t bytes : sizes) {
+      auto const n = static_cast<std::int64_t>(bytes / sizeof(float));
+      Tensor<float, S> buf = Tensor<float, S>::view(storage.owner(), storage.data(), Shape{n});
+      detail::fill_probe(buf);
+      CollectiveTag const tag{"overlap probe", n};
+      auto const launch = [&] { return comm.all_reduce_async(detail::span_of<C>(buf), ReduceOp::kMax, tag); };
+      using Handle = decltype(launch());
+      constexpr std::size_t kDepth = 4;
+      // One all-reduce's time alone (after a warm-up), agreed across ranks; from it the compute's length and
+      // the all-reduces' count.
       launch().wait();
-      ar.push_back(since(t0));
-    }
-    auto const sizes = slowest({gemm_s, detail::median_of(ar)});
-    auto const gemms = static_cast<std::int64_t>(std::ceil(opts.seconds / std::max(sizes[0], 1e-9)));
-    auto calls = std::min<std::int64_t>(
-        static_cast<std::int64_t>(std::ceil(1.5 * opts.seconds / std::max(sizes[1], 1e-9))) + 2, 1 << 20);
-    // `calls` all-reduces, at most kDepth in flight; between GEMMs (compute > 0) the queue is topped up and the
-    // finished ones counted. Returns the compute's time and the all-reduces finished by its end; both are
-    // the whole run's time and count when compute == 0.
-    auto const round = [&](std::int64_t compute, std::int64_t count) {
-      std::vector<Handle> q;
-      q.reserve(static_cast<std::size_t>(count));
-      std::size_t head = 0;
-      auto const reap = [&] {
-        while (head < q.size() && q[head].test()) q[head++].wait();
-      };
-      auto const top_up = [&] {
-        while (static_cast<std::int64_t>(q.size()) < count && q.size() - head < kDepth) q.push_back(launch());
-      };
-      comm.barrier();
-      auto const start = Clock::now();
-      top_up();
-      for (std::int64_t g = 0; g < compute; ++g) gemm(), reap(), top_up();
-      reap();
-      double const compute_s = since(start);
-      auto const finished = static_cast<double>(head);
-      while (head < q.size() || static_cast<std::int64_t>(q.size()) < count) {
+      std::vector<double> ar;
+      for (int i = 0; i < 5; ++i) {
+        comm.barrier();
+        t0 = Clock::now();
+        launch().wait();
+        ar.push_back(since(t0));
+      }
+      double const ar_s = slowest({detail::median_of(ar)})[0];
+      double const window = std::max(opts.seconds, 8 * ar_s);
+      auto const gemms = static_cast<std::int64_t>(std::ceil(window / std::max(gemm_s, 1e-9)));
+      auto calls = std::min<std::int64_t>(static_cast<std::int64_t>(std::ceil(1.5 * window / std::max(ar_s, 1e-9))) + 2,
+                                          1 << 20);
+      // `count` all-reduces, at most kDepth in flight, topped up between `compute` GEMMs and then until all are
+      // done. Returns the compute's time, the whole round's time, and the all-reduces finished by the
+      // compute's end.
+      auto const round = [&](std::int64_t compute, std::int64_t count) {
+        std::vector<Handle> q;
+        q.reserve(static_cast<std::size_t>(count));
+        std::size_t head = 0;
+        auto const reap = [&] {
+          while (head < q.size() && q[head].test()) q[head++].wait();
+        };
+        auto const top_up = [&] {
+          while (static_cast<std::int64_t>(q.size()) < count && q.size() - head < kDepth) q.push_back(launch());
+        };
+        comm.barrier();
+        auto const start = Clock::now();
         top_up();
-        q[head++].wait();
+        for (std::int64_t g = 0; g < compute; ++g) gemm(), reap(), top_up();
+        reap();
+        double const compute_s = since(start);
+        auto const finished = static_cast<double>(head);
+        while (head < q.size()) {
+          q[head++].wait();
+          top_up();
+        }
+        return std::array<double, 3>{compute_s, since(start), finished};
+      };
+      std::vector<double> compute_rate, comm_rate;
+      for (int rep = 0, tries = 0; rep < opts.reps;) {
+        comm.barrier();
+        t0 = Clock::now();
+        for (std::int64_t g = 0; g < gemms; ++g) gemm();
+        double const compute_alone = since(t0);
+        double const comm_alone = round(0, calls)[1] / static_cast<double>(calls);
+        auto const together = round(gemms, calls);
+        // The slowest rank's times; the finished count as its negation, so the fewest count.
+        auto const r = slowest({compute_alone, comm_alone, together[0], together[1], -together[2]});
+        if (-r[4] >= static_cast<double>(calls) && ++tries < 4) {  // the all-reduces ran out before the compute
+          calls *= 2;
+          continue;
+        }
+        double const work = static_cast<double>(calls) * r[1];  // the all-reduces' time alone
+        double const after = r[3] - r[2];                       // ran alone after the compute ended
+        compute_rate.push_back(std::clamp(r[0] / r[2], 0.01, 1.0));
+        comm_rate.push_back(std::clamp((work - after) / r[2], 0.01, 1.0));
+        ++rep;
       }
-      return compute > 0 ? std::pair{compute_s, finished} : std::pair{since(start), static_cast<double>(count)};
-    };
-    std::vector<double> compute_rate, comm_rate;
-    for (int rep = 0, tries = 0; rep < opts.reps;) {
-      comm.barrier();
-      t0 = Clock::now();
-      for (std::int64_t g = 0; g < gemms; ++g) gemm();
-      double const compute_alone = since(t0);
-      double const comm_alone = round(0, calls).first / static_cast<double>(calls);
-      auto const [together, finished] = round(gemms, calls);
-      // The slowest rank's times; `finished` as its negation, so the fewest count.
-      auto const r = slowest({compute_alone, comm_alone, together, -finished});
-      double const done = -r[3];
-      if (done >= static_cast<double>(calls) && ++tries < 4) {  // the all-reduces ran out before the compute
-        calls *= 2;
-        continue;
-      }
-      compute_rate.push_back(std::clamp(r[0] / r[2], 0.01, 1.0));
-      comm_rate.push_back(std::clamp(r[1] / (r[2] / std::max(done, 1.0)), 0.01, 1.0));
-      ++rep;
+      out.curve.push_back({n * sizeof(float), detail::median_of(compute_rate), detail::median_of(comm_rate)});
     }
-    return Overlap{detail::median_of(compute_rate), detail::median_of(comm_rate)};
+    return out;
   }
 }
 
-// The cache: one line per key, "alpha beta n [bytes seconds]*n overlap compute comm<TAB>key" (the probe's n
-// points, and probe_overlap's rates). Later lines win; unreadable lines are skipped, and so are lines without
-// the overlap rates (written before it was measured): such a key is probed again.
+// The cache: one line per key, "alpha beta n [bytes seconds]*n overlap k [bytes compute comm]*k<TAB>key"
+// (the probe's n points, and probe_overlap's k samples). Later lines win; unreadable lines are skipped, and so
+// are lines without the overlap part (written before it was measured): such a key is probed again.
 inline std::optional<AlphaBeta> load_calibration(std::string const& path, std::string const& key) {
   std::ifstream f(path);
   if (!f) return std::nullopt;
@@ -323,8 +360,15 @@ inline std::optional<AlphaBeta> load_calibration(std::string const& path, std::s
       m.curve.push_back(p);
     }
     std::string word;
-    ok = ok && static_cast<bool>(in >> word >> m.overlap.compute >> m.overlap.comm) && word == "overlap" &&
-         m.overlap.compute > 0 && m.overlap.compute <= 1 && m.overlap.comm > 0 && m.overlap.comm <= 1;
+    std::size_t k = 0;
+    ok = ok && static_cast<bool>(in >> word >> k) && word == "overlap";
+    auto const rate = [](double r) { return r > 0 && r <= 1; };
+    for (std::size_t i = 0; i < k && ok; ++i) {
+      OverlapSample o;
+      ok = static_cast<bool>(in >> o.bytes >> o.compute >> o.comm) && rate(o.compute) && rate(o.comm) &&
+           (m.overlap.curve.empty() || o.bytes > m.overlap.curve.back().bytes);
+      m.overlap.curve.push_back(o);
+    }
     if (ok) found = m;
   }
   return found;
@@ -334,7 +378,9 @@ inline void save_calibration(std::string const& path, std::string const& key, Al
   f.precision(17);
   f << m.alpha << ' ' << m.beta << ' ' << m.curve.size();
   for (auto const& p : m.curve) f << ' ' << p.bytes << ' ' << p.seconds;
-  f << " overlap " << m.overlap.compute << ' ' << m.overlap.comm << '\t' << key << '\n';
+  f << " overlap " << m.overlap.curve.size();
+  for (auto const& o : m.overlap.curve) f << ' ' << o.bytes << ' ' << o.compute << ' ' << o.comm;
+  f << '\t' << key << '\n';
   if (!f) throw IoError(detail::cat("save_calibration: cannot append to ", path));
 }
 
@@ -352,15 +398,19 @@ struct CalibrateOptions {
 template <AsyncCommunicator C>
 Calibration calibrate(C& comm, CalibrateOptions const& opts = {}) {
   std::string const key = calibration_key(comm);
-  std::vector<double> cached;  // rank 0's find: alpha, beta, then the curve's (bytes, seconds) pairs
+  // Rank 0's find: alpha, beta, the curve's point count and (bytes, seconds) pairs, then the overlap's
+  // (bytes, compute, comm) triples.
+  std::vector<double> cached;
   if (comm.rank() == 0 && !opts.cache.empty()) {
     std::size_t const wanted =
         opts.probe.sizes.empty() ? 0 : *std::max_element(opts.probe.sizes.begin(), opts.probe.sizes.end());
     auto m = load_calibration(opts.cache, key);
     if (m && !m->curve.empty() && m->curve.back().bytes < wanted) m.reset();
     if (m) {
-      cached = {m->alpha, m->beta, m->overlap.compute, m->overlap.comm};
+      cached = {m->alpha, m->beta, static_cast<double>(m->curve.size())};
       for (auto const& p : m->curve) cached.push_back(static_cast<double>(p.bytes)), cached.push_back(p.seconds);
+      for (auto const& o : m->overlap.curve)
+        cached.insert(cached.end(), {static_cast<double>(o.bytes), o.compute, o.comm});
     }
   }
   double size = static_cast<double>(cached.size());
@@ -369,9 +419,12 @@ Calibration calibrate(C& comm, CalibrateOptions const& opts = {}) {
     cached.resize(static_cast<std::size_t>(size));
     host_broadcast(comm, std::span<double>(cached), 0);
     AlphaBeta m{cached[0], cached[1]};
-    m.overlap = {cached[2], cached[3]};
-    for (std::size_t i = 4; i + 1 < cached.size(); i += 2)
+    std::size_t const points = static_cast<std::size_t>(cached[2]);
+    std::size_t i = 3;
+    for (std::size_t k = 0; k < points; ++k, i += 2)
       m.curve.push_back({static_cast<std::size_t>(cached[i]), cached[i + 1]});
+    for (; i + 2 < cached.size(); i += 3)
+      m.overlap.curve.push_back({static_cast<std::size_t>(cached[i]), cached[i + 1], cached[i + 2]});
     return Calibration{key, std::move(m), {}, true};
   }
   Calibration cal = probe_alpha_beta(comm, opts.probe);
