@@ -105,6 +105,7 @@ struct Job {
 template <class Comm, class MakeModel, class MakeOpt, class Loss>
 std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x, Loss&& loss,
                           std::vector<std::size_t> const& caps, int warmup, int iters) {
+  warmup = std::max(warmup, 1);  // the first timed step's time starts at a warm-up step's end
   using J = Job<Comm, decltype(make_model()), std::remove_reference_t<MakeOpt>>;
   std::vector<std::unique_ptr<J>> jobs;
   for (std::size_t cap : caps) jobs.push_back(std::make_unique<J>(comm, make_model, make_opt, cap));
@@ -119,8 +120,13 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
   // last warm-up step's end).
   std::vector<double> ends(static_cast<std::size_t>(warmup + iters) * nj, 0);
   zero = common_zero(comm);
+  // Round `it` starts with configuration it mod nj: no configuration always follows the same other one (a
+  // step's speed depends on whose data the caches hold).
+  std::vector<std::size_t> position(ends.size());  // (round, configuration) -> its place in execution order
   for (int it = 0; it < warmup + iters; ++it) {
-    for (std::size_t jj = 0; jj < nj; ++jj) {
+    for (std::size_t slot = 0; slot < nj; ++slot) {
+      std::size_t const jj = (static_cast<std::size_t>(it) + slot) % nj;
+      position[static_cast<std::size_t>(it) * nj + jj] = static_cast<std::size_t>(it) * nj + slot;
       J& j = *jobs[jj];
       std::size_t const before = j.timeline.size();
       auto const t0 = Clock::now();
@@ -131,7 +137,7 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
       auto const t2 = Clock::now();
       j.opt.step();
       auto const t3 = Clock::now();
-      ends[static_cast<std::size_t>(it) * nj + jj] = seconds(zero, t3);
+      ends[static_cast<std::size_t>(it) * nj + slot] = seconds(zero, t3);
       if (it < warmup) continue;
       std::size_t const np = j.params.size();
       double* r = j.stamps.data() + static_cast<std::size_t>(it - warmup) * j.row();
@@ -169,7 +175,7 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
       }
       bwd.push_back(last);
       upd.push_back(r[np + 3]);
-      std::size_t const at = static_cast<std::size_t>(warmup + k) * nj + jj;  // this step, in execution order
+      std::size_t const at = position[static_cast<std::size_t>(warmup + k) * nj + jj];  // in execution order
       total += ends[at] - ends[at - 1];
     }
     Measured m;
