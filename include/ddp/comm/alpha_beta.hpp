@@ -1,6 +1,7 @@
 // The α–β cost of an all-reduce on a backend: t(bytes) = α + β·bytes, fitted to a short probe of the
-// backend itself (every rank measures, the slowest rank's time counts, every rank gets the same fit), and a
-// calibration cache so later runs on the same backend and layout skip the probe.
+// backend itself (every rank measures, the slowest rank's time counts, every rank gets the same fit), how
+// all-reduces and compute share the machine while both run (probe_overlap), and a calibration cache so later
+// runs on the same backend and layout skip the probes.
 #pragma once
 
 #include <algorithm>
@@ -32,11 +33,6 @@ struct ProbeSample {
   double seconds = 0;  // median over the repetitions of the slowest rank's time
 };
 
-// Predicted all-reduce time of `bytes`: alpha seconds of latency plus beta seconds per byte, the line fitted
-// to a probe. Real links are not one line (in cache and out of it, eager and rendezvous protocols): where the
-// probe's own points are kept in `curve`, predict() interpolates between them (every segment its own α and
-// β), holds the smallest point's time below it and extends the last segment's slope past the largest; the
-// line stays for reports and for extrapolating to other world sizes (docs/cost_model.md).
 // How an all-reduce and compute share the machine while both run (probe_overlap): at a few all-reduce sizes,
 // each one's rate relative to running alone, in (0, 1]. Empty (the default, and what a device backend gets) is
 // the free overlap of separate cores: both rates 1. With more busy threads than cores (each rank a compute
@@ -68,6 +64,11 @@ struct Overlap {
   }
 };
 
+// Predicted all-reduce time of `bytes`: alpha seconds of latency plus beta seconds per byte, the line fitted
+// to a probe. Real links are not one line (in cache and out of it, eager and rendezvous protocols): where the
+// probe's own points are kept in `curve`, predict() interpolates between them (every segment its own α and
+// β), holds the smallest point's time below it and extends the last segment's slope past the largest; the
+// line stays for reports and for extrapolating to other world sizes (docs/cost_model.md).
 struct AlphaBeta {
   double alpha = 0;                  // s
   double beta = 0;                   // s / byte
@@ -148,11 +149,6 @@ std::string calibration_key(C const& comm) {
   return key;
 }
 
-// Collective: every rank times blocking all-reduces (kSum) of each size, with a barrier before each; the
-// slowest rank's time of each repetition counts (what a bucket waits for), the median over repetitions is the
-// sample, and every rank fits the same samples. Where the communicator keeps DDP's gradients in storage of
-// its own (MpiBackend::gradient_storage: reduced in place), the probe's buffers are slices of such storage,
-// so it times the path DDP's buckets take.
 namespace detail {
 // n floats where the probes all-reduce them: in the communicator's gradient_storage where it has one (DDP's
 // buckets live there), else plain memory.
@@ -177,6 +173,12 @@ void fill_probe(Tensor<float, S>& buf) {
     Kernels<S>::fill(buf.numel(), 0.5f, buf.data());
 }
 }  // namespace detail
+
+// Collective: every rank times blocking all-reduces (kSum) of each size, with a barrier before each; the
+// slowest rank's time of each repetition counts (what a bucket waits for), the median over repetitions is the
+// sample, and every rank fits the same samples. Where the communicator keeps DDP's gradients in storage of
+// its own (MpiBackend::gradient_storage: reduced in place), the probe's buffers are slices of such storage,
+// so it times the path DDP's buckets take.
 
 template <AsyncCommunicator C>
 Calibration probe_alpha_beta(C& comm, ProbeOptions const& opts = {}) {
