@@ -127,6 +127,29 @@ TEST_CASE("ParameterArena packs in reverse registration order and parameters bec
   for (std::int64_t i = 0; i < arena.numel(); ++i) CHECK(arena.grads()[i] == 0.0f);
 }
 
+TEST_CASE(
+    "ParameterArena: reserved slots round up to whole 64-byte lines, so no reserve moves a parameter within "
+    "its line") {
+  Generator g(3);
+  nn::Sequential s(nn::Linear(4, 3, g), nn::ReLU(), nn::Linear(3, 2, g));  // 12, 3, 6, 2 elements
+  auto const params = s.named_parameters();
+  std::vector<std::int64_t> plain_offsets;
+  {
+    nn::ParameterArena<float> plain(params);
+    for (auto const& e : plain.entries()) plain_offsets.push_back(e.offset);
+  }
+  nn::ParameterArena<float> reserved(params, {5, 0, 17, 1});  // after parameters 0 .. 3, registration order
+  auto const& es = reserved.entries();
+  CHECK(es[3].offset == 0);
+  CHECK(es[2].offset == 2 + 16);           // 1 slot, a whole line of 16 floats
+  CHECK(es[1].offset == 2 + 16 + 6 + 32);  // 17 slots: two lines
+  CHECK(es[0].offset == 2 + 16 + 6 + 32 + 3);
+  CHECK(reserved.numel() == es[0].offset + 12 + 16);
+  for (std::size_t k = 0; k < es.size(); ++k) CHECK(es[k].offset % 16 == plain_offsets[k] % 16);
+  nn::ParameterArena<double> wide(nn::Sequential(nn::basic_linear<double>(4, 3, g)).named_parameters(), {1, 1});
+  CHECK(wide.entries()[0].offset == 3 + 8);  // bias first, then a line of 8 doubles
+}
+
 TEST_CASE("ParameterArena keeps gradients in the storage it is given, which must hold exactly the arena") {
   Var w(full<float>({3}, 1.0f), RequiresGrad::kYes);
   Var b(full<float>({2}, 1.0f), RequiresGrad::kYes);
