@@ -40,6 +40,7 @@ struct Measured {
   BackwardProfile profile;             // medians over the timed steps, of the job as a whole (below)
   std::vector<double> bucket_seconds;  // median all-reduce time per bucket (launch to observed completion)
   double step = 0;                     // the job's time per step: first step's start to last step's end / steps
+  double step_median = 0, step_p90 = 0;  // of the single steps' times (those `step` is the mean of)
   std::size_t buckets = 0;
 };
 
@@ -164,6 +165,7 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
     std::vector<std::vector<double>> ready(np);
     std::vector<double> fwd, bwd, upd;
     double total = 0;
+    std::vector<double> steps;
     for (int k = 0; k < iters; ++k) {
       double const* r = all.data() + static_cast<std::size_t>(k) * row;
       double const start = -r[0], bstart = r[1];
@@ -177,6 +179,7 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
       upd.push_back(r[np + 3]);
       std::size_t const at = position[static_cast<std::size_t>(warmup + k) * nj + jj];  // in execution order
       total += ends[at] - ends[at - 1];
+      steps.push_back(ends[at] - ends[at - 1]);
     }
     Measured m;
     for (auto const& p : j.params) m.profile.numels.push_back(p.numel());
@@ -184,6 +187,9 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
     m.profile.forward = median(fwd), m.profile.backward = median(bwd), m.profile.update = median(upd);
     m.bucket_seconds.assign(all.begin() + static_cast<std::ptrdiff_t>(j.stamps.size()), all.end());
     m.step = total / iters;
+    m.step_median = median(steps);
+    std::sort(steps.begin(), steps.end());
+    m.step_p90 = steps[std::min(steps.size() - 1, steps.size() * 9 / 10)];
     m.buckets = j.bucket.size();
     out.push_back(std::move(m));
   }
@@ -236,9 +242,10 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
                 cost_report(p, m.bucket_seconds, m.step).c_str());
     std::printf(
         "RESULT %s ws=%d %s cap=%zuK predicted %.3f ms measured %.3f ms error %+.1f%% %s; free overlap "
-        "%.3f ms %+.1f%%\n",
+        "%.3f ms %+.1f%%; single steps: median %.3f ms, 90th percentile %.3f ms\n",
         name, comm.world_size(), what[k], caps[k] >> 10, p.step * 1e3, m.step * 1e3, err * 100,
-        std::abs(err) <= 0.2 ? "(within 20%)" : "(OUTSIDE 20%)", pf.step * 1e3, free_err * 100);
+        std::abs(err) <= 0.2 ? "(within 20%)" : "(OUTSIDE 20%)", pf.step * 1e3, free_err * 100, m.step_median * 1e3,
+        m.step_p90 * 1e3);
     std::fflush(stdout);
   }
 }
@@ -256,20 +263,15 @@ int main(int argc, char** argv) {
     auto const launch = examples::launch_choice(flags);
     std::string const models = "," + flags.str("models") + ",";
     std::string const cache = flags.str("cache");
-    int iters = 0;
-    try {
-      std::size_t used = 0;
-      iters = std::stoi(flags.str("iters"), &used);
-      if (used != flags.str("iters").size()) throw std::invalid_argument("trailing characters");
-    } catch (std::exception const&) {
-      throw ArgumentError("--iters must be a whole number, got '" + flags.str("iters") + "'");
-    }
-    iters = std::max(3, iters);
+    std::int64_t const iters_flag = flags.integer("iters");
+    if (iters_flag < 3 || iters_flag > 100000)
+      throw ArgumentError("cost_model: --iters must be 3 to 100000, got " + flags.str("iters"));
+    int const iters = static_cast<int>(iters_flag);
     for (std::size_t at = 1; at < models.size();) {  // every name in --models is one of the three
       std::size_t const end = models.find(',', at);
       std::string const name = models.substr(at, end - at);
       if (name != "mlp" && name != "cnn" && name != "wide")
-        throw ArgumentError("--models takes a comma-separated subset of mlp,cnn,wide, got '" + flags.str("models") +
+        throw ArgumentError("cost_model: --models takes a comma-separated subset of mlp,cnn,wide, got '" + flags.str("models") +
                             "'");
       at = end + 1;
     }
@@ -338,7 +340,7 @@ int main(int argc, char** argv) {
       }
     });
   } catch (std::exception const& e) {
-    std::fprintf(stderr, "cost_model: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   }
 }

@@ -15,6 +15,18 @@
 
 using namespace ddp;
 
+namespace {
+// What save_calibration throws for `path` ("" if it does not).
+std::string errors_of_save(std::string const& path) {
+  try {
+    save_calibration(path, "key", {.alpha = 1e-5, .beta = 1e-9});
+  } catch (IoError const& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
 TEST_CASE("fit_alpha_beta recovers a line exactly and clamps what cannot be negative") {
   std::vector<ProbeSample> s;
   for (std::size_t b : {std::size_t{4096}, std::size_t{1} << 20, std::size_t{16} << 20})
@@ -150,6 +162,35 @@ TEST_CASE("calibrate: every rank gets the same fit; the cache is written once an
   CHECK(xc->curve[1].bytes == 65536);
   CHECK(xc->curve[1].seconds == 4e-5);
   CHECK_FALSE(load_calibration((dir / "missing.txt").string(), "key x").has_value());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("calibrate: a cache that cannot be appended to fails on every rank before the probes, naming it") {
+  char const* test_tmp = std::getenv("TEST_TMPDIR");
+  auto const dir = (test_tmp ? std::filesystem::path(test_tmp) : std::filesystem::temp_directory_path()) /
+                   ("ddp_ab_bad_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  ProbeOptions const small{.sizes = {1024, 65536}, .warmup = 1, .reps = 1};
+  OverlapProbeOptions const quick{.sizes = {65536}, .seconds = 1e-3, .reps = 1};
+  // A missing directory, and a directory where the file should be.
+  for (std::string const cache : {(dir / "missing" / "cache.txt").string(), dir.string()}) {
+    CAPTURE(cache);
+    std::vector<std::string> errors(2);
+    spawn(2, [&](ThreadsBackend& comm) {
+      try {
+        (void)calibrate(comm, {.cache = cache, .probe = small, .overlap = quick});
+      } catch (IoError const& e) {
+        errors[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    for (auto const& e : errors) {
+      CHECK(e.find("calibration cache " + cache + ": ") != std::string::npos);
+      CHECK(e.find("nothing was probed") != std::string::npos);
+    }
+    CHECK(errors[0] == errors[1]);  // the same words on every rank, rank 0's reason included
+  }
+  CHECK(std::string(errors_of_save(dir.string())).find(dir.string() + ": ") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "missing"));
   std::filesystem::remove_all(dir);
 }
 

@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -375,7 +378,20 @@ inline std::optional<AlphaBeta> load_calibration(std::string const& path, std::s
   }
   return found;
 }
+namespace detail {
+// 0 when `path` opens for appending (created if missing, as the append after a probe would), else the errno.
+inline int append_errno(std::string const& path) noexcept {
+  errno = 0;
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) return errno != 0 ? errno : EIO;
+  int const e = std::fclose(f) == 0 ? 0 : (errno != 0 ? errno : EIO);
+  return e;
+}
+}  // namespace detail
+
 inline void save_calibration(std::string const& path, std::string const& key, AlphaBeta const& m) {
+  if (int const e = detail::append_errno(path); e != 0)
+    throw IoError(detail::cat("save_calibration: cannot append to ", path, ": ", std::strerror(e)));
   std::ofstream f(path, std::ios::app);
   f.precision(17);
   f << m.alpha << ' ' << m.beta << ' ' << m.curve.size();
@@ -394,7 +410,8 @@ struct CalibrateOptions {
 
 // Rank 0 looks the key up in the cache; every rank follows its answer (so all use one model): a cached fit
 // is broadcast, otherwise every rank probes (probe_alpha_beta, then probe_overlap) and rank 0 appends the fit
-// to the cache. A cached curve that stops
+// to the cache. A cache rank 0 cannot append to fails on every rank before the probes (IoError naming the file
+// and the reason), not after them on rank 0 alone. A cached curve that stops
 // short of the largest size asked for (opts.probe.sizes) counts as a miss: the probe runs and its line, appended
 // later, wins, so a larger model never reads an extrapolated time from an earlier, smaller calibration.
 template <AsyncCommunicator C>
@@ -415,8 +432,16 @@ Calibration calibrate(C& comm, CalibrateOptions const& opts = {}) {
         cached.insert(cached.end(), {static_cast<double>(o.bytes), o.compute, o.comm});
     }
   }
+  // The count of cached values, or minus the errno of a cache that a probe's fit could not be appended to.
   double size = static_cast<double>(cached.size());
+  if (comm.rank() == 0 && !opts.cache.empty() && cached.empty()) {
+    if (int const e = detail::append_errno(opts.cache); e != 0) size = -static_cast<double>(e);
+  }
   host_broadcast(comm, std::span<double>(&size, 1), 0);
+  if (size < 0) {
+    throw IoError(detail::cat("calibrate: rank 0 cannot append to the calibration cache ", opts.cache, ": ",
+                              std::strerror(static_cast<int>(-size)), " (nothing was probed)"));
+  }
   if (size > 0) {
     cached.resize(static_cast<std::size_t>(size));
     host_broadcast(comm, std::span<double>(cached), 0);
