@@ -6,3 +6,4 @@
 #include "ddp/parallel/deterministic.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/join.hpp"
+#include "ddp/parallel/tune_bucket_cap.hpp"

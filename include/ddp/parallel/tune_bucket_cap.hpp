@@ -1,0 +1,153 @@
+// tune_bucket_cap: the bucket cap chosen by the cost model for a real model on a real communicator. Calibrates
+// the backend (ddp/comm/alpha_beta.hpp: a probe, or the cached fit), profiles a few DDP steps of the model at
+// PyTorch's cap (when each gradient is ready, in the job's view: the slowest rank's), and returns the cap with
+// the least predicted step (choose_bucket_cap, ddp/bucket/cost_model.hpp), which the caller then builds its
+// DDP or trainer with (TunedBucketCap::bucketer()). PyTorch rebuilds its buckets from the first iteration's
+// gradient order; this chooses their size as well, from what the backend and the model measure.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/autograd/backward.hpp"
+#include "ddp/autograd/variable.hpp"
+#include "ddp/bucket/cost_model.hpp"
+#include "ddp/bucket/plan.hpp"
+#include "ddp/comm/alpha_beta.hpp"
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/host_collectives.hpp"
+#include "ddp/error.hpp"
+#include "ddp/nn/module.hpp"
+#include "ddp/nn/parameter_arena.hpp"
+#include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp {
+
+struct TuneOptions {
+  CalibrateOptions calibrate{};  // the probe's sizes, and the cache file (a later run skips the probe)
+  DdpOptions ddp{};              // for the profiling DDP, e.g. find_unused_parameters as the real run has it
+  int warmup = 2;                // untimed steps first (caches, the backend's first calls)
+  int steps = 8;                 // timed steps; the profile takes the median of each time over them
+  std::vector<std::size_t> caps = default_candidate_caps();
+};
+
+struct TunedBucketCap {
+  CapChoice choice;  // the chosen config, its prediction, and every candidate's
+  Calibration calibration;
+  BackwardProfile profile;  // measured at PyTorch's cap; update 0 (no optimizer runs: the same for every cap)
+  SizeCapped bucketer() const { return SizeCapped{choice.config}; }
+};
+
+// Collective: every rank calls it with the same model (as DistributedDataParallel requires), the same options,
+// and a loss_of(ddp) that runs one forward through the DDP wrapper it is given on this rank's batch and returns
+// the loss. Wraps `model` in a DistributedDataParallel at PyTorch's cap for warmup + steps forward/backward
+// passes (no optimizer step: the parameters do not change), then unwraps it; the model's buffers (BatchNorm's
+// running statistics) and generators (Dropout's masks) are restored, so a run built with the chosen cap
+// trains bit for bit as one that never tuned. Every rank returns the same choice. Gradient hooks already set
+// on the parameters keep running, and are theirs again afterwards. Host models: on a device the hooks fire as
+// kernels are queued, not as they finish, so the profile would not be backward's.
+template <nn::Model M, AsyncCommunicator C, class LossOf>
+TunedBucketCap tune_bucket_cap(M& model, C& comm, LossOf&& loss_of, TuneOptions const& opts = {}) {
+  using T = typename M::value_type;
+  using S = typename M::space;
+  using V = Variable<T, S>;
+  using Clock = std::chrono::steady_clock;
+  static_assert(std::same_as<S, HostSpace>,
+                "tune_bucket_cap profiles backward on the host: gradient hooks of device tensors fire when their "
+                "kernels are queued, not when they finish. Tune a host copy of the model, or choose the cap with "
+                "choose_bucket_cap from a profile taken with device events.");
+  if (opts.warmup < 0 || opts.steps < 1)
+    throw ArgumentError(detail::cat("tune_bucket_cap: needs warmup >= 0 and steps >= 1, got warmup ", opts.warmup,
+                                    " and steps ", opts.steps));
+  if (opts.caps.empty()) throw ArgumentError("tune_bucket_cap: no candidate caps");
+
+  TunedBucketCap out;
+  out.calibration = calibrate(comm, opts.calibrate);
+
+  // What the profiling steps change besides gradients, put back at the end.
+  std::vector<std::pair<Tensor<T, S>, Tensor<T, S>>> buffers;  // (the model's, a copy)
+  for (auto const& b : model.named_buffers()) {
+    Tensor<T, S> copy(b.tensor.shape());
+    Kernels<S>::copy(b.tensor.numel(), b.tensor.data(), copy.data());
+    buffers.emplace_back(b.tensor, std::move(copy));
+  }
+  std::vector<std::pair<std::shared_ptr<Generator>, GeneratorState>> generators;
+  for (auto const& g : nn::generators_of(model)) generators.emplace_back(g.generator, g.generator->state());
+
+  std::vector<V> params;  // DDP's trainable parameters, registration order (its plan's indices)
+  for (auto const& p : nn::ParameterArena<T, S>::trainable(model.named_parameters())) params.push_back(p.var);
+  std::size_t const np = params.size();
+  using Hook = typename V::node_type::GradHook;
+  std::vector<Hook> user_hooks(np);
+  for (std::size_t i = 0; i < np; ++i) user_hooks[i] = params[i].node().leaf_hooks().grad_hook;
+
+  // Per timed step: forward, then each parameter's ready time after backward began (this rank's clock); the
+  // job's view is the element-wise max over ranks.
+  std::size_t const row = np + 1;
+  std::vector<double> stamps(static_cast<std::size_t>(opts.steps) * row, 0);
+  {
+    DistributedDataParallel<M, C> ddp(model, comm, opts.ddp, SizeCapped{});
+    Clock::time_point backward_start;
+    std::vector<double> ready(np, 0);
+    for (std::size_t i = 0; i < np; ++i) {
+      params[i].set_grad_hook([&, i](auto& node) {
+        ready[i] = std::chrono::duration<double>(Clock::now() - backward_start).count();
+        if (user_hooks[i]) user_hooks[i](node);
+      });
+    }
+    auto const restore_hooks = [&] {
+      for (std::size_t i = 0; i < np; ++i) params[i].node().leaf_hooks().grad_hook = user_hooks[i];
+    };
+    try {
+      for (int it = 0; it < opts.warmup + opts.steps; ++it) {
+        for (auto& p : params) p.zero_grad();
+        auto const t0 = Clock::now();
+        V loss = loss_of(ddp);
+        backward_start = Clock::now();
+        backward(loss);
+        if (it < opts.warmup) continue;
+        double* r = stamps.data() + static_cast<std::size_t>(it - opts.warmup) * row;
+        r[0] = std::chrono::duration<double>(backward_start - t0).count();
+        std::copy(ready.begin(), ready.end(), r + 1);
+      }
+    } catch (...) {
+      restore_hooks();
+      throw;
+    }
+    restore_hooks();
+    for (auto& p : params) p.zero_grad();
+  }
+  for (auto& [live, copy] : buffers) Kernels<S>::copy(copy.numel(), copy.data(), live.data());
+  for (auto& [g, st] : generators) g->set_state(st);
+
+  host_all_reduce(comm, std::span<double>(stamps), ReduceOp::kMax);
+  auto const median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  auto const column = [&](std::size_t c) {
+    std::vector<double> v;
+    for (int k = 0; k < opts.steps; ++k) v.push_back(stamps[static_cast<std::size_t>(k) * row + c]);
+    return v;
+  };
+  for (auto const& p : params) out.profile.numels.push_back(p.numel());
+  out.profile.forward = median(column(0));
+  for (std::size_t i = 0; i < np; ++i) out.profile.ready.push_back(median(column(i + 1)));
+  std::vector<double> last(static_cast<std::size_t>(opts.steps), 0);  // backward's compute: its last gradient
+  for (int k = 0; k < opts.steps; ++k)
+    for (std::size_t i = 0; i < np; ++i)
+      last[static_cast<std::size_t>(k)] =
+          std::max(last[static_cast<std::size_t>(k)], stamps[static_cast<std::size_t>(k) * row + i + 1]);
+  out.profile.backward = np == 0 ? 0.0 : median(last);
+  out.choice = choose_bucket_cap(out.profile, out.calibration.model, sizeof(T), opts.caps);
+  return out;
+}
+
+}  // namespace ddp

@@ -1,0 +1,104 @@
+// tune_bucket_cap (ddp/parallel/tune_bucket_cap.hpp), run by the threads test and under mpirun: one choice on
+// every rank, nothing of the model changed, and a run with the chosen cap bitwise the one that never tuned.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ddp/ddp.hpp"
+
+namespace ddp::test {
+
+// Conv -> BatchNorm (buffers) -> ReLU -> Flatten -> Dropout (a generator) -> Linear, on 1x6x6 images.
+inline auto make_tune_net() {
+  Generator g(7);
+  return nn::Sequential(nn::Conv2d(1, 4, 3, g), nn::BatchNorm2d(4), nn::ReLU(), nn::Flatten(), nn::Dropout(0.25, 11),
+                        nn::Linear(4 * 4 * 4, 3, g));
+}
+
+struct TuneData {
+  Tensor<float> x{Shape{4, 1, 6, 6}}, y{Shape{4, 3}};
+};
+inline TuneData tune_data(int rank) {
+  TuneData d;
+  Generator g(100 + static_cast<std::uint64_t>(rank));
+  for (std::int64_t i = 0; i < d.x.numel(); ++i) d.x[i] = g.uniform(-1.0f, 1.0f);
+  for (std::int64_t i = 0; i < d.y.numel(); ++i) d.y[i] = g.uniform(-1.0f, 1.0f);
+  return d;
+}
+
+// Every parameter's, buffer's and generator's bits, in order.
+template <class M>
+std::vector<std::uint64_t> model_bits(M const& m) {
+  std::vector<std::uint64_t> out;
+  auto const add = [&](Tensor<float> const& t) {
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      std::uint32_t u = 0;
+      std::memcpy(&u, &t[i], sizeof u);
+      out.push_back(u);
+    }
+  };
+  for (auto const& p : m.named_parameters()) add(p.var.value());
+  for (auto const& b : m.named_buffers()) add(b.tensor);
+  for (auto const& g : nn::generators_of(m)) {
+    auto const st = g.generator->state();
+    out.push_back(st.state), out.push_back(st.inc);
+  }
+  return out;
+}
+
+struct TuneOutcome {
+  std::size_t cap = 0;
+  std::size_t tried = 0;
+  std::size_t ready = 0;
+  bool model_unchanged = false;
+  bool buffers_moved_in_training = false;  // so "unchanged" above means something
+  int user_hook_calls_during = 0, user_hook_calls_after = 0;
+  bool same_as_untuned = false;
+};
+
+// Three SGD steps of `m` wrapped with `bucketer` on this rank's data.
+template <class Comm, class M>
+std::vector<std::uint64_t> train_three(Comm& comm, M& m, SizeCapped bucketer, TuneData const& d) {
+  DistributedDataParallel ddp(m, comm, {}, bucketer);
+  optim::SGD opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
+  for (int s = 0; s < 3; ++s) {
+    opt.zero_grad();
+    backward(mse_loss(ddp(Var(d.x)), d.y));
+    opt.step();
+  }
+  return model_bits(m);
+}
+
+template <class Comm>
+TuneOutcome tune_case(Comm& comm) {
+  TuneOutcome o;
+  TuneData const d = tune_data(comm.rank());
+  auto net = make_tune_net();
+  auto const before = model_bits(net);
+  // A hook the user set: it runs during the profile and stays afterwards.
+  auto const named = net.named_parameters();
+  named[0].var.set_grad_hook([&o](auto&) { ++o.user_hook_calls_during; });
+  TunedBucketCap const t = tune_bucket_cap(
+      net, comm, [&](auto& ddp) { return mse_loss(ddp(Var(d.x)), d.y); },
+      {.calibrate = {.probe = {.sizes = {1024, 16384, 262144}, .warmup = 1, .reps = 2},
+                     .overlap = {.sizes = {16384}, .seconds = 1e-3, .reps = 1}},
+       .warmup = 1,
+       .steps = 3});
+  o.cap = t.choice.config.cap_bytes;
+  o.tried = t.choice.tried.size();
+  o.ready = t.profile.ready.size();
+  o.model_unchanged = model_bits(net) == before;
+  named[0].var.set_grad_hook([&o](auto&) { ++o.user_hook_calls_after; });
+  // The tuned model trains bit for bit as an identical one that never tuned.
+  auto fresh = make_tune_net();
+  auto const tuned_run = train_three(comm, net, t.bucketer(), d);
+  auto const fresh_run = train_three(comm, fresh, t.bucketer(), d);
+  o.same_as_untuned = tuned_run == fresh_run;
+  o.buffers_moved_in_training = fresh_run != before;
+  return o;
+}
+
+}  // namespace ddp::test

@@ -1,0 +1,42 @@
+// tune_bucket_cap_cases.hpp under mpirun (MpiBackend; on one node the gradients are reduced in place in a
+// shared window): run by mpi_test with -n 2 and -n 4. Exits 0 when every check holds on every rank; a failing
+// rank aborts the job with its message.
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/mpi.hpp"
+#include "test/parallel/tune_bucket_cap_cases.hpp"
+
+namespace {
+void expect(bool ok, std::string const& what) {
+  if (!ok) throw std::runtime_error("tune_bucket_cap: " + what);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  ddp::MpiSession session(argc, argv);
+  try {
+    ddp::MpiBackend comm(session);
+    auto const o = ddp::test::tune_case(comm);
+    auto const caps = ddp::default_candidate_caps();
+    expect(std::find(caps.begin(), caps.end(), o.cap) != caps.end(), "the cap is not a candidate");
+    std::vector<std::int64_t> mine{static_cast<std::int64_t>(o.cap)}, all(static_cast<std::size_t>(comm.world_size()));
+    comm.all_gather(mine, all);
+    for (auto c : all) expect(c == all[0], "ranks chose different caps");
+    expect(o.ready == 6, "the profile has " + std::to_string(o.ready) + " parameters, not 6");
+    expect(o.model_unchanged, "tuning changed the model's parameters, buffers or generators");
+    expect(o.buffers_moved_in_training, "training left the model as it was (the check above means nothing)");
+    expect(o.user_hook_calls_during == 4 && o.user_hook_calls_after == 3,
+           "the user's gradient hook ran " + std::to_string(o.user_hook_calls_during) + " and " +
+               std::to_string(o.user_hook_calls_after) + " times, not 4 and 3");
+    expect(o.same_as_untuned, "the tuned model trained differently from one that never tuned");
+    if (comm.rank() == 0)
+      std::printf("tune_bucket_cap mpi tests passed on %d ranks (chose %zu KiB)\n", comm.world_size(), o.cap >> 10);
+  } catch (std::exception const& e) {
+    session.abort(e.what());
+  }
+  return 0;
+}
