@@ -51,6 +51,8 @@ struct Config {
   bool deterministic = false;  // --deterministic: DeterministicDataParallel, bitwise the same for any world size
   std::int64_t micro_batches = 8;
   double lr = 1e-3, bucket_cap_mb = 25;
+  bool auto_cap = false;          // --bucket-cap-mb auto: tune_bucket_cap chooses it before training
+  std::string calibration_cache;  // --calibration-cache
   fs::path data_dir, checkpoint, resume, trace_dir, out_dir;
 };
 
@@ -402,6 +404,36 @@ void run_deterministic(Comm& comm, Config const& cfg, TensorDataset<std::int32_t
   }
 }
 
+// --bucket-cap-mb auto: the cost model's cap for this model, backend and layout (tune_bucket_cap: calibrate,
+// or read --calibration-cache; profile a few steps on this rank's first local batch). The model is left as it
+// was, so the run trains as one given the chosen cap on the command line.
+template <class Comm>
+SizeCapped choose_cap(Comm& comm, Net<HostSpace>& net, Config const& cfg,
+                      TensorDataset<std::int32_t> const& train_set) {
+  std::int64_t const local = cfg.global_batch / comm.world_size();
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(std::min(local, train_set.size())));
+  for (std::size_t i = 0; i < idx.size(); ++i)
+    idx[i] = (static_cast<std::int64_t>(comm.rank()) * local + static_cast<std::int64_t>(i)) % train_set.size();
+  auto const batch = train_set.collate(idx);
+  TunedBucketCap const t = tune_bucket_cap(
+      net.seq, comm, [&](auto& ddp) { return cross_entropy(ddp(Var(batch.x)), batch.y); },
+      {.calibrate = {.cache = cfg.calibration_cache}});
+  if (comm.rank() == 0) {
+    double at_default = 0;
+    std::size_t buckets = 0;
+    for (auto const& c : t.choice.tried) {
+      if (c.config.cap_bytes == kDefaultBucketCapBytes) at_default = c.prediction.step;
+      if (c.config.cap_bytes == t.choice.config.cap_bytes) buckets = c.buckets;
+    }
+    std::printf("bucket cap: auto chose %.4g MiB, %zu buckets (predicted %.3f ms per step without the update, "
+                "%.3f ms at 25 MiB; %s for %s)\n",
+                double(t.choice.config.cap_bytes) / double(1 << 20), buckets, t.choice.prediction.step * 1e3,
+                at_default * 1e3, t.calibration.from_cache ? "calibration from the cache" : "calibrated",
+                t.calibration.key.c_str());
+  }
+  return t.bucketer();
+}
+
 // One rank's job on tensors of space S (host, or device with --device cuda): the model, its trainer (DDP with
 // the chosen bucket cap, the chosen optimizer) and train().
 template <MemorySpace S, class Comm>
@@ -411,7 +443,10 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
   Net<S> net = cfg.model == "cnn" ? make_cnn<S>(init) : make_mlp<S>(init);
   Timeline timeline(comm.rank());
   auto const cap = static_cast<std::size_t>(cfg.bucket_cap_mb * double(1 << 20));
-  SizeCapped const bucketer{BucketConfig{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}};
+  SizeCapped bucketer{BucketConfig{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}};
+  if constexpr (std::same_as<S, HostSpace>) {
+    if (cfg.auto_cap) bucketer = choose_cap(comm, net, cfg, train_set);
+  }
   TrainerOptions const opts{.seed = static_cast<std::uint64_t>(cfg.seed),
                             .drop_last = false,
                             .ddp = {.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
@@ -444,7 +479,12 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("optimizer", "adamw", "sgd (momentum 0.9), adam or adamw (weight decay 0.01)")
       .add("schedule", "cosine",
            "learning rate schedule: none, step (x0.7 each epoch) or cosine (to 0 over all steps, per step)")
-      .add("bucket-cap-mb", "25", "DDP gradient bucket size cap in MiB (the first bucket is at most 1 MiB)")
+      .add("bucket-cap-mb", "25",
+           "DDP gradient bucket size cap in MiB (the first bucket is at most 1 MiB), or auto: the cost model "
+           "chooses it for this model, backend and layout (calibrating the backend first; see "
+           "--calibration-cache)")
+      .add("calibration-cache", "",
+           "with --bucket-cap-mb auto: read the backend's calibration from this file, or append it after the probe")
       .add("seed", "1", "seed of the initial weights, the shuffle order and (plus the rank) dropout")
       .add("data-dir", std::string(kFashionMnistDefaultDir), "directory with the four Fashion-MNIST IDX files (.gz)")
       .add("checkpoint", "", "write a checkpoint to this file at the end of every epoch (atomically)")
@@ -506,7 +546,21 @@ std::optional<Config> parse(int argc, char** argv) {
   c.lr = f.str("lr").empty() ? (c.model == "cnn" ? 1e-3 : 2e-3) : f.real("lr");
   if (!(c.lr > 0 && c.lr < 100))
     throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
-  c.bucket_cap_mb = f.real("bucket-cap-mb");
+  c.auto_cap = f.str("bucket-cap-mb") == "auto";
+  c.calibration_cache = user_path(f.str("calibration-cache")).string();
+  if (!c.calibration_cache.empty() && !c.auto_cap)
+    throw ArgumentError("fashion_mnist: --calibration-cache is for --bucket-cap-mb auto");
+  if (c.auto_cap && (c.device == "cuda" || c.deterministic))
+    throw ArgumentError(
+        "fashion_mnist: --bucket-cap-mb auto profiles host tensors on the default DDP path; give a number with "
+        "--device cuda or --deterministic");
+  if (!c.auto_cap) {
+    char* end = nullptr;
+    std::string const v = f.str("bucket-cap-mb");
+    c.bucket_cap_mb = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size())
+      throw ArgumentError(detail::cat("fashion_mnist: --bucket-cap-mb must be a number of MiB or auto, got '", v, "'"));
+  }
   if (!(c.bucket_cap_mb >= 0 && c.bucket_cap_mb <= 4096))
     throw ArgumentError(
         detail::cat("fashion_mnist: --bucket-cap-mb must be in [0, 4096], got ", f.str("bucket-cap-mb")));

@@ -2,7 +2,7 @@
 # usage: fashion_mnist_e2e.sh BINARY: runs the main job on a slice of Fashion-MNIST (threads, 2 ranks, MLP,
 # 1 epoch), checks its output, CSV, SVG, per-rank traces and checkpoint, then resumes from the checkpoint;
 # then stops a 2-epoch run mid-epoch (--max-steps) and resumes it with another bucket cap (the uninterrupted
-# run's bits) and with another world size (the same to rounding).
+# run's bits) and with another world size (the same to rounding); --bucket-cap-mb auto trains the same bits.
 set -euo pipefail
 bin="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/fm"
@@ -62,6 +62,23 @@ for cap in 0 0.01 100; do
   [ "$(row2 "$dir/cap$cap/metrics.csv")" = "$(row2 "$dir/full/metrics.csv")" ] ||
     fail "resumed with --bucket-cap-mb $cap: epoch 2 is $(row2 "$dir/cap$cap/metrics.csv"), uninterrupted $(row2 "$dir/full/metrics.csv")"
 done
+# --bucket-cap-mb auto: the cost model chooses the cap (calibrating, then from the cache) and the run trains
+# bitwise as the fixed-cap run; a cache that cannot be written is a clear error before anything runs.
+for pass in calibrated "calibration from the cache"; do
+  run --bucket-cap-mb auto --calibration-cache "$dir/cal.txt" --out "$dir/auto"
+  grep -q "^bucket cap: auto chose [0-9.e+-]* MiB, [0-9]* buckets (predicted [0-9.]* ms per step .*; $pass for threads world 2" "$log" ||
+    fail "no auto cap line saying '$pass'"
+  [ "$(row2 "$dir/auto/metrics.csv")" = "$(row2 "$dir/full/metrics.csv")" ] ||
+    fail "--bucket-cap-mb auto: epoch 2 is $(row2 "$dir/auto/metrics.csv"), with 25 MiB $(row2 "$dir/full/metrics.csv")"
+done
+[ "$(wc -l <"$dir/cal.txt")" -eq 1 ] || fail "the calibration cache should hold one line"
+if timeout --kill-after=5 60 "$bin" "${slice[@]}" --bucket-cap-mb auto --calibration-cache "$dir/no/such/dir/cal.txt" >"$log" 2>&1; then
+  cat "$log"; fail "an unwritable calibration cache was accepted"
+fi
+cat "$log"
+grep -q "cannot append to the calibration cache $dir/no/such/dir/cal.txt: No such file or directory" "$log" ||
+  fail "the unwritable cache's error does not name it"
+grep -q '^epoch ' "$log" && fail "the run trained despite the unwritable cache"
 for ws in 4 1; do
   run --resume "$dir/mid.ckpt" --world-size "$ws" --bucket-cap-mb 0.01 --out "$dir/ws$ws"
   paste -d, <(row2 "$dir/ws$ws/metrics.csv") <(row2 "$dir/full/metrics.csv") |

@@ -23,6 +23,10 @@ expect "--lr must be in" --lr -1
 expect "--lr must be a number" --lr fast
 expect "must be a multiple of --world-size 3" --batch-size 64 --world-size 3
 expect "--optimizer must be one of sgd|adam|adamw" --optimizer lbfgs
+expect "--bucket-cap-mb must be a number of MiB or auto, got 'big'" --bucket-cap-mb big
+expect "--bucket-cap-mb must be in [0, 4096]" --bucket-cap-mb -1
+expect "--calibration-cache is for --bucket-cap-mb auto" --calibration-cache /tmp/cal.txt
+expect "--bucket-cap-mb auto profiles host tensors" --bucket-cap-mb auto --deterministic true
 expect "flag --epochs needs a value" --epochs
 expect "does not exist" --resume /nonexistent/ckpt.bin
 expect "unexpected argument 'extra'" extra
