@@ -37,9 +37,9 @@ Tensor<float> rnd(Shape s, Generator& g) {
 }
 
 struct Measured {
-  BackwardProfile profile;             // medians over the timed steps, of the job as a whole (below)
-  std::vector<double> bucket_seconds;  // median all-reduce time per bucket (launch to observed completion)
-  double step = 0;                     // the job's time per step: first step's start to last step's end / steps
+  BackwardProfile profile;               // medians over the timed steps, of the job as a whole (below)
+  std::vector<double> bucket_seconds;    // median all-reduce time per bucket (launch to observed completion)
+  double step = 0;                       // the job's time per step: first step's start to last step's end / steps
   double step_median = 0, step_p90 = 0;  // of the single steps' times (those `step` is the mean of)
   std::size_t buckets = 0;
 };
@@ -271,8 +271,8 @@ int main(int argc, char** argv) {
       std::size_t const end = models.find(',', at);
       std::string const name = models.substr(at, end - at);
       if (name != "mlp" && name != "cnn" && name != "wide")
-        throw ArgumentError("cost_model: --models takes a comma-separated subset of mlp,cnn,wide, got '" + flags.str("models") +
-                            "'");
+        throw ArgumentError("cost_model: --models takes a comma-separated subset of mlp,cnn,wide, got '" +
+                            flags.str("models") + "'");
       at = end + 1;
     }
     bool const mlp = models.find(",mlp,") != std::string::npos, cnn = models.find(",cnn,") != std::string::npos,

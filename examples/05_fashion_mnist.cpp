@@ -415,9 +415,9 @@ SizeCapped choose_cap(Comm& comm, Net<HostSpace>& net, Config const& cfg,
   for (std::size_t i = 0; i < idx.size(); ++i)
     idx[i] = (static_cast<std::int64_t>(comm.rank()) * local + static_cast<std::int64_t>(i)) % train_set.size();
   auto const batch = train_set.collate(idx);
-  TunedBucketCap const t = tune_bucket_cap(
-      net.seq, comm, [&](auto& ddp) { return cross_entropy(ddp(Var(batch.x)), batch.y); },
-      {.calibrate = {.cache = cfg.calibration_cache}});
+  TunedBucketCap const t =
+      tune_bucket_cap(net.seq, comm, [&](auto& ddp) { return cross_entropy(ddp(Var(batch.x)), batch.y); },
+                      {.calibrate = {.cache = cfg.calibration_cache}});
   if (comm.rank() == 0) {
     double at_default = 0;
     std::size_t buckets = 0;
@@ -425,11 +425,11 @@ SizeCapped choose_cap(Comm& comm, Net<HostSpace>& net, Config const& cfg,
       if (c.config.cap_bytes == kDefaultBucketCapBytes) at_default = c.prediction.step;
       if (c.config.cap_bytes == t.choice.config.cap_bytes) buckets = c.buckets;
     }
-    std::printf("bucket cap: auto chose %.4g MiB, %zu buckets (predicted %.3f ms per step without the update, "
-                "%.3f ms at 25 MiB; %s for %s)\n",
-                double(t.choice.config.cap_bytes) / double(1 << 20), buckets, t.choice.prediction.step * 1e3,
-                at_default * 1e3, t.calibration.from_cache ? "calibration from the cache" : "calibrated",
-                t.calibration.key.c_str());
+    std::printf(
+        "bucket cap: auto chose %.4g MiB, %zu buckets (predicted %.3f ms per step without the update, "
+        "%.3f ms at 25 MiB; %s for %s)\n",
+        double(t.choice.config.cap_bytes) / double(1 << 20), buckets, t.choice.prediction.step * 1e3, at_default * 1e3,
+        t.calibration.from_cache ? "calibration from the cache" : "calibrated", t.calibration.key.c_str());
   }
   return t.bucketer();
 }

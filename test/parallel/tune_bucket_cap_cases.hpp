@@ -81,12 +81,12 @@ TuneOutcome tune_case(Comm& comm) {
   // A hook the user set: it runs during the profile and stays afterwards.
   auto const named = net.named_parameters();
   named[0].var.set_grad_hook([&o](auto&) { ++o.user_hook_calls_during; });
-  TunedBucketCap const t = tune_bucket_cap(
-      net, comm, [&](auto& ddp) { return mse_loss(ddp(Var(d.x)), d.y); },
-      {.calibrate = {.probe = {.sizes = {1024, 16384, 262144}, .warmup = 1, .reps = 2},
-                     .overlap = {.sizes = {16384}, .seconds = 1e-3, .reps = 1}},
-       .warmup = 1,
-       .steps = 3});
+  TunedBucketCap const t =
+      tune_bucket_cap(net, comm, [&](auto& ddp) { return mse_loss(ddp(Var(d.x)), d.y); },
+                      {.calibrate = {.probe = {.sizes = {1024, 16384, 262144}, .warmup = 1, .reps = 2},
+                                     .overlap = {.sizes = {16384}, .seconds = 1e-3, .reps = 1}},
+                       .warmup = 1,
+                       .steps = 3});
   o.cap = t.choice.config.cap_bytes;
   o.tried = t.choice.tried.size();
   o.ready = t.profile.ready.size();
