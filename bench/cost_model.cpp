@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -164,8 +165,7 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
     host_all_reduce(comm, std::span<double>(all), ReduceOp::kMax);
     std::vector<std::vector<double>> ready(np);
     std::vector<double> fwd, bwd, upd;
-    double total = 0;
-    std::vector<double> steps;
+    std::vector<double> steps;  // each timed step's time; they add up to the run's wall time
     for (int k = 0; k < iters; ++k) {
       double const* r = all.data() + static_cast<std::size_t>(k) * row;
       double const start = -r[0], bstart = r[1];
@@ -178,7 +178,6 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
       bwd.push_back(last);
       upd.push_back(r[np + 3]);
       std::size_t const at = position[static_cast<std::size_t>(warmup + k) * nj + jj];  // in execution order
-      total += ends[at] - ends[at - 1];
       steps.push_back(ends[at] - ends[at - 1]);
     }
     Measured m;
@@ -186,9 +185,9 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
     for (auto const& r : ready) m.profile.ready.push_back(median(r));
     m.profile.forward = median(fwd), m.profile.backward = median(bwd), m.profile.update = median(upd);
     m.bucket_seconds.assign(all.begin() + static_cast<std::ptrdiff_t>(j.stamps.size()), all.end());
-    m.step = total / iters;
-    m.step_median = median(steps);
+    m.step = std::accumulate(steps.begin(), steps.end(), 0.0) / iters;
     std::sort(steps.begin(), steps.end());
+    m.step_median = steps[steps.size() / 2];
     m.step_p90 = steps[std::min(steps.size() - 1, steps.size() * 9 / 10)];
     m.buckets = j.bucket.size();
     out.push_back(std::move(m));

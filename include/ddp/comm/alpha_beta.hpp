@@ -182,7 +182,6 @@ void fill_probe(Tensor<float, S>& buf) {
 // sample, and every rank fits the same samples. Where the communicator keeps DDP's gradients in storage of
 // its own (MpiBackend::gradient_storage: reduced in place), the probe's buffers are slices of such storage,
 // so it times the path DDP's buckets take.
-
 template <AsyncCommunicator C>
 Calibration probe_alpha_beta(C& comm, ProbeOptions const& opts = {}) {
   using S = native_space_t<C>;
@@ -383,9 +382,8 @@ namespace detail {
 inline int append_errno(std::string const& path) noexcept {
   errno = 0;
   std::FILE* f = std::fopen(path.c_str(), "a");
-  if (f == nullptr) return errno != 0 ? errno : EIO;
-  int const e = std::fclose(f) == 0 ? 0 : (errno != 0 ? errno : EIO);
-  return e;
+  if (f != nullptr && std::fclose(f) == 0) return 0;
+  return errno != 0 ? errno : EIO;
 }
 }  // namespace detail
 

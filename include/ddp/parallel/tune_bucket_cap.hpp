@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -102,50 +103,42 @@ TunedBucketCap tune_bucket_cap(M& model, C& comm, LossOf&& loss_of, TuneOptions 
         if (user_hooks[i]) user_hooks[i](node);
       });
     }
-    auto const restore_hooks = [&] {
-      for (std::size_t i = 0; i < np; ++i) params[i].node().leaf_hooks().grad_hook = user_hooks[i];
-    };
-    try {
-      for (int it = 0; it < opts.warmup + opts.steps; ++it) {
-        for (auto& p : params) p.zero_grad();
-        auto const t0 = Clock::now();
-        V loss = loss_of(ddp);
-        backward_start = Clock::now();
-        backward(loss);
-        if (it < opts.warmup) continue;
-        double* r = stamps.data() + static_cast<std::size_t>(it - opts.warmup) * row;
-        r[0] = std::chrono::duration<double>(backward_start - t0).count();
-        std::copy(ready.begin(), ready.end(), r + 1);
+    struct RestoreHooks {  // the user's hooks back on every way out (they hold references into this scope)
+      std::vector<V> const& params;
+      std::vector<Hook> const& hooks;
+      ~RestoreHooks() {
+        for (std::size_t i = 0; i < params.size(); ++i) params[i].node().leaf_hooks().grad_hook = hooks[i];
       }
-    } catch (...) {
-      restore_hooks();
-      throw;
+    } const restore{params, user_hooks};
+    for (int it = 0; it < opts.warmup + opts.steps; ++it) {
+      for (auto& p : params) p.zero_grad();
+      auto const t0 = Clock::now();
+      V loss = loss_of(ddp);
+      backward_start = Clock::now();
+      backward(loss);
+      if (it < opts.warmup) continue;
+      double* r = stamps.data() + static_cast<std::size_t>(it - opts.warmup) * row;
+      r[0] = std::chrono::duration<double>(backward_start - t0).count();
+      std::copy(ready.begin(), ready.end(), r + 1);
     }
-    restore_hooks();
     for (auto& p : params) p.zero_grad();
   }
   for (auto& [live, copy] : buffers) Kernels<S>::copy(copy.numel(), copy.data(), live.data());
   for (auto& [g, st] : generators) g->set_state(st);
 
   host_all_reduce(comm, std::span<double>(stamps), ReduceOp::kMax);
-  auto const median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
+  auto const step = [&](int k) { return stamps.data() + static_cast<std::size_t>(k) * row; };
   auto const column = [&](std::size_t c) {
     std::vector<double> v;
-    for (int k = 0; k < opts.steps; ++k) v.push_back(stamps[static_cast<std::size_t>(k) * row + c]);
+    for (int k = 0; k < opts.steps; ++k) v.push_back(step(k)[c]);
     return v;
   };
   for (auto const& p : params) out.profile.numels.push_back(p.numel());
-  out.profile.forward = median(column(0));
-  for (std::size_t i = 0; i < np; ++i) out.profile.ready.push_back(median(column(i + 1)));
-  std::vector<double> last(static_cast<std::size_t>(opts.steps), 0);  // backward's compute: its last gradient
-  for (int k = 0; k < opts.steps; ++k)
-    for (std::size_t i = 0; i < np; ++i)
-      last[static_cast<std::size_t>(k)] =
-          std::max(last[static_cast<std::size_t>(k)], stamps[static_cast<std::size_t>(k) * row + i + 1]);
-  out.profile.backward = np == 0 ? 0.0 : median(last);
+  out.profile.forward = detail::median_of(column(0));
+  for (std::size_t i = 0; i < np; ++i) out.profile.ready.push_back(detail::median_of(column(i + 1)));
+  std::vector<double> last;  // backward's compute per step: until its last gradient
+  for (int k = 0; k < opts.steps; ++k) last.push_back(np == 0 ? 0.0 : *std::max_element(step(k) + 1, step(k) + row));
+  out.profile.backward = detail::median_of(last);
   out.choice = choose_bucket_cap(out.profile, out.calibration.model, sizeof(T), opts.caps);
   return out;
 }
