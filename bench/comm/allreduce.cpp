@@ -1,6 +1,6 @@
 // allreduce: bus bandwidth (nccl-tests convention) of ThreadsBackend and MpiBackend, side by side with the
-// simplest in-process loop and raw MPI_Allreduce on the same buffers, 4 KiB-400 MB, plus small-message
-// latency. Run: mpirun -n P bazel-bin/bench/comm/allreduce  (P ranks for MPI, P threads for the threads part);
+// simplest in-process loop, raw MPI_Allreduce on the same buffers and, on one node, the simplest in-place loop
+// in a shared window (the memory limit), 4 KiB-400 MB, plus small-message latency. Run: mpirun -n P bazel-bin/bench/comm/allreduce  (P ranks for MPI, P threads for the threads part);
 // threads only: bazel-bin/bench/comm/allreduce --no-mpi --threads-world=P. Options: see kUsage.
 #include <mpi.h>
 
@@ -136,12 +136,104 @@ struct Row {
   std::size_t bytes = 0;
   double threads = 0, threads_async = 0, loop = 0;  // seconds (median)
   double mpi = 0, mpi_async = 0, mpi_flat = 0, mpi_cached = 0, mpi_in_place = 0, mpi_in_place_plain = 0, raw = 0;
+  double window_loop = 0;  // 0: not run (ranks on more than one node)
+};
+
+// The limit the in-place path works against, measured in the same run: every rank's buffer in one MPI-3
+// shared window (MpiBackend's in-place layout), each rank sums its slice of all buffers and stores the sum into
+// every one of them, then one barrier. No chunks, no store choice, no progress thread, no error checks: the
+// least memory traffic and synchronisation an in-place all-reduce can have (each element of a rank's slice read
+// and written once in every buffer), so "in place / loop" says how much of the machine's limit the library
+// gets, and "raw MPI / loop" how much MPICH does. Only where all ranks share one node.
+class WindowLoop {
+ public:
+  WindowLoop(std::size_t max_floats) {
+    int world = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_);
+    MPI_Comm_rank(node_, &rank_);
+    MPI_Comm_size(node_, &size_);
+    int const all_here = size_ == world ? 1 : 0;
+    int usable = 0;
+    MPI_Allreduce(&all_here, &usable, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!usable) return;
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    float* base = nullptr;
+    MPI_Win_allocate_shared(static_cast<MPI_Aint>(max_floats * sizeof(float) + 64), sizeof(float), info, node_, &base,
+                            &win_);
+    MPI_Info_free(&info);
+    MPI_Win_lock_all(MPI_MODE_NOCHECK, win_);  // one passive-target epoch for the window's life (MPI_Win_sync)
+    std::fill(base, base + max_floats, 0.0f);  // first touch by the owner, as gradient_storage does
+    for (int k = 0; k < size_; ++k) {
+      MPI_Aint bytes = 0;
+      int unit = 0;
+      float* b = nullptr;
+      MPI_Win_shared_query(win_, k, &bytes, &unit, &b);
+      bufs_.push_back(b);
+    }
+    MPI_Barrier(node_);
+  }
+  ~WindowLoop() {
+    if (win_ != MPI_WIN_NULL) {
+      MPI_Win_unlock_all(win_);
+      MPI_Win_free(&win_);
+    }
+    MPI_Comm_free(&node_);
+  }
+  WindowLoop(WindowLoop const&) = delete;
+  WindowLoop& operator=(WindowLoop const&) = delete;
+
+  bool usable() const { return win_ != MPI_WIN_NULL; }
+  float* own() const { return bufs_[static_cast<std::size_t>(rank_)]; }
+
+  // The all-reduce of the first n floats of every rank's buffer: callers have passed a barrier since the last
+  // write into their buffer (the benchmark's MPI_Barrier before its clock starts).
+  void all_reduce(std::size_t n) {
+    MPI_Win_sync(win_);  // the peers' writes before that barrier, in the MPI-3 shared-memory model
+    std::size_t const per = (n + static_cast<std::size_t>(size_) - 1) / static_cast<std::size_t>(size_);
+    std::size_t const lo = std::min(n, per * static_cast<std::size_t>(rank_)), hi = std::min(n, lo + per);
+    if (size_ == 2) {
+      float* __restrict const x = bufs_[0];
+      float* __restrict const y = bufs_[1];
+      for (std::size_t i = lo; i < hi; ++i) {
+        float const s = x[i] + y[i];
+        x[i] = s;
+        y[i] = s;
+      }
+    } else {
+      constexpr std::size_t kBlock = 512;  // a sum through L1, then stored into every buffer
+      alignas(64) float sum[kBlock];
+      for (std::size_t b = lo; b < hi; b += kBlock) {
+        std::size_t const m = std::min(kBlock, hi - b);
+        float const* __restrict const first = bufs_[0] + b;
+        for (std::size_t j = 0; j < m; ++j) sum[j] = first[j];
+        for (int k = 1; k < size_; ++k) {
+          float const* __restrict const src = bufs_[static_cast<std::size_t>(k)] + b;
+          for (std::size_t j = 0; j < m; ++j) sum[j] += src[j];
+        }
+        for (int k = 0; k < size_; ++k) {
+          float* __restrict const dst = bufs_[static_cast<std::size_t>(k)] + b;
+          for (std::size_t j = 0; j < m; ++j) dst[j] = sum[j];
+        }
+      }
+    }
+    MPI_Win_sync(win_);
+    MPI_Barrier(node_);  // every slice stored in every buffer
+  }
+
+ private:
+  MPI_Comm node_ = MPI_COMM_NULL;
+  MPI_Win win_ = MPI_WIN_NULL;
+  int rank_ = 0, size_ = 1;
+  std::vector<float*> bufs_;
 };
 
 // ---- MPI: raw MPI_Allreduce, MpiBackend (default layout: shared memory on a node; sync and async) and
 // MpiBackend with NodeAllReduce::kMpi (its MPI_Iallreduce path) and with plain stores into the window at every
 // size (WindowStores::kPlain), and MpiBackend on a buffer in its gradient_storage (on one node: reduced in place
-// in a shared window, as DDP's gradients are), interleaved per iteration ------------------------------------------------------------------
+// in a shared window, as DDP's gradients are), and the window loop (WindowLoop), interleaved per iteration ------------------------------------------------------------------
 void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& cached, Args const& a,
                std::vector<Row>& rows) {
   std::vector<float> buf(a.max_bytes / sizeof(float), 0.0f);
@@ -151,11 +243,16 @@ void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& ca
   std::fill(plain_storage.data(), plain_storage.data() + plain_storage.numel(), 0.0f);
   MPI_Comm raw_comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
+  WindowLoop loop(buf.size());
+  int const variants = loop.usable() ? 8 : 7;
   for (Row& row : rows) {
     std::size_t const n = row.bytes / sizeof(float);
     auto one = [&](int variant) {
       if (a.rewrite) {  // the whole buffer, from this rank, as a backward pass writes DDP's gradients
-        float* const dst = variant == 5 ? storage.data() : variant == 6 ? plain_storage.data() : buf.data();
+        float* const dst = variant == 5   ? storage.data()
+                           : variant == 6 ? plain_storage.data()
+                           : variant == 7 ? loop.own()
+                                          : buf.data();
         std::fill(dst, dst + n, 0.5f);
       }
       MPI_Barrier(raw_comm);
@@ -172,23 +269,27 @@ void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& ca
         cached.all_reduce(std::span(buf).first(n), ddp::ReduceOp::kSum);
       } else if (variant == 5) {
         comm.all_reduce(std::span(storage.data(), n), ddp::ReduceOp::kSum);
-      } else {
+      } else if (variant == 6) {
         cached.all_reduce(std::span(plain_storage.data(), n), ddp::ReduceOp::kSum);
+      } else {
+        loop.all_reduce(n);
       }
       double dt = MPI_Wtime() - t0;
       MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, raw_comm);  // the slowest rank's time
       return dt;
     };
-    double const first = std::max({one(0), one(1), one(2), one(3), one(4), one(5), one(6)});
+    double first = 0;
+    for (int v = 0; v < variants; ++v) first = std::max(first, one(v));
     int const iters = std::max(5, iterations_for(first, a) / 4 + 1);  // MPI oversubscribed is noisy: >= 5 rounds
     auto const stat = [&](std::vector<double> const& v) {
       return a.mean ? std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()) : median(v);
     };
-    std::vector<double> t[7];
+    std::vector<double> t[8];
     // A new order each round (the same on every rank: a fixed seed): a variant's speed depends on what ran
     // before it (whose lines the caches hold), and a fixed or rotated order makes each follow the same one.
     std::mt19937 shuffle_rng(static_cast<std::uint32_t>(row.bytes));
-    std::array<int, 7> order{0, 1, 2, 3, 4, 5, 6};
+    std::vector<int> order(static_cast<std::size_t>(variants));
+    std::iota(order.begin(), order.end(), 0);
     for (int i = 0; i < iters; ++i) {
       std::shuffle(order.begin(), order.end(), shuffle_rng);
       for (int v : order) t[v].push_back(one(v));
@@ -200,6 +301,7 @@ void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& ca
     row.mpi_cached = stat(t[4]);
     row.mpi_in_place = stat(t[5]);
     row.mpi_in_place_plain = stat(t[6]);
+    if (loop.usable()) row.window_loop = stat(t[7]);
   }
   MPI_Comm_free(&raw_comm);
 }
@@ -356,17 +458,20 @@ int main(int argc, char** argv) {
     std::printf(
         "\n| size | threads | threads async | plain loop | threads / loop | MpiBackend | MpiBackend async | "
         "MpiBackend kMpi | MpiBackend plain stores | MpiBackend in place | in place plain stores | "
-        "raw MPI_Allreduce | MpiBackend / raw | in place / raw |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "raw MPI_Allreduce | window loop | MpiBackend / raw | in place / raw | in place / loop | raw / loop |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int const pt = a.threads_world > 0 ? a.threads_world : p;  // the threads part's world size
     for (Row const& row : rows) {
       auto bw = [&](double t) { return busbw_gbs(row.bytes, t, p); };
       auto tbw = [&](double t) { return busbw_gbs(row.bytes, t, pt); };
-      std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-                  human(row.bytes).c_str(), tbw(row.threads), tbw(row.threads_async), tbw(row.loop),
-                  row.threads > 0 ? row.loop / row.threads : 0.0, bw(row.mpi), bw(row.mpi_async), bw(row.mpi_flat),
-                  bw(row.mpi_cached), bw(row.mpi_in_place), bw(row.mpi_in_place_plain), bw(row.raw),
-                  row.mpi > 0 ? row.raw / row.mpi : 0.0, row.mpi_in_place > 0 ? row.raw / row.mpi_in_place : 0.0);
+      auto ratio = [](double slow, double fast) { return fast > 0 && slow > 0 ? slow / fast : 0.0; };
+      std::printf(
+          "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | "
+          "%.2f | %.2f |\n",
+          human(row.bytes).c_str(), tbw(row.threads), tbw(row.threads_async), tbw(row.loop),
+          ratio(row.loop, row.threads), bw(row.mpi), bw(row.mpi_async), bw(row.mpi_flat), bw(row.mpi_cached),
+          bw(row.mpi_in_place), bw(row.mpi_in_place_plain), bw(row.raw), bw(row.window_loop), ratio(row.raw, row.mpi),
+          ratio(row.raw, row.mpi_in_place), ratio(row.window_loop, row.mpi_in_place), ratio(row.window_loop, row.raw));
     }
     std::printf("\nlatency: threads all_reduce 4 B %.2f us, 4 KiB %.2f us; MpiBackend 4 B %.2f us\n", lat4 * 1e6,
                 lat4k * 1e6, mpi_lat * 1e6);
