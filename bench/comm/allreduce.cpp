@@ -1,11 +1,11 @@
 // allreduce: bus bandwidth (nccl-tests convention) of ThreadsBackend and MpiBackend, side by side with the
 // simplest in-process loop, raw MPI_Allreduce on the same buffers and, on one node, the simplest in-place loop
-// in a shared window (the memory limit), 4 KiB-400 MB, plus small-message latency. Run: mpirun -n P bazel-bin/bench/comm/allreduce  (P ranks for MPI, P threads for the threads part);
+// in a shared window (the memory limit), 4 KiB-400 MB, plus small-message latency.
+// Run: mpirun -n P bazel-bin/bench/comm/allreduce  (P ranks for MPI, P threads for the threads part);
 // threads only: bazel-bin/bench/comm/allreduce --no-mpi --threads-world=P. Options: see kUsage.
 #include <mpi.h>
 
 #include <algorithm>
-#include <array>
 #include <barrier>
 #include <chrono>
 #include <cstdint>
@@ -147,7 +147,7 @@ struct Row {
 // gets, and "raw MPI / loop" how much MPICH does. Only where all ranks share one node.
 class WindowLoop {
  public:
-  WindowLoop(std::size_t max_floats) {
+  explicit WindowLoop(std::size_t max_floats) {
     int world = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_);
@@ -233,7 +233,7 @@ class WindowLoop {
 // ---- MPI: raw MPI_Allreduce, MpiBackend (default layout: shared memory on a node; sync and async) and
 // MpiBackend with NodeAllReduce::kMpi (its MPI_Iallreduce path) and with plain stores into the window at every
 // size (WindowStores::kPlain), and MpiBackend on a buffer in its gradient_storage (on one node: reduced in place
-// in a shared window, as DDP's gradients are), and the window loop (WindowLoop), interleaved per iteration ------------------------------------------------------------------
+// in a shared window, as DDP's gradients are), and the window loop (WindowLoop), interleaved per iteration ----
 void bench_mpi(ddp::MpiBackend& comm, ddp::MpiBackend& flat, ddp::MpiBackend& cached, Args const& a,
                std::vector<Row>& rows) {
   std::vector<float> buf(a.max_bytes / sizeof(float), 0.0f);
