@@ -3,13 +3,15 @@
 # tarball, for a GPU machine that has the NVIDIA driver and the CUDA, cuBLAS, cuDNN and NCCL libraries but no
 # Bazel and no MPICH (how the H100 results in bench/RESULTS.md were taken). There:
 #   mkdir ddp_gpu && tar xJf ddp_gpu.tar.xz -C ddp_gpu && ddp_gpu/run.sh [FASHION_MNIST_DIR]
-# The CUDA libraries are not packed: run.sh finds that machine's own (toolkit, driver, pip wheels).
+# The CUDA libraries are not packed: run.sh finds that machine's own (toolkit, driver, pip wheels). The host
+# benchmarks of issue 13 come along; host_bench.sh runs them on that machine's CPUs (a second, larger host).
 # usage: tools/gpu/bundle.sh [OUT.tar.xz]      (default bazel-bin/ddp_gpu.tar.xz; from the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="$(realpath -m "${1:-bazel-bin/ddp_gpu.tar.xz}")"
 targets=(//test/tensor:device_kernels_cuda_test //test/autograd:device_ops_cuda_test //test/comm:nccl_conformance
-         //test/parallel:ddp_nccl_main //examples:fashion_mnist_cuda)
+         //test/parallel:ddp_nccl_main //examples:fashion_mnist_cuda
+         //bench/comm:allreduce //bench/comm:core_pingpong //bench:ddp_step //bench:cost_model)
 bazel build "${targets[@]}"
 stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
@@ -29,7 +31,7 @@ for f in "$stage"/lib/*; do ldd "$f"; done | awk '$2 == "=>" && $3 ~ /^\// {prin
   while read -r name path; do
     [[ "$name" =~ $skip || -e "$stage/lib/$name" ]] || cp -L "$path" "$stage/lib/$name"
   done
-cp tools/gpu/run.sh "$stage/run.sh"
+cp tools/gpu/run.sh tools/gpu/host_bench.sh "$stage/"
 chmod -R u+w "$stage"
-tar -C "$stage" -cJf "$out" bin lib run.sh
+tar -C "$stage" -cJf "$out" bin lib run.sh host_bench.sh
 echo "wrote $out ($(du -h "$out" | cut -f1)): $(ls "$stage/bin" | tr '\n' ' ')"

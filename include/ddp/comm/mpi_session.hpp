@@ -69,12 +69,15 @@ inline void abort_if_exiting_mid_run() noexcept {
 
 }  // namespace detail
 
-// How MpiSession ends MPI when the job's ranks span more than one node. MPICH's UCX transport closes every
-// connection in MPI_Finalize and waits for each close to be flushed; over TCP a flush needs the peer's
-// answer (UCX sends it an empty put and waits for the ack). A rank whose own closes are done goes on to the
-// launcher's barrier and answers no more, so a peer still closing can wait forever (openucx/ucx issue 8738;
-// here up to 1 run in 4 of a plain all-reduce program across namespace hosts, bench/RESULTS.md). Two
-// measures, both only across nodes (on one node MPI uses shared memory and MPI_Finalize is called as is):
+// How MpiSession ends MPI in a job of more than one rank. MPICH's UCX transport closes every connection in
+// MPI_Finalize and waits for each close to be flushed; over TCP a flush needs the peer's answer (UCX sends it
+// an empty put and waits for the ack). A rank whose own closes are done goes on to the launcher's barrier and
+// answers no more, so a peer still closing can wait forever (openucx/ucx issue 8738; here up to 1 run in 4 of
+// a plain all-reduce program across namespace hosts, bench/RESULTS.md). On one node it happens too whenever
+// UCX reaches a peer over TCP: MPICH opens UCX connections for ddp's shared windows, and UCX takes TCP for
+// them when it cannot use cross-memory attach (a UCX without its CMA module, containers that forbid
+// process_vm_readv, UCX_TLS=tcp,self): then 11 of 12 runs of bench/comm/allreduce hung at exit on one node.
+// Two measures, for every job of more than one rank:
 //  - `finalize_quiet`: the destructor meets all ranks in a barrier on a communicator of its own, then every
 //    rank stays out of MPI this long before MPI_Finalize, so no rank is still inside an MPI call, answering,
 //    when a peer starts closing. This removed most hangs, not all under CPU contention.
@@ -176,7 +179,7 @@ class MpiSession {
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_comm_);
     MPI_Comm_rank(local_comm_, &local_rank_);
     MPI_Comm_size(local_comm_, &local_size_);
-    if (owns_ && local_size_ < world_size_) MPI_Comm_dup(MPI_COMM_WORLD, &finalize_comm_);
+    if (owns_ && world_size_ > 1) MPI_Comm_dup(MPI_COMM_WORLD, &finalize_comm_);
     static bool const hooked = std::atexit(detail::abort_if_exiting_mid_run) == 0;
     if (hooked) {
       detail::exit_guard().rank.store(rank_);
@@ -197,8 +200,8 @@ class MpiSession {
     }
   }
 
-  // MpiSessionOptions says why: across nodes, all ranks meet, leave MPI for finalize_quiet, then finalize
-  // under the watchdog.
+  // MpiSessionOptions says why: with more than one rank, all ranks meet, leave MPI for finalize_quiet, then
+  // finalize under the watchdog.
   void finalize() {
     if (finalize_comm_ == MPI_COMM_NULL) {
       MPI_Finalize();
@@ -295,7 +298,7 @@ class MpiSession {
   int local_rank_ = 0;
   int local_size_ = 1;
   MPI_Comm local_comm_ = MPI_COMM_NULL;
-  MPI_Comm finalize_comm_ = MPI_COMM_NULL;  // across nodes only: the barrier before MPI_Finalize
+  MPI_Comm finalize_comm_ = MPI_COMM_NULL;  // more than one rank: the barrier before MPI_Finalize
 };
 
 // The recommended main for MPI programs: return ddp::mpi_main(argc, argv, [](ddp::MpiSession& s) { ... });
