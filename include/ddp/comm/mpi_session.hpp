@@ -75,8 +75,9 @@ inline void abort_if_exiting_mid_run() noexcept {
 // answers no more, so a peer still closing can wait forever (openucx/ucx issue 8738; here up to 1 run in 4 of
 // a plain all-reduce program across namespace hosts, bench/RESULTS.md). On one node it happens too whenever
 // UCX reaches a peer over TCP: MPICH opens UCX connections for ddp's shared windows, and UCX takes TCP for
-// them when it cannot use cross-memory attach (a UCX without its CMA module, containers that forbid
-// process_vm_readv, UCX_TLS=tcp,self): then 11 of 12 runs of bench/comm/allreduce hung at exit on one node.
+// them when it cannot use cross-memory attach (seen with a UCX without its CMA module and with
+// UCX_TLS=tcp,self; likely in containers that forbid process_vm_readv): then 11 of 12 runs of
+// bench/comm/allreduce hung at exit on one node.
 // Two measures, for every job of more than one rank:
 //  - `finalize_quiet`: the destructor meets all ranks in a barrier on a communicator of its own, then every
 //    rank stays out of MPI this long before MPI_Finalize, so no rank is still inside an MPI call, answering,
