@@ -1,7 +1,10 @@
 // bench/cost_model: the α–β cost model (ddp/comm/alpha_beta.hpp, ddp/bucket/cost_model.hpp) against measured
 // DDP steps. Per model: calibrate the backend (or read the cache), profile a DDP run's backward (when each
 // gradient is final, by grad hooks), choose the bucket cap from the model, then run DDP with PyTorch's 25 MiB
-// cap and with the chosen cap and print predicted against measured times, per bucket and per step.
+// cap and with the chosen cap and print predicted against measured times, per bucket and per step. Each step is
+// predicted twice: from the calibration at start-up (what tune_bucket_cap has), and from a probe taken in the
+// same rounds as the steps (run's probe_sizes), so a miss can be told apart from a machine whose state changed
+// between the calibration and the steps.
 //   bazel run //bench:cost_model -- --world-size 2                          (threads)
 //   mpirun -n 2 bazel-bin/bench/cost_model --backend mpi --cache /tmp/ddp_alpha_beta.txt
 #include <algorithm>
@@ -39,6 +42,7 @@ Tensor<float> rnd(Shape s, Generator& g) {
 
 struct Measured {
   BackwardProfile profile;               // medians over the timed steps, of the job as a whole (below)
+  std::vector<ProbeSample> probe;        // the in-run probe (run's probe_sizes), from the same rounds as the steps
   std::vector<double> bucket_seconds;    // median all-reduce time per bucket (launch to observed completion)
   double step = 0;                       // the job's time per step: first step's start to last step's end / steps
   double step_median = 0, step_p90 = 0;  // of the single steps' times (those `step` is the mean of)
@@ -104,9 +108,15 @@ struct Job {
 // that share cores (4 ranks on 2 here) take turns; per-rank phase times would hide that, the job's view does
 // not. A step's time is from the end of the step before it (whichever configuration ran it) to its own end,
 // both on the last rank to finish, so the steps' times add up to the run's wall time.
+// With `probe_sizes`, every round starts with one blocking all-reduce of each size, timed as
+// probe_alpha_beta times them (a barrier before each, the slowest rank's time), from the same kind of buffer
+// (the communicator's gradient storage where it has one); the sample of a size is the median over the timed
+// rounds. The round's first step is then timed from the probe's end, so the probes are in no step's time.
+// This probe sees the machine in the same seconds as the steps; the calibration at start-up saw it before.
 template <class Comm, class MakeModel, class MakeOpt, class Loss>
 std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x, Loss&& loss,
-                          std::vector<std::size_t> const& caps, int warmup, int iters) {
+                          std::vector<std::size_t> const& caps, int warmup, int iters,
+                          std::vector<std::size_t> const& probe_sizes = {}) {
   warmup = std::max(warmup, 1);  // the first timed step's time starts at a warm-up step's end
   using J = Job<Comm, decltype(make_model()), std::remove_reference_t<MakeOpt>>;
   std::vector<std::unique_ptr<J>> jobs;
@@ -119,13 +129,33 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
   }
   std::size_t const nj = jobs.size();
   // The end of every step, in execution order (warm-up included: the first timed step's time starts at the
-  // last warm-up step's end).
-  std::vector<double> ends(static_cast<std::size_t>(warmup + iters) * nj, 0);
+  // last warm-up step's end), and where its time starts: the step before it's end, or the round's probe's.
+  std::vector<double> ends(static_cast<std::size_t>(warmup + iters) * nj, 0), begins(ends.size(), 0);
+  std::size_t const largest_probe =
+      probe_sizes.empty() ? 0 : *std::max_element(probe_sizes.begin(), probe_sizes.end());
+  using Space = native_space_t<Comm>;
+  Tensor<float, Space> const probe_storage =
+      probe_sizes.empty() ? Tensor<float, Space>()
+                          : detail::probe_buffer(comm, static_cast<std::int64_t>(std::max<std::size_t>(
+                                                           largest_probe / sizeof(float), 1)));
+  std::vector<double> probe_times(probe_sizes.size() * static_cast<std::size_t>(iters), 0);  // [round][size]
   zero = common_zero(comm);
   // Round `it` starts with configuration it mod nj: no configuration always follows the same other one (a
   // step's speed depends on whose data the caches hold).
   std::vector<std::size_t> position(ends.size());  // (round, configuration) -> its place in execution order
   for (int it = 0; it < warmup + iters; ++it) {
+    double round_begin = it > 0 ? ends[static_cast<std::size_t>(it) * nj - 1] : 0;
+    for (std::size_t k = 0; k < probe_sizes.size(); ++k) {
+      auto const n = static_cast<std::int64_t>(std::max<std::size_t>(probe_sizes[k] / sizeof(float), 1));
+      Tensor<float, Space> buf = Tensor<float, Space>::view(probe_storage.owner(), probe_storage.data(), Shape{n});
+      detail::fill_probe(buf);
+      comm.barrier();
+      auto const p0 = Clock::now();
+      comm.all_reduce_async(detail::span_of<Comm>(buf), ReduceOp::kSum, CollectiveTag{"in-run probe", n}).wait();
+      auto const p1 = Clock::now();
+      if (it >= warmup) probe_times[static_cast<std::size_t>(it - warmup) * probe_sizes.size() + k] = seconds(p0, p1);
+      round_begin = seconds(zero, p1);
+    }
     for (std::size_t slot = 0; slot < nj; ++slot) {
       std::size_t const jj = (static_cast<std::size_t>(it) + slot) % nj;
       position[static_cast<std::size_t>(it) * nj + jj] = static_cast<std::size_t>(it) * nj + slot;
@@ -139,7 +169,9 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
       auto const t2 = Clock::now();
       j.opt.step();
       auto const t3 = Clock::now();
-      ends[static_cast<std::size_t>(it) * nj + slot] = seconds(zero, t3);
+      std::size_t const pos = static_cast<std::size_t>(it) * nj + slot;
+      begins[pos] = slot == 0 ? round_begin : ends[pos - 1];
+      ends[pos] = seconds(zero, t3);
       if (it < warmup) continue;
       std::size_t const np = j.params.size();
       double* r = j.stamps.data() + static_cast<std::size_t>(it - warmup) * j.row();
@@ -156,6 +188,14 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
   }
   // The job's view: every stamp max-reduced across ranks (a start through its negation).
   host_all_reduce(comm, std::span<double>(ends), ReduceOp::kMax);
+  host_all_reduce(comm, std::span<double>(begins), ReduceOp::kMax);
+  host_all_reduce(comm, std::span<double>(probe_times), ReduceOp::kMax);  // each probe: the slowest rank's time
+  std::vector<ProbeSample> probe;
+  for (std::size_t k = 0; k < probe_sizes.size(); ++k) {
+    std::vector<double> t;
+    for (int r = 0; r < iters; ++r) t.push_back(probe_times[static_cast<std::size_t>(r) * probe_sizes.size() + k]);
+    probe.push_back({std::max<std::size_t>(probe_sizes[k] / sizeof(float), 1) * sizeof(float), median(t)});
+  }
   std::vector<Measured> out;
   for (std::size_t jj = 0; jj < nj; ++jj) {
     J& j = *jobs[jj];
@@ -178,9 +218,10 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
       bwd.push_back(last);
       upd.push_back(r[np + 3]);
       std::size_t const at = position[static_cast<std::size_t>(warmup + k) * nj + jj];  // in execution order
-      steps.push_back(ends[at] - ends[at - 1]);
+      steps.push_back(ends[at] - begins[at]);
     }
     Measured m;
+    m.probe = probe;
     for (auto const& p : j.params) m.profile.numels.push_back(p.numel());
     for (auto const& r : ready) m.profile.ready.push_back(median(r));
     m.profile.forward = median(fwd), m.profile.backward = median(bwd), m.profile.update = median(upd);
@@ -206,7 +247,28 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
   bool const r0 = comm.rank() == 0;
   AlphaBeta free_model = cal.model;
   free_model.overlap = {};
-  Measured const first = run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes}, warmup, iters).front();
+  // The in-run probe's sizes: the calibration's, up to the first that holds all of the model's gradients (no
+  // bucket of any cap is larger), so every bucket lies between two sizes probed in the run.
+  std::size_t total = 0;
+  for (auto const& p : make_model().named_parameters())
+    if (p.var.requires_grad()) total += static_cast<std::size_t>(p.var.numel()) * sizeof(float);
+  std::vector<std::size_t> probe_sizes;
+  for (auto const& c : cal.model.curve)
+    if (probe_sizes.empty() || probe_sizes.back() < total) probe_sizes.push_back(c.bytes);
+  // The calibration's model with the in-run probe's samples in place of its own at those sizes (the line
+  // refitted; overlap as calibrated): the same model, fed by a probe taken in the same seconds as the steps.
+  auto const in_run = [&](std::vector<ProbeSample> const& samples) {
+    std::vector<ProbeSample> curve = samples;
+    for (auto const& c : cal.model.curve)
+      if (std::none_of(samples.begin(), samples.end(), [&](ProbeSample const& q) { return q.bytes == c.bytes; }))
+        curve.push_back(c);
+    std::sort(curve.begin(), curve.end(), [](ProbeSample const& a, ProbeSample const& b) { return a.bytes < b.bytes; });
+    AlphaBeta m = fit_alpha_beta(curve);
+    m.curve = std::move(curve), m.overlap = cal.model.overlap;
+    return m;
+  };
+  Measured const first =
+      run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes}, warmup, iters, probe_sizes).front();
   CapChoice const choice = choose_bucket_cap(first.profile, cal.model, sizeof(float));
   CapChoice const free_choice = choose_bucket_cap(first.profile, free_model, sizeof(float));
   if (r0) {
@@ -226,25 +288,35 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
     if (std::find(caps.begin(), caps.end(), cap) == caps.end()) caps.push_back(cap), what.push_back(label);
   }
   std::vector<Measured> const runs =
-      caps.size() > 1 ? run(comm, make_model, make_opt, x, loss, caps, warmup, iters) : std::vector<Measured>{first};
+      caps.size() > 1 ? run(comm, make_model, make_opt, x, loss, caps, warmup, iters, probe_sizes)
+                      : std::vector<Measured>{first};
   BackwardProfile const& profile = runs.front().profile;
+  AlphaBeta const run_model = in_run(runs.front().probe);
+  if (r0) {
+    std::printf("in-run probe (median over the rounds) against the calibration:");
+    for (auto const& q : runs.front().probe)
+      std::printf(" %zuK %.3f/%.3f ms", q.bytes >> 10, q.seconds * 1e3, cal.model.predict(q.bytes) * 1e3);
+    std::printf("\n");
+  }
   for (std::size_t k = 0; k < caps.size(); ++k) {
     BucketConfig const cfg{.cap_bytes = caps[k], .first_cap_bytes = std::min(caps[k], kDefaultFirstBucketBytes)};
     BucketPlan const plan = assign_buckets(profile.numels, sizeof(float), cfg);
     StepPrediction const p = predict_step(plan, profile, cal.model, sizeof(float));
     StepPrediction const pf = predict_step(plan, profile, free_model, sizeof(float));
+    StepPrediction const pr = predict_step(plan, profile, run_model, sizeof(float));
     if (!r0) continue;
     Measured const& m = runs[k];
-    double const err = (p.step - m.step) / m.step, free_err = (pf.step - m.step) / m.step;
+    double const err = (p.step - m.step) / m.step, free_err = (pf.step - m.step) / m.step,
+                 run_err = (pr.step - m.step) / m.step;
     std::printf("-- %s: cap %zu KiB, %zu buckets%s\n%s", what[k], caps[k] >> 10, m.buckets,
                 caps.size() > 1 ? " (steps interleaved with the other caps')" : "",
                 cost_report(p, m.bucket_seconds, m.step).c_str());
     std::printf(
         "RESULT %s ws=%d %s cap=%zuK predicted %.3f ms measured %.3f ms error %+.1f%% %s; free overlap "
-        "%.3f ms %+.1f%%; single steps: median %.3f ms, 90th percentile %.3f ms\n",
+        "%.3f ms %+.1f%%; single steps: median %.3f ms, 90th percentile %.3f ms; in-run probe %.3f ms %+.1f%% %s\n",
         name, comm.world_size(), what[k], caps[k] >> 10, p.step * 1e3, m.step * 1e3, err * 100,
         std::abs(err) <= 0.2 ? "(within 20%)" : "(OUTSIDE 20%)", pf.step * 1e3, free_err * 100, m.step_median * 1e3,
-        m.step_p90 * 1e3);
+        m.step_p90 * 1e3, pr.step * 1e3, run_err * 100, std::abs(run_err) <= 0.2 ? "(within 20%)" : "(OUTSIDE 20%)");
     std::fflush(stdout);
   }
 }
