@@ -129,15 +129,15 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
   }
   std::size_t const nj = jobs.size();
   // The end of every step, in execution order (warm-up included: the first timed step's time starts at the
-  // last warm-up step's end), and where its time starts: the step before it's end, or the round's probe's.
+  // last warm-up step's end), and where its time starts: the end of the step before it, or of the round's probes.
   std::vector<double> ends(static_cast<std::size_t>(warmup + iters) * nj, 0), begins(ends.size(), 0);
-  std::size_t const largest_probe =
-      probe_sizes.empty() ? 0 : *std::max_element(probe_sizes.begin(), probe_sizes.end());
+  std::size_t const largest_probe = probe_sizes.empty() ? 0 : *std::max_element(probe_sizes.begin(), probe_sizes.end());
   using Space = native_space_t<Comm>;
   Tensor<float, Space> const probe_storage =
-      probe_sizes.empty() ? Tensor<float, Space>()
-                          : detail::probe_buffer(comm, static_cast<std::int64_t>(std::max<std::size_t>(
-                                                           largest_probe / sizeof(float), 1)));
+      probe_sizes.empty()
+          ? Tensor<float, Space>()
+          : detail::probe_buffer(comm,
+                                 static_cast<std::int64_t>(std::max<std::size_t>(largest_probe / sizeof(float), 1)));
   std::vector<double> probe_times(probe_sizes.size() * static_cast<std::size_t>(iters), 0);  // [round][size]
   zero = common_zero(comm);
   // Round `it` starts with configuration it mod nj: no configuration always follows the same other one (a
@@ -287,9 +287,9 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
                             std::pair{free_choice.config.cap_bytes, "free-overlap-choice"}}) {
     if (std::find(caps.begin(), caps.end(), cap) == caps.end()) caps.push_back(cap), what.push_back(label);
   }
-  std::vector<Measured> const runs =
-      caps.size() > 1 ? run(comm, make_model, make_opt, x, loss, caps, warmup, iters, probe_sizes)
-                      : std::vector<Measured>{first};
+  std::vector<Measured> const runs = caps.size() > 1
+                                         ? run(comm, make_model, make_opt, x, loss, caps, warmup, iters, probe_sizes)
+                                         : std::vector<Measured>{first};
   BackwardProfile const& profile = runs.front().profile;
   AlphaBeta const run_model = in_run(runs.front().probe);
   if (r0) {
