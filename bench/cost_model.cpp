@@ -3,7 +3,7 @@
 // gradient is final, by grad hooks), choose the bucket cap from the model, then run DDP with PyTorch's 25 MiB
 // cap and with the chosen cap and print predicted against measured times, per bucket and per step. Each step is
 // predicted twice: from the calibration at start-up (what tune_bucket_cap has), and from a probe taken in the
-// same rounds as the steps (run's probe_sizes), so a miss can be told apart from a machine whose state changed
+// same rounds as the steps (run's probe_candidates), so a miss can be told apart from a machine whose state changed
 // between the calibration and the steps.
 //   bazel run //bench:cost_model -- --world-size 2                          (threads)
 //   mpirun -n 2 bazel-bin/bench/cost_model --backend mpi --cache /tmp/ddp_alpha_beta.txt
@@ -42,7 +42,7 @@ Tensor<float> rnd(Shape s, Generator& g) {
 
 struct Measured {
   BackwardProfile profile;               // medians over the timed steps, of the job as a whole (below)
-  std::vector<ProbeSample> probe;        // the in-run probe (run's probe_sizes), from the same rounds as the steps
+  std::vector<ProbeSample> probe;        // the in-run probe (run's probe_candidates), from the same rounds as the steps
   std::vector<double> bucket_seconds;    // median all-reduce time per bucket (launch to observed completion)
   double step = 0;                       // the job's time per step: first step's start to last step's end / steps
   double step_median = 0, step_p90 = 0;  // of the single steps' times (those `step` is the mean of)
@@ -108,7 +108,9 @@ struct Job {
 // that share cores (4 ranks on 2 here) take turns; per-rank phase times would hide that, the job's view does
 // not. A step's time is from the end of the step before it (whichever configuration ran it) to its own end,
 // both on the last rank to finish, so the steps' times add up to the run's wall time.
-// With `probe_sizes`, every round starts with one blocking all-reduce of each size, timed as
+// With `probe_candidates` (ascending), the in-run probe's sizes are those up to the first that holds all of
+// the model's gradients (no bucket of any cap is larger, so every bucket lies between two sizes probed in the
+// run), and every round starts with one blocking all-reduce of each size, timed as
 // probe_alpha_beta times them (a barrier before each, the slowest rank's time), from the same kind of buffer
 // (the communicator's gradient storage where it has one); the sample of a size is the median over the timed
 // rounds. The round's first step is then timed from the probe's end, so the probes are in no step's time.
@@ -116,7 +118,7 @@ struct Job {
 template <class Comm, class MakeModel, class MakeOpt, class Loss>
 std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x, Loss&& loss,
                           std::vector<std::size_t> const& caps, int warmup, int iters,
-                          std::vector<std::size_t> const& probe_sizes = {}) {
+                          std::vector<std::size_t> const& probe_candidates = {}) {
   warmup = std::max(warmup, 1);  // the first timed step's time starts at a warm-up step's end
   using J = Job<Comm, decltype(make_model()), std::remove_reference_t<MakeOpt>>;
   std::vector<std::unique_ptr<J>> jobs;
@@ -128,16 +130,20 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
       j->params[i].set_grad_hook([&zero, &ready = j->ready_now, i](auto&) { ready[i] = seconds(zero, Clock::now()); });
   }
   std::size_t const nj = jobs.size();
+  std::vector<std::size_t> probe_sizes;
+  if (nj > 0) {
+    std::size_t total = 0;
+    for (auto const& p : jobs.front()->params) total += static_cast<std::size_t>(p.numel()) * sizeof(float);
+    for (std::size_t bytes : probe_candidates)
+      if (probe_sizes.empty() || probe_sizes.back() < total) probe_sizes.push_back(bytes);
+  }
   // The end of every step, in execution order (warm-up included: the first timed step's time starts at the
   // last warm-up step's end), and where its time starts: the end of the step before it, or of the round's probes.
   std::vector<double> ends(static_cast<std::size_t>(warmup + iters) * nj, 0), begins(ends.size(), 0);
   std::size_t const largest_probe = probe_sizes.empty() ? 0 : *std::max_element(probe_sizes.begin(), probe_sizes.end());
   using Space = native_space_t<Comm>;
   Tensor<float, Space> const probe_storage =
-      probe_sizes.empty()
-          ? Tensor<float, Space>()
-          : detail::probe_buffer(comm,
-                                 static_cast<std::int64_t>(std::max<std::size_t>(largest_probe / sizeof(float), 1)));
+      probe_sizes.empty() ? Tensor<float, Space>() : detail::probe_buffer(comm, detail::probe_floats(largest_probe));
   std::vector<double> probe_times(probe_sizes.size() * static_cast<std::size_t>(iters), 0);  // [round][size]
   zero = common_zero(comm);
   // Round `it` starts with configuration it mod nj: no configuration always follows the same other one (a
@@ -146,15 +152,10 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
   for (int it = 0; it < warmup + iters; ++it) {
     double round_begin = it > 0 ? ends[static_cast<std::size_t>(it) * nj - 1] : 0;
     for (std::size_t k = 0; k < probe_sizes.size(); ++k) {
-      auto const n = static_cast<std::int64_t>(std::max<std::size_t>(probe_sizes[k] / sizeof(float), 1));
-      Tensor<float, Space> buf = Tensor<float, Space>::view(probe_storage.owner(), probe_storage.data(), Shape{n});
-      detail::fill_probe(buf);
-      comm.barrier();
-      auto const p0 = Clock::now();
-      comm.all_reduce_async(detail::span_of<Comm>(buf), ReduceOp::kSum, CollectiveTag{"in-run probe", n}).wait();
-      auto const p1 = Clock::now();
-      if (it >= warmup) probe_times[static_cast<std::size_t>(it - warmup) * probe_sizes.size() + k] = seconds(p0, p1);
-      round_begin = seconds(zero, p1);
+      Tensor<float, Space> buf = detail::probe_slice(probe_storage, probe_sizes[k]);
+      detail::TimedProbe const t = detail::timed_all_reduce(comm, buf, "in-run probe");
+      if (it >= warmup) probe_times[static_cast<std::size_t>(it - warmup) * probe_sizes.size() + k] = t.seconds();
+      round_begin = seconds(zero, t.end);
     }
     for (std::size_t slot = 0; slot < nj; ++slot) {
       std::size_t const jj = (static_cast<std::size_t>(it) + slot) % nj;
@@ -194,7 +195,7 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
   for (std::size_t k = 0; k < probe_sizes.size(); ++k) {
     std::vector<double> t;
     for (int r = 0; r < iters; ++r) t.push_back(probe_times[static_cast<std::size_t>(r) * probe_sizes.size() + k]);
-    probe.push_back({std::max<std::size_t>(probe_sizes[k] / sizeof(float), 1) * sizeof(float), median(t)});
+    probe.push_back({static_cast<std::size_t>(detail::probe_floats(probe_sizes[k])) * sizeof(float), median(t)});
   }
   std::vector<Measured> out;
   for (std::size_t jj = 0; jj < nj; ++jj) {
@@ -247,14 +248,8 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
   bool const r0 = comm.rank() == 0;
   AlphaBeta free_model = cal.model;
   free_model.overlap = {};
-  // The in-run probe's sizes: the calibration's, up to the first that holds all of the model's gradients (no
-  // bucket of any cap is larger), so every bucket lies between two sizes probed in the run.
-  std::size_t total = 0;
-  for (auto const& p : make_model().named_parameters())
-    if (p.var.requires_grad()) total += static_cast<std::size_t>(p.var.numel()) * sizeof(float);
-  std::vector<std::size_t> probe_sizes;
-  for (auto const& c : cal.model.curve)
-    if (probe_sizes.empty() || probe_sizes.back() < total) probe_sizes.push_back(c.bytes);
+  std::vector<std::size_t> calibration_sizes;  // ascending (the curve is sorted): run trims them to the model
+  for (auto const& c : cal.model.curve) calibration_sizes.push_back(c.bytes);
   // The calibration's model with the in-run probe's samples in place of its own at those sizes (the line
   // refitted; overlap as calibrated): the same model, fed by a probe taken in the same seconds as the steps.
   auto const in_run = [&](std::vector<ProbeSample> const& samples) {
@@ -268,7 +263,7 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
     return m;
   };
   Measured const first =
-      run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes}, warmup, iters, probe_sizes).front();
+      run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes}, warmup, iters, calibration_sizes).front();
   CapChoice const choice = choose_bucket_cap(first.profile, cal.model, sizeof(float));
   CapChoice const free_choice = choose_bucket_cap(first.profile, free_model, sizeof(float));
   if (r0) {
@@ -287,9 +282,9 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
                             std::pair{free_choice.config.cap_bytes, "free-overlap-choice"}}) {
     if (std::find(caps.begin(), caps.end(), cap) == caps.end()) caps.push_back(cap), what.push_back(label);
   }
-  std::vector<Measured> const runs = caps.size() > 1
-                                         ? run(comm, make_model, make_opt, x, loss, caps, warmup, iters, probe_sizes)
-                                         : std::vector<Measured>{first};
+  std::vector<Measured> const runs =
+      caps.size() > 1 ? run(comm, make_model, make_opt, x, loss, caps, warmup, iters, calibration_sizes)
+                      : std::vector<Measured>{first};
   BackwardProfile const& profile = runs.front().profile;
   AlphaBeta const run_model = in_run(runs.front().probe);
   if (r0) {

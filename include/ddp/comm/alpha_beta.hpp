@@ -175,6 +175,32 @@ void fill_probe(Tensor<float, S>& buf) {
   else
     Kernels<S>::fill(buf.numel(), 0.5f, buf.data());
 }
+// The floats a probe of `bytes` all-reduces (at least one).
+inline std::int64_t probe_floats(std::size_t bytes) noexcept {
+  return static_cast<std::int64_t>(std::max<std::size_t>(bytes / sizeof(float), 1));
+}
+// The first probe_floats(bytes) floats of `storage` (a probe_buffer), filled with the probe's values.
+template <class S>
+Tensor<float, S> probe_slice(Tensor<float, S> const& storage, std::size_t bytes) {
+  Tensor<float, S> buf = Tensor<float, S>::view(storage.owner(), storage.data(), Shape{probe_floats(bytes)});
+  fill_probe(buf);
+  return buf;
+}
+// One timed probe, collective: a barrier, then a blocking all-reduce (kSum) of `buf`. `begin`: this rank's
+// clock after the barrier; `end`: once the result is in memory (on a device backend: after the stream).
+struct TimedProbe {
+  std::chrono::steady_clock::time_point begin, end;
+  double seconds() const noexcept { return std::chrono::duration<double>(end - begin).count(); }
+};
+template <AsyncCommunicator C>
+TimedProbe timed_all_reduce(C& comm, Tensor<float, native_space_t<C>>& buf, char const* what) {
+  comm.barrier();
+  TimedProbe t;
+  t.begin = std::chrono::steady_clock::now();
+  comm.all_reduce_async(span_of<C>(buf), ReduceOp::kSum, CollectiveTag{what, buf.numel()}).wait();
+  t.end = std::chrono::steady_clock::now();
+  return t;
+}
 }  // namespace detail
 
 // Collective: every rank times blocking all-reduces (kSum) of each size, with a barrier before each; the
@@ -189,23 +215,16 @@ Calibration probe_alpha_beta(C& comm, ProbeOptions const& opts = {}) {
     throw ArgumentError("probe_alpha_beta: needs two or more sizes and reps >= 1");
   Calibration cal{calibration_key(comm), {}, {}, false};
   std::size_t const largest = *std::max_element(opts.sizes.begin(), opts.sizes.end());
-  Tensor<float, S> const storage =
-      detail::probe_buffer(comm, static_cast<std::int64_t>(std::max<std::size_t>(largest / sizeof(float), 1)));
+  Tensor<float, S> const storage = detail::probe_buffer(comm, detail::probe_floats(largest));
   for (std::size_t bytes : opts.sizes) {
-    auto const n = static_cast<std::int64_t>(std::max<std::size_t>(bytes / sizeof(float), 1));
-    Tensor<float, S> buf = Tensor<float, S>::view(storage.owner(), storage.data(), Shape{n});
-    detail::fill_probe(buf);
+    Tensor<float, S> buf = detail::probe_slice(storage, bytes);
     std::vector<double> times;
     for (int i = 0; i < opts.warmup + opts.reps; ++i) {
-      comm.barrier();
-      auto const t0 = std::chrono::steady_clock::now();
-      // The handle's wait returns once the result is in memory (on a device backend: after the stream).
-      comm.all_reduce_async(detail::span_of<C>(buf), ReduceOp::kSum, CollectiveTag{"alpha-beta probe", n}).wait();
-      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      double t = detail::timed_all_reduce(comm, buf, "alpha-beta probe").seconds();
       host_all_reduce(comm, std::span<double>(&t, 1), ReduceOp::kMax);
       if (i >= opts.warmup) times.push_back(t);
     }
-    cal.samples.push_back({static_cast<std::size_t>(n) * sizeof(float), detail::median_of(times)});
+    cal.samples.push_back({static_cast<std::size_t>(buf.numel()) * sizeof(float), detail::median_of(times)});
   }
   cal.model = fit_alpha_beta(cal.samples);
   cal.model.curve = cal.samples;
