@@ -86,22 +86,10 @@ struct Run {
     return l;
   }
 
-  std::vector<Tensor<float>> weights() const {
-    std::vector<Tensor<float>> w;
-    for (auto const& e : arena.entries()) w.push_back(to_space<HostSpace>(e.var.value()));
-    return w;
-  }
-
-  // Takes over another run's weights and optimizer state (that run may live in any memory space).
-  void load(std::vector<Tensor<float>> const& w, optim::OptimizerState<float> const& st) {
-    REQUIRE(w.size() == arena.count());
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      auto const& e = arena.entries()[i];
-      REQUIRE(w[i].numel() == e.var.numel());
-      Kernels<S>::from_host(w[i].numel(), w[i].data(), e.var.value().data());
-    }
-    opt.load_state(st);
-  }
+  // Host copies of the weights and the optimizer state (and the dropout generators), by name.
+  CheckpointData<float> capture() const { return capture_checkpoint(net.seq, opt, {}); }
+  // Takes over a capture of another run (that run may live in any memory space).
+  void restore(CheckpointData<float> const& c) { restore_checkpoint(c, net.seq, opt); }
 };
 
 // How far apart two sets of weights are: the largest |a - b| / max(1, max |a|) over all elements, and how many
@@ -110,21 +98,23 @@ struct WeightDiff {
   double max = 0;
   std::int64_t beyond = 0, total = 0;
 };
-WeightDiff weight_diff(std::vector<Tensor<float>> const& a, std::vector<Tensor<float>> const& b, double tol = 1e-5) {
+WeightDiff weight_diff(std::vector<TensorRecord<float>> const& a, std::vector<TensorRecord<float>> const& b,
+                       double tol = 1e-5) {
   REQUIRE(a.size() == b.size());
   double maxw = 0;
   for (auto const& t : a)
-    for (std::int64_t i = 0; i < t.numel(); ++i) maxw = std::max(maxw, double(std::abs(t[i])));
+    for (float v : t.values) maxw = std::max(maxw, double(std::abs(v)));
   double const scale = std::max(1.0, maxw);
   WeightDiff d;
   for (std::size_t t = 0; t < a.size(); ++t) {
-    REQUIRE(a[t].numel() == b[t].numel());
-    for (std::int64_t i = 0; i < a[t].numel(); ++i) {
-      double const e = double(std::abs(a[t][i] - b[t][i])) / scale;
+    REQUIRE(a[t].name == b[t].name);
+    REQUIRE(a[t].values.size() == b[t].values.size());
+    for (std::size_t i = 0; i < a[t].values.size(); ++i) {
+      double const e = double(std::abs(a[t].values[i] - b[t].values[i])) / scale;
       d.max = std::max(d.max, e);
       d.beyond += e > tol;
     }
-    d.total += a[t].numel();
+    d.total += static_cast<std::int64_t>(a[t].values.size());
   }
   return d;
 }
@@ -175,14 +165,15 @@ void expect_same_steps(Model m, int steps, std::int64_t batch, StepTolerance con
   double worst_loss = 0, worst_w = 0, worst_state = 0;
   std::int64_t worst_beyond = 0;
   for (int s = 0; s < steps; ++s) {
-    dev.load(host.weights(), host.opt.state());
-    REQUIRE(weight_diff(host.weights(), dev.weights()).max == 0);
+    dev.restore(host.capture());
+    REQUIRE(dev.capture().parameters == host.capture().parameters);
     REQUIRE(dev.opt.state() == host.opt.state());
     auto const [x, y] = data.next();
     double const lh = host.step(x, y, s), ld = dev.step(x, y, s);
     double const dl = std::abs(lh - ld) / std::max(1.0, std::abs(lh));
-    WeightDiff const dw = weight_diff(host.weights(), dev.weights(), tol.weights);
-    double const ds = state_diff(host.opt.state(), dev.opt.state());
+    auto const after_host = host.capture(), after_dev = dev.capture();
+    WeightDiff const dw = weight_diff(after_host.parameters, after_dev.parameters, tol.weights);
+    double const ds = state_diff(after_host.optimizer, after_dev.optimizer);
     CHECK_MESSAGE(dl <= 1e-5, "step " << s << ": loss " << lh << " on the host, " << ld << " on the device");
     CHECK_MESSAGE(double(dw.beyond) <= tol.outliers * double(dw.total),
                   "step " << s << ": " << dw.beyond << " of " << dw.total << " weights differ by more than "
@@ -213,7 +204,7 @@ void expect_same_run(Model m, int steps, std::int64_t batch, double tol) {
     CHECK_MESSAGE(std::abs(lh - ld) <= 1e-5 * std::max(1.0, std::abs(lh)),
                   "step " << s << ": loss " << lh << " on the host, " << ld << " on the device");
   }
-  double const d = weight_diff(host.weights(), dev.weights()).max;
+  double const d = weight_diff(host.capture().parameters, dev.capture().parameters).max;
   MESSAGE("after " << steps << " steps: max |w_host - w_device| / max(1, max |w|) = " << d);
   CHECK(d <= tol);
 }
