@@ -173,7 +173,7 @@ TEST_CASE("calibrate: a cache that cannot be appended to fails on every rank bef
   ProbeOptions const small{.sizes = {1024, 65536}, .warmup = 1, .reps = 1};
   OverlapProbeOptions const quick{.sizes = {65536}, .seconds = 1e-3, .reps = 1};
   // A missing directory, and a directory where the file should be.
-  for (std::string const cache : {(dir / "missing" / "cache.txt").string(), dir.string()}) {
+  for (std::string const& cache : {(dir / "missing" / "cache.txt").string(), dir.string()}) {
     CAPTURE(cache);
     std::vector<std::string> errors(2);
     spawn(2, [&](ThreadsBackend& comm) {

@@ -162,7 +162,9 @@ TEST_CASE("MetricsLog writes a CSV with a header and one row per epoch") {
   CHECK_THROWS_WITH_AS(MetricsLog::from_csv("epoch,loss\n1,2\n", "ckpt.bin"),
                        doctest::Contains("ckpt.bin: the first line is not the metrics CSV header"), IoError);
   auto broken = log.csv();
-  broken.insert(broken.find("\n2,") + 3, "x");
+  auto const row2 = broken.find("\n2,");
+  REQUIRE(row2 != std::string::npos);
+  broken.insert(row2 + 3, "x");
   CHECK_THROWS_WITH_AS(MetricsLog::from_csv(broken, "ckpt.bin"),
                        doctest::Contains("ckpt.bin: line 3 is not a metrics row"), IoError);
 }

@@ -227,7 +227,7 @@ class DeterministicDataParallel {
       for (std::int64_t i = 0; i < numel; ++i) g[i] = static_cast<T>(static_cast<double>(acc[i]) * factor);
     }
     std::vector<double> all(static_cast<std::size_t>(opts_.micro_batches));
-    for (std::size_t m = 0; m < all.size(); ++m) all[m] = std::bit_cast<double>(slots[m]);
+    for (std::size_t k = 0; k < all.size(); ++k) all[k] = std::bit_cast<double>(slots[k]);
     return mean_loss(all);
   }
 

@@ -77,9 +77,9 @@ struct HostOptimKernels {
     T const decay = T(1) - p.lr * p.weight_decay;
     bool const decay_w = p.decoupled && p.weight_decay != T(0);
     T const l2 = p.decoupled ? T(0) : p.weight_decay;
-    auto block = [&](T* w, T const* g, T* m, T* v) {
-      Mp ww(w), mm(m), vv(v);
-      CM gg(g);
+    auto block = [&](T* bw, T const* bg, T* bm, T* bv) {
+      Mp ww(bw), mm(bm), vv(bv);
+      CM gg(bg);
       if (decay_w) ww *= decay;
       A const d = l2 != T(0) ? A(gg + l2 * ww) : A(gg);
       mm = p.beta1 * mm + (T(1) - p.beta1) * d;

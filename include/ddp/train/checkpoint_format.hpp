@@ -102,12 +102,14 @@ struct GeneratorRecords {
 // Everything a checkpoint holds, in memory.
 template <class T>
 struct CheckpointData {
-  TrainPosition position;
-  std::vector<TensorRecord<T>> parameters;  // the model's named_parameters() (each shared one once)
-  std::vector<TensorRecord<T>> buffers;     // the model's named_buffers()
-  optim::OptimizerState<T> optimizer;
-  GeneratorRecords generators;
-  std::string extra;  // the caller's bytes, stored as they are (e.g. MetricsLog::csv())
+  // Every member has a default initializer, so a designated initializer may name any subset of them
+  // (GCC's -Wextra warns about omitted members that have none).
+  TrainPosition position{};
+  std::vector<TensorRecord<T>> parameters{};  // the model's named_parameters() (each shared one once)
+  std::vector<TensorRecord<T>> buffers{};     // the model's named_buffers()
+  optim::OptimizerState<T> optimizer{};
+  GeneratorRecords generators{};
+  std::string extra{};  // the caller's bytes, stored as they are (e.g. MetricsLog::csv())
 };
 
 namespace detail {

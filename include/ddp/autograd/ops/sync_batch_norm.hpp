@@ -143,8 +143,7 @@ Variable<T, S> sync_batch_norm2d(Variable<T, S> const& x, Variable<T, S> const& 
   double const total = g.count;
   return detail::record(
       "sync_batch_norm2d", std::move(y),
-      [x, gamma, beta, mean, invstd, invstd_h, exchange, N, C, HW, total](Node<T, S>& self) {
-        auto const uC = static_cast<std::size_t>(C);
+      [x, gamma, beta, mean, invstd, invstd_h, exchange, N, C, uC, HW, total](Node<T, S>& self) {
         // This rank's Σ dy and Σ dy·x̂ per channel: its gamma/beta gradients and its share of the global sums.
         Tensor<T, S> sum_g(Shape{C}), sum_gxhat(Shape{C});
         K::batchnorm_bwd(true, N, C, HW, x.value().data(), gamma.value().data(), mean.data(), invstd.data(),
