@@ -22,6 +22,15 @@
 #define DDP_UNLIKELY(x) (x)
 #endif
 
+// Before a loop whose iterations are independent (no aliasing the compiler must assume): lets it vectorise.
+#if defined(__clang__)
+#define DDP_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define DDP_IVDEP _Pragma("GCC ivdep")
+#else
+#define DDP_IVDEP
+#endif
+
 // Internal invariants (not user errors: those throw ddp::Error). Active unless DDP_NO_ASSERT.
 #if defined(DDP_NO_ASSERT)
 #define DDP_ASSERT(cond, msg) ((void)0)

@@ -48,12 +48,12 @@ inline std::size_t format_record(CollectiveRecord const& r, char* buf, std::size
   }
   if (r.root >= 0) append(" root=%d", r.root);
   if (r.tag.empty()) {
-    append(" tag=-");
+    append("%s", " tag=-");
   } else {
     append(" tag=%.*s", static_cast<int>(r.tag.label.size()), r.tag.label.data());
     if (r.tag.id >= 0) append("%s%lld", r.tag.label.empty() ? "" : ":", static_cast<long long>(r.tag.id));
   }
-  if (r.async) append(" async=1");
+  if (r.async) append("%s", " async=1");
   if (n < 0) return 0;
   return static_cast<std::size_t>(n) < size ? static_cast<std::size_t>(n) : size - 1;
 }

@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
-#include <ranges>
 #include <span>
 #include <string>
 #include <vector>
@@ -103,9 +102,23 @@ class DataLoader {
   iterator begin() const { return {this, 0}; }
   iterator end() const { return {this, num_batches_}; }
 
+  // Batches [first, last) of one epoch: what from() returns. A plain range (begin, end, size, empty) rather
+  // than std::ranges::subrange, which Clang before 16 cannot instantiate with libstdc++ 12's <ranges>.
+  class batch_range {
+   public:
+    batch_range(iterator first, iterator last) : first_(first), last_(last) {}
+    iterator begin() const { return first_; }
+    iterator end() const { return last_; }
+    std::int64_t size() const noexcept { return last_.index() - first_.index(); }
+    bool empty() const noexcept { return size() == 0; }
+
+   private:
+    iterator first_, last_;
+  };
+
   // Batches first_batch, ..., num_batches() - 1: resuming an epoch part-way (e.g. after a checkpoint saved
   // mid-epoch) visits exactly the batches an uninterrupted run would have.
-  std::ranges::subrange<iterator> from(std::int64_t first_batch) const {
+  batch_range from(std::int64_t first_batch) const {
     if (first_batch < 0 || first_batch > num_batches_)
       throw ArgumentError(detail::cat("DataLoader::from: batch ", first_batch, " is outside [0, ", num_batches_, "]"));
     return {iterator(this, first_batch), end()};

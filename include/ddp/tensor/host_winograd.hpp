@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ddp/config.hpp"
 #include "ddp/tensor/host_allocator.hpp"
 #include "ddp/tensor/host_channels_last.hpp"
 #include "ddp/tensor/kernels.hpp"
@@ -151,7 +152,7 @@ void pool_rows(ConvGeometry const& g, T const* img, T const* bias, T* pooled, st
         T const* __restrict bs = bias ? bias + o0 : zero_bias;
         T* __restrict out = pooled + (ph * PW + pw) * O + o0;
         T* __restrict k = kf;
-#pragma GCC ivdep
+        DDP_IVDEP
         for (i64 o = 0; o < nb; ++o) {
           T m = r0[o] + bs[o], c = T(0);
           T v = r1[o] + bs[o];
@@ -191,7 +192,7 @@ void unpool_rows(ConvGeometry const& g, T const* gp, std::uint8_t const* codes, 
         T* __restrict r3 = r2 + O;
         T const* __restrict gr = gp + (ph * PW + pw) * O + o0;
         T const* __restrict k = kf;
-#pragma GCC ivdep
+        DDP_IVDEP
         for (i64 o = 0; o < nb; ++o) {
           T const v = gr[o], c = k[o];
           r0[o] = c == T(0) ? v : T(0);
@@ -263,7 +264,7 @@ void output_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* gy, 
   if (gb)
     for (i64 p = 0; p < OH * OW; ++p) {
       T const* r = s.image + p * O;
-#pragma GCC ivdep
+      DDP_IVDEP
       for (i64 o = 0; o < O; ++o) gb[o] += r[o];
     }
   auto at = [&](i64 xx) { return Q + ((xx & 3) * TW + (xx >> 2)) * O; };
@@ -321,7 +322,7 @@ void input_adjoint_image(ConvGeometry const& g, Tiling const& tl, T const* dV, i
       for (int l = 0; l < 6; ++l) {
         T* dl = dst[l];
         T const* sl = out6[l];
-#pragma GCC ivdep
+        DDP_IVDEP
         for (i64 j = 0; j < n; ++j) dl[j] += sl[j];
       }
     }

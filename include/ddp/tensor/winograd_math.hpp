@@ -32,7 +32,7 @@ template <class T>
 DDP_ALWAYS_INLINE void bt6(T const* const (&d)[6], T* const (&o)[6], i64 n) {
   T const *d0 = d[0], *d1 = d[1], *d2 = d[2], *d3 = d[3], *d4 = d[4], *d5 = d[5];
   T *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3], *o4 = o[4], *o5 = o[5];
-#pragma GCC ivdep
+  DDP_IVDEP
   for (i64 l = 0; l < n; ++l) {
     T const a = d4[l] - T(4) * d2[l], b = d3[l] - T(4) * d1[l];  // rows 1, 2 share these
     T const c = d4[l] - d2[l], e = T(2) * (d3[l] - d1[l]);       // rows 3, 4 share these
@@ -49,7 +49,7 @@ template <class T>
 DDP_ALWAYS_INLINE void at6(T const* const (&m)[6], T* const (&o)[4], i64 n) {
   T const *m0 = m[0], *m1 = m[1], *m2 = m[2], *m3 = m[3], *m4 = m[4], *m5 = m[5];
   T *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3];
-#pragma GCC ivdep
+  DDP_IVDEP
   for (i64 l = 0; l < n; ++l) {
     T const p12 = m1[l] + m2[l], d12 = m1[l] - m2[l], p34 = m3[l] + m4[l], d34 = m3[l] - m4[l];
     o0[l] = m0[l] + p12 + p34;
@@ -63,7 +63,7 @@ template <class T>
 DDP_ALWAYS_INLINE void a4(T const* const (&g)[4], T* const (&o)[6], i64 n) {
   T const *g0 = g[0], *g1 = g[1], *g2 = g[2], *g3 = g[3];
   T *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3], *o4 = o[4], *o5 = o[5];
-#pragma GCC ivdep
+  DDP_IVDEP
   for (i64 l = 0; l < n; ++l) {
     T const e = g0[l] + g2[l], od = g1[l] + g3[l];
     T const e4 = g0[l] + T(4) * g2[l], o4v = T(2) * g1[l] + T(8) * g3[l];
@@ -81,7 +81,7 @@ template <class T>
 DDP_ALWAYS_INLINE void b6(T const* const (&d)[6], T* const (&o)[6], i64 n) {
   T const *d0 = d[0], *d1 = d[1], *d2 = d[2], *d3 = d[3], *d4 = d[4], *d5 = d[5];
   T *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3], *o4 = o[4], *o5 = o[5];
-#pragma GCC ivdep
+  DDP_IVDEP
   for (i64 l = 0; l < n; ++l) {
     T const p12 = d1[l] + d2[l], m12 = d2[l] - d1[l], p34 = d3[l] + d4[l], m34 = d3[l] - d4[l];
     o0[l] = T(4) * d0[l];

@@ -53,7 +53,9 @@ Tensor<T, S> scalar_tensor(T v) {
 template <class T, MemorySpace S>
 Variable<T, S> log_softmax(Variable<T, S> const& x) {
   using K = Kernels<S>;
-  auto const [rows, cols] = detail::rows_cols("log_softmax", x.shape());
+  // Named variables, not a structured binding: lambdas capture them below (Clang < 16 cannot capture bindings).
+  auto const rc = detail::rows_cols("log_softmax", x.shape());
+  std::int64_t const rows = rc.first, cols = rc.second;
   Tensor<T, S> y(x.shape());
   K::log_softmax_fwd(rows, cols, x.value().data(), y.data());
   return detail::record(
@@ -89,7 +91,9 @@ Variable<T, S> mse_loss(Variable<T, S> const& pred, Tensor<T, S> const& target) 
 template <class T, MemorySpace S>
 Variable<T, S> cross_entropy(Variable<T, S> const& logits, Tensor<std::int32_t, S> const& target) {
   using K = Kernels<S>;
-  auto const [rows, cols] = detail::rows_cols("cross_entropy", logits.shape());
+  // Named variables, not a structured binding: lambdas capture them below (Clang < 16 cannot capture bindings).
+  auto const rc = detail::rows_cols("cross_entropy", logits.shape());
+  std::int64_t const rows = rc.first, cols = rc.second;
   detail::check_targets("cross_entropy", target, rows, cols);
   Tensor<T, S> probs(logits.shape());
   T const loss = K::cross_entropy_fwd(rows, cols, logits.value().data(), target.data(), probs.data());
@@ -107,7 +111,9 @@ Variable<T, S> cross_entropy(Variable<T, S> const& logits, Tensor<std::int32_t, 
 template <class T, MemorySpace S>
 Variable<T, S> nll_loss(Variable<T, S> const& logp, Tensor<std::int32_t, S> const& target) {
   using K = Kernels<S>;
-  auto const [rows, cols] = detail::rows_cols("nll_loss", logp.shape());
+  // Named variables, not a structured binding: lambdas capture them below (Clang < 16 cannot capture bindings).
+  auto const rc = detail::rows_cols("nll_loss", logp.shape());
+  std::int64_t const rows = rc.first, cols = rc.second;
   detail::check_targets("nll_loss", target, rows, cols);
   T const loss = K::nll_fwd(rows, cols, logp.value().data(), target.data());
   return detail::record(

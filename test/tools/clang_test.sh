@@ -1,0 +1,60 @@
+#!/bin/bash
+# usage: clang_test.sh REPO_FILE
+# ddp with Clang (Debian's clang++-14, which tools/setup.sh installs for the fuzzers) on libstdc++ 12:
+#   - the examples, the device training test (Thrust's CPU system) and the NCCL backend compile without a
+#     warning under -Wall -Wextra -Wpedantic -Wshadow (-fsyntax-only: Clang warns from its front end);
+#   - 02_equivalence (threads and MPI, DDP with buckets against one process), 00_toy and the host kernels'
+#     tests are built at -O2 and run: the equivalence example exits non-zero if DDP's weights drift from the
+#     single process's, the kernel tests if a GEMM path or the Winograd convolution leaves its reference.
+# Skips, saying so, where clang++-14 is not installed.
+set -uo pipefail
+real="$(readlink -f "$1")"
+root="$(dirname "$real")"
+while [ "$root" != / ] && [ ! -f "$root/include/ddp/ddp.hpp" ]; do root="$(dirname "$root")"; done
+[ -f "$root/include/ddp/ddp.hpp" ] || { echo "FAIL: no include/ddp/ddp.hpp above $real"; exit 1; }
+cxx="${CLANGXX:-clang++-14}"
+if ! command -v "$cxx" >/dev/null; then
+  echo "SKIP: $cxx is not installed (bash tools/setup.sh installs it); ddp's Clang build was not checked"
+  exit 0
+fi
+out="${TEST_TMPDIR:-$(mktemp -d)}"
+cd "$root" || exit 1
+flags=(-std=c++20 -Wall -Wextra -Wpedantic -Wshadow -I include -I . -isystem /usr/include/eigen3
+       -isystem /usr/include/x86_64-linux-gnu/mpich -isystem /usr/local/cuda/include/cccl
+       -isystem /usr/local/cuda/include)
+failed=0
+check() {  # check LOG COMMAND...: runs the command; fails on a non-zero exit or any warning in its output
+  local log="$1"; shift
+  "$@" >"$log" 2>&1
+  local rc=$? n
+  n=$(grep -c 'warning:' "$log")
+  if [ "$rc" -ne 0 ] || [ "$n" -ne 0 ]; then
+    head -c 20000 "$log"
+    echo "FAIL: exit status $rc, $n warning(s): $*"
+    failed=1
+  else
+    echo "PASS: $*"
+  fi
+}
+cpu=-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP
+for tu in examples/01_quickstart.cpp examples/03_wide.cpp examples/05_fashion_mnist.cpp examples/06_toy_trainer.cpp \
+          "examples/04_replay.cpp $cpu" "test/nn/device_training_test.cpp $cpu" test/comm/nccl_conformance_main.cpp; do
+  # shellcheck disable=SC2086  # a source and its defines
+  check "$out/syntax.log" "$cxx" "${flags[@]}" -fsyntax-only $tu
+done
+link=(-L/usr/lib/x86_64-linux-gnu -lmpich -lz -pthread)
+check "$out/toy.log" "$cxx" "${flags[@]}" -O2 -march=native examples/00_toy.cpp -o "$out/toy" "${link[@]}"
+check "$out/equivalence.log" "$cxx" "${flags[@]}" -O2 -march=native examples/02_equivalence.cpp -o "$out/equivalence" "${link[@]}"
+# The hand-vectorised host kernels (GEMM paths, Winograd convolution with DDP_IVDEP loops) against their
+# references, as built by Clang.
+check "$out/kernels.log" "$cxx" "${flags[@]}" -O2 -march=native test/doctest_main.cpp test/tensor/host_kernels_test.cpp \
+  test/tensor/host_winograd_test.cpp -o "$out/kernels" "${link[@]}"
+[ -x "$out/toy" ] && check "$out/toy_run.log" timeout 120 "$out/toy"
+[ -x "$out/kernels" ] && check "$out/kernels_run.log" timeout 300 "$out/kernels" && tail -n 2 "$out/kernels_run.log"
+[ -x "$out/equivalence" ] && check "$out/eq_run.log" timeout 120 "$out/equivalence" --world-size 4 &&
+  tail -n 3 "$out/eq_run.log"
+if [ -x "$out/equivalence" ] && command -v mpirun >/dev/null; then
+  check "$out/eq_mpi.log" timeout 120 mpirun -n 2 "$out/equivalence" --backend mpi && tail -n 2 "$out/eq_mpi.log"
+fi
+[ "$failed" -eq 0 ] && echo "PASS: ddp builds and runs with $cxx"
+exit "$failed"
