@@ -8,10 +8,8 @@
 #     single process's, the kernel tests if a GEMM path or the Winograd convolution leaves its reference.
 # Skips, saying so, where clang++-14 is not installed.
 set -uo pipefail
-real="$(readlink -f "$1")"
-root="$(dirname "$real")"
-while [ "$root" != / ] && [ ! -f "$root/include/ddp/ddp.hpp" ]; do root="$(dirname "$root")"; done
-[ -f "$root/include/ddp/ddp.hpp" ] || { echo "FAIL: no include/ddp/ddp.hpp above $real"; exit 1; }
+source "$(dirname "$0")/source_tree.sh"
+source_tree_root "$1"
 cxx="${CLANGXX:-clang++-14}"
 if ! command -v "$cxx" >/dev/null; then
   echo "SKIP: $cxx is not installed (bash tools/setup.sh installs it); ddp's Clang build was not checked"
@@ -19,9 +17,7 @@ if ! command -v "$cxx" >/dev/null; then
 fi
 out="${TEST_TMPDIR:-$(mktemp -d)}"
 cd "$root" || exit 1
-flags=(-std=c++20 -Wall -Wextra -Wpedantic -Wshadow -I include -I . -isystem /usr/include/eigen3
-       -isystem /usr/include/x86_64-linux-gnu/mpich -isystem /usr/local/cuda/include/cccl
-       -isystem /usr/local/cuda/include)
+flags=(-std=c++20 -Wall -Wextra -Wpedantic -Wshadow "${source_tree_includes[@]}")
 failed=0
 check() {  # check LOG COMMAND...: runs the command; fails on a non-zero exit or any warning in its output
   local log="$1"; shift

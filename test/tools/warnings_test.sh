@@ -7,20 +7,15 @@
 # (-Wstringop-overflow, -Waggressive-loop-optimizations) come only from the optimiser.
 set -uo pipefail
 src="$1"; shift
-# The repository root: the first directory above the source's real path (runfiles are symlinks into the
-# source tree) that holds include/ddp/ddp.hpp.
-real="$(readlink -f "$src")"
-root="$(dirname "$real")"
-while [ "$root" != / ] && [ ! -f "$root/include/ddp/ddp.hpp" ]; do root="$(dirname "$root")"; done
-[ -f "$root/include/ddp/ddp.hpp" ] || { echo "FAIL: no include/ddp/ddp.hpp above $real"; exit 1; }
+source "$(dirname "$0")/source_tree.sh"
+source_tree_root "$src"
 warnings=(-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Woverloaded-virtual)
 cxx="${CXX:-g++}"
 err="${TEST_TMPDIR:-$(mktemp -d)}/err.txt"
 rel="${real#"$root"/}"
 cd "$root" || exit 1
-"$cxx" -std=c++20 -O2 -DNDEBUG "${warnings[@]}" -I include -I . -isystem /usr/include/eigen3 \
-  -isystem /usr/include/x86_64-linux-gnu/mpich -isystem /usr/local/cuda/include/cccl -isystem /usr/local/cuda/include \
-  -march=native "$@" -c "$rel" -o /dev/null 2>"$err"
+"$cxx" -std=c++20 -O2 -DNDEBUG "${warnings[@]}" "${source_tree_includes[@]}" -march=native "$@" -c "$rel" \
+  -o /dev/null 2>"$err"
 rc=$?
 n=$(grep -c 'warning:' "$err")
 if [ "$rc" -ne 0 ] || [ "$n" -ne 0 ]; then

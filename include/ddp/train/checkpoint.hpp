@@ -181,7 +181,7 @@ inline std::string read_checkpoint_bytes(std::filesystem::path const& path) {
 // Packs bytes into int64 words (zero-padded) for collectives, which move int64 but not bytes.
 inline std::vector<std::int64_t> to_words(std::string_view s) {
   std::vector<std::int64_t> w(s.size() / 8 + (s.size() % 8 != 0), 0);  // no overflow near SIZE_MAX
-  if (!s.empty()) std::memcpy(w.data(), s.data(), std::min(s.size(), w.size() * sizeof(std::int64_t)));
+  if (!s.empty()) std::memcpy(w.data(), s.data(), s.size());
   return w;
 }
 inline std::string from_words(std::vector<std::int64_t> const& w, std::size_t n) {

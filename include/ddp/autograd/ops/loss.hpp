@@ -10,7 +10,8 @@
 namespace ddp {
 
 namespace detail {
-// (rows, cols) view of x over its last dimension.
+// (rows, cols) view of x over its last dimension. Callers name the two (`rc.first`, `rc.second`) rather than
+// bind them (`auto [rows, cols]`): their backward lambdas capture them, which Clang < 16 cannot do for bindings.
 inline std::pair<std::int64_t, std::int64_t> rows_cols(char const* op, Shape const& s) {
   if (s.rank() < 1) throw ShapeError(detail::cat(op, ": needs at least one dimension, got ", s));
   std::int64_t const cols = s[s.rank() - 1];
@@ -53,7 +54,6 @@ Tensor<T, S> scalar_tensor(T v) {
 template <class T, MemorySpace S>
 Variable<T, S> log_softmax(Variable<T, S> const& x) {
   using K = Kernels<S>;
-  // Named variables, not a structured binding: lambdas capture them below (Clang < 16 cannot capture bindings).
   auto const rc = detail::rows_cols("log_softmax", x.shape());
   std::int64_t const rows = rc.first, cols = rc.second;
   Tensor<T, S> y(x.shape());
@@ -91,7 +91,6 @@ Variable<T, S> mse_loss(Variable<T, S> const& pred, Tensor<T, S> const& target) 
 template <class T, MemorySpace S>
 Variable<T, S> cross_entropy(Variable<T, S> const& logits, Tensor<std::int32_t, S> const& target) {
   using K = Kernels<S>;
-  // Named variables, not a structured binding: lambdas capture them below (Clang < 16 cannot capture bindings).
   auto const rc = detail::rows_cols("cross_entropy", logits.shape());
   std::int64_t const rows = rc.first, cols = rc.second;
   detail::check_targets("cross_entropy", target, rows, cols);
@@ -111,7 +110,6 @@ Variable<T, S> cross_entropy(Variable<T, S> const& logits, Tensor<std::int32_t, 
 template <class T, MemorySpace S>
 Variable<T, S> nll_loss(Variable<T, S> const& logp, Tensor<std::int32_t, S> const& target) {
   using K = Kernels<S>;
-  // Named variables, not a structured binding: lambdas capture them below (Clang < 16 cannot capture bindings).
   auto const rc = detail::rows_cols("nll_loss", logp.shape());
   std::int64_t const rows = rc.first, cols = rc.second;
   detail::check_targets("nll_loss", target, rows, cols);
