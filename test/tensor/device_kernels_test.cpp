@@ -193,6 +193,15 @@ TEST_CASE_TEMPLATE("element-wise kernels equal the host's bitwise", T, float, do
   run(
       "rsqrt_eps", [&](T* y) { H::rsqrt_eps(n, b.data(), T(2), y); },
       [&](T* y) { D::rsqrt_eps(n, db.data(), T(2), y); });
+  run(
+      "clamp", [&](T* y) { H::clamp(n, T(-0.3), T(0.4), y); }, [&](T* y) { D::clamp(n, T(-0.3), T(0.4), y); });
+  std::vector<T> nan_y{T(-2), std::numeric_limits<T>::quiet_NaN(), T(2)};
+  auto dn = up(nan_y);
+  D::clamp(3, T(-1), T(1), dn.data());
+  auto const clamped = down(dn);
+  CHECK(clamped[0] == T(-1));
+  CHECK(std::isnan(clamped[1]));
+  CHECK(clamped[2] == T(1));
 }
 
 TEST_CASE_TEMPLATE("reductions and transcendental activations agree to a few ulps", T, float, double) {
@@ -202,6 +211,12 @@ TEST_CASE_TEMPLATE("reductions and transcendental activations agree to a few ulp
   auto dx = up(x), dgy = up(gy);
   double const tol = ulps<T>(64);
   expect_close("sum", H::sum(n, x.data()), D::sum(n, dx.data()), tol);
+  for (T p : {T(1), T(2), T(3), std::numeric_limits<T>::infinity()})
+    expect_close("norm", H::norm(n, x.data(), p), D::norm(n, dx.data(), p), tol);
+  auto xn = x;  // a NaN survives the max in any combining order, and the sums
+  xn[n / 2] = std::numeric_limits<T>::quiet_NaN();
+  auto dxn = up(xn);
+  for (T p : {T(2), std::numeric_limits<T>::infinity()}) CHECK(std::isnan(D::norm(n, dxn.data(), p)));
   for (T beta : {T(0), T(1)}) {
     std::vector<T> h(y0.begin(), y0.begin() + cols);
     auto d = up(h);

@@ -1,6 +1,7 @@
 // The nn layer: Model concept, layers, containers and the flat parameter arena.
 #pragma once
 
+#include "ddp/nn/clip_grad.hpp"
 #include "ddp/nn/init.hpp"
 #include "ddp/nn/layers.hpp"
 #include "ddp/nn/module.hpp"

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "ddp/tensor/device_allocator.hpp"
 #include "ddp/tensor/device_launch.hpp"
@@ -142,6 +143,38 @@ struct Load {
   T const* x;
   DDP_HOST_DEVICE T operator()(i64 i) const { return x[i]; }
 };
+template <class T>
+struct Square {
+  T const* x;
+  DDP_HOST_DEVICE T operator()(i64 i) const { return x[i] * x[i]; }
+};
+template <class T>
+struct Abs {
+  T const* x;
+  DDP_HOST_DEVICE T operator()(i64 i) const { return dmath::abs(x[i]); }
+};
+template <class T>
+struct AbsPow {
+  T const* x;
+  T p;
+  DDP_HOST_DEVICE T operator()(i64 i) const { return dmath::pow(dmath::abs(x[i]), p); }
+};
+// max(a, b) that keeps a NaN from either side (a NaN fails every comparison), so the reduction's result is NaN
+// when any element is, whatever order Thrust combines them in.
+template <class T>
+struct MaxKeepNaN {
+  DDP_HOST_DEVICE T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
+};
+// y = min(max(y, lo), hi); a NaN stays NaN (both comparisons fail).
+template <class T>
+struct Clamp {
+  T lo, hi;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const {
+    T const v = y[i];
+    y[i] = v < lo ? lo : (v > hi ? hi : v);
+  }
+};
 
 template <class T>
 struct ReluFwd {
@@ -262,6 +295,20 @@ struct DeviceElementwiseKernels {
   template <class T>
   static T sum(i64 n, T const* x) {
     return detail::device_sum<T>(n, detail::dev::Load<T>{x});
+  }
+  // ||x||_p: (Σ|x_i|^p)^(1/p) for p > 0, max |x_i| for p = +inf; NaN if any element is NaN.
+  template <class T>
+  static T norm(i64 n, T const* x, T p) {
+    using namespace detail;
+    if (p == std::numeric_limits<T>::infinity()) return device_reduce<T>(n, dev::Abs<T>{x}, T(0), dev::MaxKeepNaN<T>{});
+    if (p == T(2)) return dmath::sqrt(device_sum<T>(n, dev::Square<T>{x}));
+    if (p == T(1)) return device_sum<T>(n, dev::Abs<T>{x});
+    return dmath::pow(device_sum<T>(n, dev::AbsPow<T>{x, p}), T(1) / p);
+  }
+  // y = min(max(y, lo), hi) element-wise (lo <= hi); NaN stays NaN.
+  template <class T>
+  static void clamp(i64 n, T lo, T hi, T* y) {
+    detail::device_for(n, detail::dev::Clamp<T>{lo, hi, y});
   }
 
   // ---- activations: forward y = f(x); backward gx = beta * gx + gy * f'(.) ----

@@ -1,4 +1,4 @@
-// The two launch shapes every Thrust-based device kernel uses (an index loop and a reduction), the math the
+// The launch shapes every Thrust-based device kernel uses (an index loop and a reduction), the math the
 // functors call on host and device alike, and the host<->device copies.
 #pragma once
 
@@ -30,13 +30,20 @@ void device_for(i64 n, F const& f) {
   thrust::for_each_n(device_policy(), thrust::counting_iterator<i64>(0), n, f);
 }
 
+// op over f(i) for i in [0, n), starting from init, returned to the host. op must be associative and
+// commutative (Thrust may combine in any tree).
+template <class T, class F, class Op>
+T device_reduce(i64 n, F const& f, T init, Op op) {
+  if (n <= 0) return init;
+  return thrust::transform_reduce(device_policy(), thrust::counting_iterator<i64>(0), thrust::counting_iterator<i64>(n),
+                                  f, init, op);
+}
+
 // Σ_{i<n} f(i) with init 0, returned to the host. The CPP system adds in index order (a left fold, like the host
 // kernels' loops); CUDA and OMP add in a tree: deterministic for a given size and system, not bitwise the host's.
 template <class T, class F>
 T device_sum(i64 n, F const& f) {
-  if (n <= 0) return T(0);
-  return thrust::transform_reduce(device_policy(), thrust::counting_iterator<i64>(0), thrust::counting_iterator<i64>(n),
-                                  f, T(0), thrust::plus<T>());
+  return device_reduce<T>(n, f, T(0), thrust::plus<T>());
 }
 
 // Bytes between host and device memory (synchronous: the host data may be reused on return).
@@ -86,6 +93,20 @@ DDP_HOST_DEVICE inline T sqrt(T x) {
     return ::sqrtf(x);
   else
     return ::sqrt(x);
+}
+template <class T>
+DDP_HOST_DEVICE inline T pow(T x, T y) {
+  if constexpr (sizeof(T) == 4)
+    return ::powf(x, y);
+  else
+    return ::pow(x, y);
+}
+template <class T>
+DDP_HOST_DEVICE inline T abs(T x) {
+  if constexpr (sizeof(T) == 4)
+    return ::fabsf(x);
+  else
+    return ::fabs(x);
 }
 // dst = beta·dst + v where beta is 0 (dst not read: it may hold garbage) or 1, as the host's assign_or_add.
 template <class T>

@@ -350,6 +350,25 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
   static T sum(i64 n, T const* x) {
     return n ? detail::CMapArr<T>(x, n).sum() : T(0);
   }
+  // ||x||_p (torch.linalg.vector_norm): (Σ|x_i|^p)^(1/p) for p > 0, max |x_i| for p = +inf; 0 for n = 0; NaN
+  // if any element is NaN. p = 2 and p = 1 need no pow. Accumulates in T.
+  template <class T>
+  static T norm(i64 n, T const* x, T p) {
+    if (n == 0) return T(0);
+    detail::CMapArr<T> const a(x, n);
+    if (p == std::numeric_limits<T>::infinity()) return a.abs().template maxCoeff<Eigen::PropagateNaN>();
+    if (p == T(2)) return std::sqrt(a.square().sum());
+    if (p == T(1)) return a.abs().sum();
+    return std::pow(a.abs().pow(p).sum(), T(1) / p);
+  }
+  // y = min(max(y, lo), hi) element-wise (lo <= hi); NaN stays NaN (both comparisons fail).
+  template <class T>
+  static void clamp(i64 n, T lo, T hi, T* y) {
+    for (i64 i = 0; i < n; ++i) {
+      T const v = y[i];
+      y[i] = v < lo ? lo : (v > hi ? hi : v);
+    }
+  }
 
   // ---- activations: forward y = f(x); backward gx = beta * gx + gy * f'(.) ----
   template <class T>
