@@ -8,6 +8,7 @@
 //   mpirun -n 2 bazel-bin/examples/fashion_mnist --backend mpi
 //   mpirun -n 2 bazel-bin/examples/fashion_mnist_cuda --device cuda     (nvcc build, one GPU per rank)
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -51,10 +52,16 @@ struct Config {
   bool deterministic = false;  // --deterministic: DeterministicDataParallel, bitwise the same for any world size
   std::int64_t micro_batches = 8;
   double lr = 1e-3, bucket_cap_mb = 25;
-  bool auto_cap = false;          // --bucket-cap-mb auto: tune_bucket_cap chooses it before training
-  std::string calibration_cache;  // --calibration-cache
+  std::optional<double> clip_grad_norm;  // --clip-grad-norm: nn::clip_grad_norm before each optimizer step
+  bool auto_cap = false;                 // --bucket-cap-mb auto: tune_bucket_cap chooses it before training
+  std::string calibration_cache;         // --calibration-cache
   fs::path data_dir, checkpoint, resume, trace_dir, out_dir;
 };
+
+// The header's note on --clip-grad-norm ("" when off).
+std::string clip_note(Config const& cfg) {
+  return cfg.clip_grad_norm ? detail::cat(", gradient 2-norm clipped to ", *cfg.clip_grad_norm) : std::string();
+}
 
 // A path given on the command line, relative to where the user ran `bazel run` (not the runfiles tree).
 fs::path user_path(std::string const& s) {
@@ -93,9 +100,10 @@ void print_header(Trainer& t, Config const& cfg, std::int64_t steps_per_epoch,
                                                    : "mpi",
       std::same_as<S, HostSpace> ? "host" : "device (cuda)", t.comm().world_size(),
       static_cast<long long>(t.global_batch()), static_cast<long long>(t.batch_size()));
-  std::printf("optimizer %s lr %g, schedule %s, %lld epoch%s of %lld steps, seed %lld\n", cfg.optimizer.c_str(), cfg.lr,
-              std::string(optim::schedule_name(cfg.schedule)).c_str(), static_cast<long long>(cfg.epochs),
-              cfg.epochs == 1 ? "" : "s", static_cast<long long>(steps_per_epoch), static_cast<long long>(cfg.seed));
+  std::printf("optimizer %s lr %g, schedule %s, %lld epoch%s of %lld steps, seed %lld%s\n", cfg.optimizer.c_str(),
+              cfg.lr, std::string(optim::schedule_name(cfg.schedule)).c_str(), static_cast<long long>(cfg.epochs),
+              cfg.epochs == 1 ? "" : "s", static_cast<long long>(steps_per_epoch), static_cast<long long>(cfg.seed),
+              clip_note(cfg).c_str());
   std::printf("data: %lld train / %lld test images from %s\n", static_cast<long long>(train_set.size()),
               static_cast<long long>(test_set.size()), cfg.data_dir.string().c_str());
   std::printf("%s\n", t.ddp().describe().c_str());
@@ -305,9 +313,9 @@ void run_deterministic(Comm& comm, Config const& cfg, TensorDataset<std::int32_t
           cfg.model.c_str(), thousands(dp.parameters().parameter_numel()).c_str(),
           static_cast<long long>(cfg.micro_batches), static_cast<long long>(cfg.global_batch / cfg.micro_batches),
           static_cast<long long>(cfg.global_batch), world, static_cast<long long>(dp.micro_batches_per_rank()));
-      std::printf("optimizer %s lr %g, schedule %s, %lld epochs of %lld steps, seed %lld\n", cfg.optimizer.c_str(),
+      std::printf("optimizer %s lr %g, schedule %s, %lld epochs of %lld steps, seed %lld%s\n", cfg.optimizer.c_str(),
                   cfg.lr, std::string(optim::schedule_name(cfg.schedule)).c_str(), static_cast<long long>(cfg.epochs),
-                  static_cast<long long>(steps), static_cast<long long>(cfg.seed));
+                  static_cast<long long>(steps), static_cast<long long>(cfg.seed), clip_note(cfg).c_str());
       std::fflush(stdout);
     }
     auto save = [&](TrainPosition const& p) {
@@ -332,6 +340,7 @@ void run_deterministic(Comm& comm, Config const& cfg, TensorDataset<std::int32_t
         schedule.start_step(pos.global_step);
         opt.zero_grad();
         double const l = dp.compute_gradients(static_cast<std::uint64_t>(pos.global_step), batch.x, batch.y, ce);
+        if (cfg.clip_grad_norm) nn::clip_grad_norm(dp.parameters(), *cfg.clip_grad_norm);
         opt.step();
         ++pos.global_step;
         ++done;
@@ -450,7 +459,8 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
   TrainerOptions const opts{.seed = static_cast<std::uint64_t>(cfg.seed),
                             .drop_last = false,
                             .ddp = {.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
-                            .global_batch = cfg.global_batch};
+                            .global_batch = cfg.global_batch,
+                            .clip_grad_norm = cfg.clip_grad_norm};
   auto go = [&]<optim::Optimizer O>(std::type_identity<O>, typename O::options_type const& o) {
     basic_trainer<nn::AnySequential<float, S>, Comm, O> t(net.seq, comm, o, opts, bucketer);
     train(t, net, timeline, cfg, train_set, test_set);
@@ -479,6 +489,9 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("optimizer", "adamw", "sgd (momentum 0.9), adam or adamw (weight decay 0.01)")
       .add("schedule", "cosine",
            "learning rate schedule: none, step (x0.7 each epoch) or cosine (to 0 over all steps, per step)")
+      .add("clip-grad-norm", "off",
+           "before each optimizer step, scale the averaged gradients down to this 2-norm (PyTorch's "
+           "clip_grad_norm_), or off")
       .add("bucket-cap-mb", "25",
            "DDP gradient bucket size cap in MiB (the first bucket is at most 1 MiB), or auto: the cost model "
            "chooses it for this model, backend and layout (calibrating the backend first; see "
@@ -546,6 +559,14 @@ std::optional<Config> parse(int argc, char** argv) {
   c.lr = f.str("lr").empty() ? (c.model == "cnn" ? 1e-3 : 2e-3) : f.real("lr");
   if (!(c.lr > 0 && c.lr < 100))
     throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
+  if (std::string const v = f.str("clip-grad-norm"); v != "off") {
+    char* end = nullptr;
+    double const x = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !(x > 0) || !std::isfinite(x))
+      throw ArgumentError(
+          detail::cat("fashion_mnist: --clip-grad-norm must be a positive number or off, got '", v, "'"));
+    c.clip_grad_norm = x;
+  }
   c.auto_cap = f.str("bucket-cap-mb") == "auto";
   c.calibration_cache = user_path(f.str("calibration-cache")).string();
   if (!c.calibration_cache.empty() && !c.auto_cap)

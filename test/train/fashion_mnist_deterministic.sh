@@ -2,7 +2,7 @@
 # usage: fashion_mnist_deterministic.sh BINARY: the main job with --deterministic prints the same weights digest
 # for world sizes 1, 2 and 4 (threads) and under mpirun -n 2, for bucket caps 1 KiB and 25 MiB, for the CNN (with
 # dropout) and the MLP; and a run stopped mid-epoch at world size 2 and resumed at world size 4 ends with the
-# uninterrupted run's digest.
+# uninterrupted run's digest; with --clip-grad-norm too.
 set -euo pipefail
 bin="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/fmdet"
@@ -34,6 +34,17 @@ for model in cnn mlp; do
   [[ "$got" == "$ref" ]] || fail "$model: resumed at world size 4: weights $got, uninterrupted: $ref"
   echo "$model: weights $ref at world sizes 1, 2, 4, caps 1 KiB and 25 MiB, under MPI, and resumed at another world size"
 done
+# --clip-grad-norm keeps it: the clipped gradients are the same at every world size, and clipping changes the run.
+base=(--deterministic --model mlp --micro-batches 4 --batch-size 32 --limit-train 256 --limit-test 128 --epochs 2)
+clip=("${base[@]}" --clip-grad-norm 0.05)
+unclipped=$(digest "$bin" "${base[@]}" --world-size 1)
+ref=$(digest "$bin" "${clip[@]}" --world-size 1)
+[[ "$ref" =~ ^[0-9a-f]{16}$ && "$ref" != "$unclipped" ]] || fail "clipped mlp: weights $ref, unclipped $unclipped"
+got=$(digest "$bin" "${clip[@]}" --world-size 4)
+[[ "$got" == "$ref" ]] || fail "clipped mlp: world size 4: weights $got, world size 1: $ref"
+got=$(digest mpirun -n 2 "$bin" "${clip[@]}" --backend mpi)
+[[ "$got" == "$ref" ]] || fail "clipped mlp: mpirun -n 2: weights $got, world size 1: $ref"
+echo "mlp with --clip-grad-norm 0.05: weights $ref at world sizes 1, 4 and under MPI (unclipped: $unclipped)"
 # Misuse: a world size that does not divide the micro-batches.
 if "$bin" --deterministic --micro-batches 4 --world-size 3 --batch-size 24 --limit-train 64 --limit-test 32 >"$log" 2>&1; then
   fail "world size 3 with 4 micro-batches was accepted"

@@ -25,6 +25,9 @@ expect "must be a multiple of --world-size 3" --batch-size 64 --world-size 3
 expect "--optimizer must be one of sgd|adam|adamw" --optimizer lbfgs
 expect "--bucket-cap-mb must be a number of MiB or auto, got 'big'" --bucket-cap-mb big
 expect "--bucket-cap-mb must be in [0, 4096]" --bucket-cap-mb -1
+expect "--clip-grad-norm must be a positive number or off, got 'high'" --clip-grad-norm high
+expect "--clip-grad-norm must be a positive number or off, got '0'" --clip-grad-norm 0
+expect "--clip-grad-norm must be a positive number or off, got 'inf'" --clip-grad-norm inf
 expect "--calibration-cache is for --bucket-cap-mb auto" --calibration-cache /tmp/cal.txt
 expect "--bucket-cap-mb auto profiles host tensors" --bucket-cap-mb auto --deterministic true
 expect "flag --epochs needs a value" --epochs

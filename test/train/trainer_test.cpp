@@ -1,6 +1,10 @@
 // basic_trainer: the standard loop equals the explicit DDP loop, and its evaluation counts every sample once.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <string>
+#include <vector>
+
 #include "ddp/ddp.hpp"
 
 using namespace ddp;
@@ -54,6 +58,62 @@ TEST_CASE("trainer: fit_epoch equals the explicit DDP loop, bitwise, on every ra
     CHECK(a[0][i] == b[0][i]);
     CHECK(a[1][i] == a[0][i]);
   }
+}
+
+TEST_CASE("trainer: clip_grad_norm clips before every step, bitwise as the explicit loop with nn::clip_grad_norm") {
+  auto data = blobs(103, 1);
+  std::vector<std::vector<float>> a(2), b(2);
+  std::vector<double> norm_t(2), norm_loop(2);
+  std::vector<int> clipped(2);
+  spawn(2, [&](ThreadsBackend& comm) {
+    auto const r = static_cast<std::size_t>(comm.rank());
+    auto ce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
+    auto m1 = make_model();
+    trainer<decltype(m1), ThreadsBackend> t(m1, comm, {.lr = 0.1, .momentum = 0.9},
+                                            {.batch_size = 8, .seed = 3, .clip_grad_norm = 0.05});
+    CHECK(std::isnan(t.last_grad_norm()));
+    for (int e = 0; e < 2; ++e) t.fit_epoch(data, e, ce);
+    norm_t[r] = t.last_grad_norm();
+    for (auto const& p : t.ddp().parameters().entries())
+      a[r].insert(a[r].end(), p.var.value().data(), p.var.value().data() + p.numel);
+
+    auto m2 = make_model();
+    DistributedDataParallel ddp(m2, comm);
+    optim::SGD opt(ddp.parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int e = 0; e < 2; ++e) {
+      DistributedSampler sampler(data.size(), comm, {.shuffle = true, .seed = 3});
+      sampler.set_epoch(e);
+      DataLoader loader(data, sampler, {.batch_size = 8, .drop_last = true});
+      for (auto const& batch : loader) {
+        opt.zero_grad();
+        backward(cross_entropy(ddp(Var(batch.x)), batch.y));
+        norm_loop[r] = double(nn::clip_grad_norm(ddp.parameters(), 0.05));
+        clipped[r] += norm_loop[r] > 0.05;
+        opt.step();
+      }
+    }
+    for (auto const& p : ddp.parameters().entries())
+      b[r].insert(b[r].end(), p.var.value().data(), p.var.value().data() + p.numel);
+  });
+  CHECK(clipped[0] > 0);  // the cap was below the gradient norm at some steps: clipping changed the run
+  CHECK(norm_t[0] == norm_loop[0]);
+  CHECK(norm_t[1] == norm_t[0]);
+  REQUIRE(a[0].size() == b[0].size());
+  for (std::size_t i = 0; i < a[0].size(); ++i) {
+    CHECK(a[0][i] == b[0][i]);
+    CHECK(a[1][i] == a[0][i]);
+  }
+  // A cap that is not a finite number >= 0 is an error when the trainer is built, on every rank.
+  spawn(2, [&](ThreadsBackend& comm) {
+    auto m = make_model();
+    std::string msg;
+    try {
+      trainer<decltype(m), ThreadsBackend> t(m, comm, {.lr = 0.1}, {.clip_grad_norm = -1.0});
+    } catch (ArgumentError const& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find("clip_grad_norm must be a finite number >= 0, got -1") != std::string::npos);
+  });
 }
 
 TEST_CASE("trainer: training reduces the loss; evaluate counts each sample once across ranks") {

@@ -87,11 +87,9 @@ T clip_grad_norm(std::vector<GradSlice<T>> const& grads, double max_norm, ClipGr
     for (std::size_t i = 0; i < grads.size(); ++i)
       if (!std::isfinite(norms[i]))
         bad += ddp::detail::cat(bad.empty() ? "" : ", ", *grads[i].name, " (", norms[i], ")");
+    if (bad.empty()) bad = "none (their combination overflowed)";
     throw DdpError(ddp::detail::cat("clip_grad_norm: the total norm of order ", opts.norm_type, " of the gradients is ",
-                                    total,
-                                    ", so they cannot be clipped; gradient norms that "
-                                    "are not finite: ",
-                                    bad.empty() ? std::string("none (their combination overflowed)") : bad,
+                                    total, ", so they cannot be clipped; gradient norms that are not finite: ", bad,
                                     ". No gradient was changed (NonFiniteNorm::kScale scales them anyway)."));
   }
   T const coef = static_cast<T>(max_norm) / (total + T(1e-6));

@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 
 #include "ddp/data/loader.hpp"
 #include "ddp/data/metrics.hpp"
 #include "ddp/data/sampler.hpp"
+#include "ddp/nn/clip_grad.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/join.hpp"
@@ -41,6 +44,10 @@ struct TrainerOptions {
   std::int64_t global_batch = 0;
   EpochSplit split = EpochSplit::kPad;
   JoinOptions join{};  // for the epochs EpochSplit::kJoin leaves uneven (the even ones run without a join)
+  // When set: before each optimizer step, nn::clip_grad_norm(ddp.parameters(), *clip_grad_norm) (the 2-norm of
+  // the averaged gradients, the same on every rank; PyTorch's clip_grad_norm_). A finite number >= 0, checked
+  // when the trainer is built; last_grad_norm() is the norm before clipping.
+  std::optional<double> clip_grad_norm{};
 };
 
 // Where an epoch starts: fit_epoch(data, EpochStart{.epoch = e, .step = s, .global_step = g}, ...) visits
@@ -104,7 +111,7 @@ class basic_trainer {
 
   basic_trainer(M& model, C& comm, typename O::options_type opt, TrainerOptions opts = {}, B bucketer = {})
       : comm_(&comm),
-        opts_(opts),
+        opts_(checked(opts)),
         batch_(rank_batch(opts, comm.world_size())),
         ddp_(model, comm, opts.ddp, std::move(bucketer)),
         opt_(ddp_.parameters(), opt) {}
@@ -159,6 +166,8 @@ class basic_trainer {
         backward(l);
         if (!ddp_.step_skipped()) {
           Timeline::Scope span(opts_.ddp.timeline, "optimizer step", "step", Timeline::kCompute);
+          if (opts_.clip_grad_norm)
+            last_grad_norm_ = double(nn::clip_grad_norm(ddp_.parameters(), *opts_.clip_grad_norm));
           opt_.step();
         }
         ++p.step;
@@ -220,8 +229,16 @@ class basic_trainer {
   DistributedDataParallel<M, C, B>& ddp() noexcept { return ddp_; }
   O& optimizer() noexcept { return opt_; }
   C& comm() noexcept { return *comm_; }
+  // With TrainerOptions::clip_grad_norm: the total gradient norm before clipping at the last step that clipped
+  // (steps DDP skipped for non-finite gradients are not clipped); NaN before the first.
+  double last_grad_norm() const noexcept { return last_grad_norm_; }
 
  private:
+  static TrainerOptions const& checked(TrainerOptions const& o) {
+    if (o.clip_grad_norm && !(std::isfinite(*o.clip_grad_norm) && *o.clip_grad_norm >= 0))
+      throw ArgumentError(detail::cat("trainer: clip_grad_norm must be a finite number >= 0, got ", *o.clip_grad_norm));
+    return o;
+  }
   static std::int64_t rank_batch(TrainerOptions const& o, int world) {
     if (o.global_batch > 0) {
       if (o.global_batch % world != 0)
@@ -237,6 +254,7 @@ class basic_trainer {
   C* comm_;
   TrainerOptions opts_;
   std::int64_t batch_;
+  double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
   DistributedDataParallel<M, C, B> ddp_;
   O opt_;
 };
