@@ -17,10 +17,19 @@ cd "$root" || exit 1
 "$cxx" -std=c++20 -O2 -DNDEBUG "${warnings[@]}" "${source_tree_includes[@]}" -march=native "$@" -c "$rel" \
   -o /dev/null 2>"$err"
 rc=$?
-n=$(grep -c 'warning:' "$err")
+# GCC 12.1-12.2's AVX-512 intrinsics make their "undefined" vectors by self-initialisation (`__m512 __Y = __Y;`
+# in avx512fintrin.h), and once an intrinsic is inlined -Wuninitialized / -Wmaybe-uninitialized report it there
+# (GCC bug 105593). With -march=native on an AVX-512 CPU every Eigen kernel shows it, with or without ddp. Those
+# warnings, located in the compiler's own *intrin.h and naming `__Y`, are counted apart; any other warning fails.
+gcc_bug='include/[a-z0-9_]*intrin\.h:[0-9]+:[0-9]+: warning: .__Y. (is|may be) used uninitialized'
+n_all=$(grep -c 'warning:' "$err")
+n_bug=$(grep -Ec "$gcc_bug" "$err")
+n=$((n_all - n_bug))
 if [ "$rc" -ne 0 ] || [ "$n" -ne 0 ]; then
-  head -c 20000 "$err"
+  if [ "$n_bug" -eq 0 ]; then head -c 20000 "$err"; else grep -Ev "$gcc_bug" "$err" | grep -B 8 -A 12 -E 'warning:|error:' | head -c 20000; fi
   echo "FAIL: $rel: exit status $rc, $n warning(s) with ${warnings[*]} $*"
   exit 1
 fi
-echo "PASS: $rel compiles without a warning (${warnings[*]} $*)"
+known=""
+[ "$n_bug" -ne 0 ] && known=" (and $n_bug from GCC's AVX-512 intrinsics headers, GCC bug 105593, not counted)"
+echo "PASS: $rel compiles without a warning (${warnings[*]} $*)$known"
