@@ -2,9 +2,10 @@
 // DDP steps. Per model: calibrate the backend (or read the cache), profile a DDP run's backward (when each
 // gradient is final, by grad hooks), choose the bucket cap from the model, then run DDP with PyTorch's 25 MiB
 // cap and with the chosen cap and print predicted against measured times, per bucket and per step. Each step is
-// predicted twice: from the calibration at start-up (what tune_bucket_cap has), and from a probe taken in the
-// same rounds as the steps (run's probe_candidates), so a miss can be told apart from a machine whose state changed
-// between the calibration and the steps.
+// predicted twice: from the calibration at start-up (tune_bucket_cap's CalibrationTiming::kStartUp), and from a
+// probe taken in the same rounds as the steps (run's probe_candidates; tune_bucket_cap's default, kBetweenSteps,
+// probes the same way between its profiling steps), so a miss can be told apart from a machine whose state
+// changed between the calibration and the steps.
 //   bazel run //bench:cost_model -- --world-size 2                          (threads)
 //   mpirun -n 2 bazel-bin/bench/cost_model --backend mpi --cache /tmp/ddp_alpha_beta.txt
 #include <algorithm>
@@ -250,18 +251,6 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
   free_model.overlap = {};
   std::vector<std::size_t> calibration_sizes;  // ascending (the curve is sorted): run trims them to the model
   for (auto const& c : cal.model.curve) calibration_sizes.push_back(c.bytes);
-  // The calibration's model with the in-run probe's samples in place of its own at those sizes (the line
-  // refitted; overlap as calibrated): the same model, fed by a probe taken in the same seconds as the steps.
-  auto const in_run = [&](std::vector<ProbeSample> const& samples) {
-    std::vector<ProbeSample> curve = samples;
-    for (auto const& c : cal.model.curve)
-      if (std::none_of(samples.begin(), samples.end(), [&](ProbeSample const& q) { return q.bytes == c.bytes; }))
-        curve.push_back(c);
-    std::sort(curve.begin(), curve.end(), [](ProbeSample const& a, ProbeSample const& b) { return a.bytes < b.bytes; });
-    AlphaBeta m = fit_alpha_beta(curve);
-    m.curve = std::move(curve), m.overlap = cal.model.overlap;
-    return m;
-  };
   Measured const first =
       run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes}, warmup, iters, calibration_sizes).front();
   CapChoice const choice = choose_bucket_cap(first.profile, cal.model, sizeof(float));
@@ -286,7 +275,10 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
       caps.size() > 1 ? run(comm, make_model, make_opt, x, loss, caps, warmup, iters, calibration_sizes)
                       : std::vector<Measured>{first};
   BackwardProfile const& profile = runs.front().profile;
-  AlphaBeta const run_model = in_run(runs.front().probe);
+  // The calibration's model with the in-run probe's samples in place of its own at those sizes (the line
+  // refitted; overlap as calibrated): the same model, fed by a probe taken in the same seconds as the steps, as
+  // tune_bucket_cap's default CalibrationTiming::kBetweenSteps feeds it.
+  AlphaBeta const run_model = with_probe_samples(cal.model, runs.front().probe);
   if (r0) {
     std::printf("in-run probe (median over the rounds) against the calibration:");
     for (auto const& q : runs.front().probe)

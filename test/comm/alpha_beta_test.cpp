@@ -59,6 +59,36 @@ TEST_CASE("AlphaBeta::predict follows the probe's curve where it has one, the li
   CHECK(m.predict(1500) == doctest::Approx(5e-5));
 }
 
+TEST_CASE("with_probe_samples: later samples replace the curve's points at their sizes, the line is refitted") {
+  // A calibration on the line 10 us + 1 ns/B at 4 KiB, 64 KiB and 1 MiB, with an overlap curve.
+  AlphaBeta cal{10e-6, 1e-9, {{4096, 10e-6 + 4096e-9}, {65536, 10e-6 + 65536e-9}, {1 << 20, 10e-6 + 1048576e-9}}};
+  cal.overlap.curve = {{65536, 0.5, 0.25}};
+  // Between steps: 4 KiB took 20 us more, 64 KiB as calibrated; and a size the calibration lacks.
+  std::vector<ProbeSample> const later = {
+      {4096, 30e-6 + 4096e-9}, {65536, 10e-6 + 65536e-9}, {16384, 30e-6 + 16384e-9}};
+  AlphaBeta const m = with_probe_samples(cal, later);
+  REQUIRE(m.curve.size() == 4);
+  CHECK(m.curve[0].bytes == 4096);
+  CHECK(m.curve[0].seconds == doctest::Approx(30e-6 + 4096e-9));  // replaced
+  CHECK(m.curve[1].bytes == 16384);
+  CHECK(m.curve[1].seconds == doctest::Approx(30e-6 + 16384e-9));  // added
+  CHECK(m.curve[3].bytes == (1u << 20));
+  CHECK(m.curve[3].seconds == doctest::Approx(10e-6 + 1048576e-9));  // kept
+  CHECK(m.predict(4096) == doctest::Approx(30e-6 + 4096e-9));
+  CHECK(m.alpha > cal.alpha);  // the line follows the slower small sizes
+  CHECK(m.overlap.comm_rate(65536) == doctest::Approx(0.25));
+  // The fit is the one of the merged curve.
+  AlphaBeta const refit = fit_alpha_beta(m.curve);
+  CHECK(m.alpha == doctest::Approx(refit.alpha));
+  CHECK(m.beta == doctest::Approx(refit.beta));
+  // No samples: the calibration's curve, refitted to the same line.
+  AlphaBeta const same = with_probe_samples(cal, {});
+  CHECK(same.alpha == doctest::Approx(cal.alpha));
+  CHECK(same.beta == doctest::Approx(cal.beta));
+  // One size in all is no line.
+  CHECK_THROWS_AS(with_probe_samples(AlphaBeta{}, {{4096, 1e-5}}), ArgumentError);
+}
+
 TEST_CASE("calibrate: every rank gets the same fit; the cache is written once and read back") {
   // Bazel's per-test directory (concurrent runs of this test share /tmp and, in their sandboxes, pids).
   char const* test_tmp = std::getenv("TEST_TMPDIR");

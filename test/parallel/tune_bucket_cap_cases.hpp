@@ -2,6 +2,7 @@
 // every rank, nothing of the model changed, and a run with the chosen cap bitwise the one that never tuned.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -57,6 +58,13 @@ struct TuneOutcome {
   bool buffers_moved_in_training = false;  // so "unchanged" above means something
   int user_hook_calls_during = 0, user_hook_calls_after = 0;
   bool same_as_untuned = false;
+  // The default CalibrationTiming::kBetweenSteps: its probe's sizes and times, and whether the model the cap was
+  // chosen with holds them in place of the calibration's points (the others kept).
+  std::vector<std::size_t> probe_bytes;
+  std::vector<double> probe_seconds;
+  bool model_holds_probe = false;
+  // CalibrationTiming::kStartUp: no probe between the steps, the calibration's model as it was.
+  bool start_up_as_calibrated = false;
 };
 
 // Three SGD steps of `m` wrapped with `bucketer` on this rank's data.
@@ -88,6 +96,29 @@ TuneOutcome tune_case(Comm& comm) {
                        .warmup = 1,
                        .steps = 3});
   o.cap = t.choice.config.cap_bytes;
+  for (auto const& q : t.between_steps) o.probe_bytes.push_back(q.bytes), o.probe_seconds.push_back(q.seconds);
+  o.model_holds_probe = !t.between_steps.empty() && t.model.curve.size() == t.calibration.model.curve.size();
+  for (auto const& c : t.model.curve) {
+    auto const probed = std::find_if(t.between_steps.begin(), t.between_steps.end(),
+                                     [&](ProbeSample const& q) { return q.bytes == c.bytes; });
+    auto const calibrated = std::find_if(t.calibration.model.curve.begin(), t.calibration.model.curve.end(),
+                                         [&](ProbeSample const& q) { return q.bytes == c.bytes; });
+    double const want = probed != t.between_steps.end()                 ? probed->seconds
+                        : calibrated != t.calibration.model.curve.end() ? calibrated->seconds
+                                                                        : -1.0;
+    o.model_holds_probe = o.model_holds_probe && c.seconds == want;
+  }
+  TunedBucketCap const s =
+      tune_bucket_cap(net, comm, [&](auto& ddp) { return mse_loss(ddp(Var(d.x)), d.y); },
+                      {.calibrate = {.probe = {.sizes = {1024, 16384, 262144}, .warmup = 1, .reps = 2},
+                                     .overlap = {.sizes = {16384}, .seconds = 1e-3, .reps = 1}},
+                       .timing = CalibrationTiming::kStartUp,
+                       .warmup = 1,
+                       .steps = 2});
+  o.start_up_as_calibrated = s.between_steps.empty() && s.model.curve.size() == s.calibration.model.curve.size() &&
+                             s.model.alpha == s.calibration.model.alpha && s.model.beta == s.calibration.model.beta;
+  for (std::size_t k = 0; o.start_up_as_calibrated && k < s.model.curve.size(); ++k)
+    o.start_up_as_calibrated = s.model.curve[k].seconds == s.calibration.model.curve[k].seconds;
   o.tried = t.choice.tried.size();
   o.ready = t.profile.ready.size();
   o.model_unchanged = model_bits(net) == before;

@@ -21,9 +21,16 @@ TEST_CASE("tune_bucket_cap: one cap on every rank, the model untouched, the tune
       CHECK(o.ready == 6);  // conv weight and bias, batch norm weight and bias, linear weight and bias
       CHECK(o.model_unchanged);
       CHECK(o.buffers_moved_in_training);
-      CHECK(o.user_hook_calls_during == 4);  // warm-up and timed steps
-      CHECK(o.user_hook_calls_after == 3);   // the user's hook is back on the parameter
+      CHECK(o.user_hook_calls_during == 4 + 3);  // warm-up and timed steps, then the kStartUp tuning's
+      CHECK(o.user_hook_calls_after == 3);       // the user's hook is back on the parameter
       CHECK(o.same_as_untuned);
+      // Between the steps: the calibration's sizes up to the first that holds the 972 B of gradients, two at
+      // least; every rank the same (slowest rank's) times, and they are in the model the cap was chosen with.
+      CHECK(o.probe_bytes == std::vector<std::size_t>{1024, 16384});
+      CHECK(o.probe_seconds == out[0].probe_seconds);
+      for (double t : o.probe_seconds) CHECK(t > 0);
+      CHECK(o.model_holds_probe);
+      CHECK(o.start_up_as_calibrated);
     }
   }
 }

@@ -1,9 +1,9 @@
 #!/bin/bash
 # Inside the tarball of tools/gpu/bundle.sh: issue 13's one-host measurements on that machine's CPUs (a second
-# host beside this project's 2-vCPU VM): the cache-line round trip, bench/comm/allreduce at world size 2 and 4
-# (default placement and bound to cores; 8 ranks where the machine has 8 CPUs), the wide model's DDP step on
-# threads against MPI, and the cost model at 2 and 4 ranks. Everything in one run, so that the ratios compare
-# columns of the same hour. Exit status: failed steps.
+# host beside this project's 2-vCPU VM), in this order: the cache-line round trip, the wide model's DDP step on
+# threads against MPI, the cost model at 2 and 4 ranks, and bench/comm/allreduce at world size 2 and 4 (default
+# placement and bound to cores; 8 ranks where the machine has 8 CPUs). Everything in one run, so that the ratios
+# compare columns of the same hour. Exit status: failed steps.
 # usage: [DEADLINE=S] host_bench.sh [ROUNDS]   (ROUNDS: repeats of the step pairs and of the world-size-2
 # all-reduce; default 3. DEADLINE: seconds for the whole run, default 600; steps that would start later are skipped)
 set -u
@@ -28,7 +28,7 @@ b=(-bind-to core)
 echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(uname -r), $(date -u +%FT%TZ)"
 step 30 "$here/bin/core_pingpong" 0 1
 # The step and the cost model first: they take longest to set up on a lent machine and are what the
-# all-reduce repeats cannot stand in for. DEADLINE (seconds, default 600) skips what would not end in time.
+# all-reduce repeats cannot stand in for.
 for r in $(seq "$rounds"); do
   step 90 "$here/bin/ddp_step" --models wide
   step 90 "${h[@]}" "${b[@]}" -n 2 "$here/bin/ddp_step" --backend mpi --models wide

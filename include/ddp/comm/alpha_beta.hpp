@@ -113,6 +113,25 @@ inline AlphaBeta fit_alpha_beta(std::vector<ProbeSample> const& samples) {
   return m;
 }
 
+// The model with `samples` in place of its curve's points at the same sizes (and added where the curve has
+// none), the line refitted to the result; the overlap is kept. For a probe taken later than the calibration, in
+// the same seconds as the work it predicts (tune_bucket_cap's probe between the profiling steps): what an
+// all-reduce costs right after compute can differ from back-to-back repetitions (RESULTS, session 22: 2x at
+// 4 KiB across namespace hosts on 16 cores). Throws ArgumentError where the result has fewer than two sizes.
+inline AlphaBeta with_probe_samples(AlphaBeta const& model, std::vector<ProbeSample> const& samples) {
+  std::vector<ProbeSample> curve = samples;
+  for (auto const& c : model.curve)
+    if (std::none_of(samples.begin(), samples.end(), [&](ProbeSample const& q) { return q.bytes == c.bytes; }))
+      curve.push_back(c);
+  std::sort(curve.begin(), curve.end(), [](ProbeSample const& a, ProbeSample const& b) { return a.bytes < b.bytes; });
+  curve.erase(std::unique(curve.begin(), curve.end(),
+                          [](ProbeSample const& a, ProbeSample const& b) { return a.bytes == b.bytes; }),
+              curve.end());
+  AlphaBeta m = fit_alpha_beta(curve);
+  m.curve = std::move(curve), m.overlap = model.overlap;
+  return m;
+}
+
 struct ProbeOptions {
   // Message sizes in bytes (float elements), small to large; PyTorch's bucket sizes lie inside, and the
   // largest is past the caches, where big buckets live (in cache, 16 MiB reduces up to 1.5x faster here).

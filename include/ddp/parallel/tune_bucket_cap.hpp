@@ -2,8 +2,9 @@
 // the backend (ddp/comm/alpha_beta.hpp: a probe, or the cached fit), profiles a few DDP steps of the model at
 // PyTorch's cap (when each gradient is ready, in the job's view: the slowest rank's), and returns the cap with
 // the least predicted step (choose_bucket_cap, ddp/bucket/cost_model.hpp), which the caller then builds its
-// DDP or trainer with (TunedBucketCap::bucketer()). PyTorch rebuilds its buckets from the first iteration's
-// gradient order; this chooses their size as well, from what the backend and the model measure.
+// DDP or trainer with (TunedBucketCap::bucketer()). By default the model it predicts with also holds a probe
+// taken between the profiling steps (CalibrationTiming). PyTorch rebuilds its buckets from the first
+// iteration's gradient order; this chooses their size as well, from what the backend and the model measure.
 #pragma once
 
 #include <algorithm>
@@ -31,17 +32,35 @@
 
 namespace ddp {
 
+// When the all-reduce times the choice is made with are measured.
+enum class CalibrationTiming {
+  // calibrate() alone, before the profiling steps (or the cache): back-to-back repetitions.
+  kStartUp,
+  // Also, before every profiling step, one timed all-reduce of each of the calibration's sizes up to the first
+  // that holds all the model's gradients (no bucket is larger); their medians (the slowest rank's) replace the
+  // calibration's points at those sizes (with_probe_samples). An all-reduce right after compute can cost more
+  // than back to back: 2x at 4 KiB across namespace hosts on a 16-core host, where the same probe in
+  // bench/cost_model predicted the steps within 20% in 68 of 68 runs and the start-up calibration in 51
+  // (bench/RESULTS.md, session 22). With more ranks than cores (4 on 2) it over-predicted a small model by
+  // 23-52% (session 17): there, kStartUp. Costs one all-reduce of each size per profiling step: well under a
+  // millisecond for a small model, ~85 MB for one past 64 MiB.
+  kBetweenSteps,
+};
+
 struct TuneOptions {
   CalibrateOptions calibrate{};  // the probe's sizes, and the cache file (a later run skips the probe)
-  DdpOptions ddp{};              // for the profiling DDP, e.g. find_unused_parameters as the real run has it
-  int warmup = 2;                // untimed steps first (caches, the backend's first calls)
-  int steps = 8;                 // timed steps; the profile takes the median of each time over them
+  CalibrationTiming timing = CalibrationTiming::kBetweenSteps;
+  DdpOptions ddp{};  // for the profiling DDP, e.g. find_unused_parameters as the real run has it
+  int warmup = 2;    // untimed steps first (caches, the backend's first calls)
+  int steps = 8;     // timed steps; the profile takes the median of each time over them
   std::vector<std::size_t> caps = default_candidate_caps();
 };
 
 struct TunedBucketCap {
-  CapChoice choice;  // the chosen config, its prediction, and every candidate's
-  Calibration calibration;
+  CapChoice choice;                        // the chosen config, its prediction, and every candidate's
+  Calibration calibration;                 // at start-up (or from the cache)
+  std::vector<ProbeSample> between_steps;  // kBetweenSteps' probe, sizes ascending; empty with kStartUp
+  AlphaBeta model;                         // what choice was made with: calibration's, between_steps in place
   BackwardProfile profile;  // measured at PyTorch's cap; update 0 (no optimizer runs: the same for every cap)
   SizeCapped bucketer() const { return SizeCapped{choice.config}; }
 };
@@ -71,6 +90,20 @@ TunedBucketCap tune_bucket_cap(M& model, C& comm, LossOf&& loss_of, TuneOptions 
 
   TunedBucketCap out;
   out.calibration = calibrate(comm, opts.calibrate);
+  // kBetweenSteps' sizes: the calibration's, ascending, up to the first that holds every gradient (two at least,
+  // so they fix a line of their own where the calibration, from an old cache, brought no points).
+  std::vector<std::size_t> probe_sizes;
+  if (opts.timing == CalibrationTiming::kBetweenSteps) {
+    std::vector<std::size_t> sizes;
+    for (auto const& c : out.calibration.model.curve) sizes.push_back(c.bytes);
+    if (sizes.empty()) sizes = opts.calibrate.probe.sizes;
+    std::sort(sizes.begin(), sizes.end());
+    std::size_t total = 0;
+    for (auto const& p : nn::ParameterArena<T, S>::trainable(model.named_parameters()))
+      total += static_cast<std::size_t>(p.var.value().numel()) * sizeof(T);
+    for (std::size_t bytes : sizes)
+      if (probe_sizes.size() < 2 || probe_sizes.back() < total) probe_sizes.push_back(bytes);
+  }
 
   // What the profiling steps change besides gradients, put back at the end.
   std::vector<std::pair<Tensor<T, S>, Tensor<T, S>>> buffers;  // (the model's, a copy)
@@ -93,6 +126,7 @@ TunedBucketCap tune_bucket_cap(M& model, C& comm, LossOf&& loss_of, TuneOptions 
   // job's view is the element-wise max over ranks.
   std::size_t const row = np + 1;
   std::vector<double> stamps(static_cast<std::size_t>(opts.steps) * row, 0);
+  std::vector<double> probe_times(static_cast<std::size_t>(opts.steps) * probe_sizes.size(), 0);  // [step][size]
   {
     DistributedDataParallel<M, C> ddp(model, comm, opts.ddp, SizeCapped{});
     Clock::time_point backward_start;
@@ -110,7 +144,16 @@ TunedBucketCap tune_bucket_cap(M& model, C& comm, LossOf&& loss_of, TuneOptions 
         for (std::size_t i = 0; i < params.size(); ++i) params[i].node().leaf_hooks().grad_hook = hooks[i];
       }
     } const restore{params, user_hooks};
+    using PS = native_space_t<C>;
+    Tensor<float, PS> const probe_storage = probe_sizes.empty()
+                                                ? Tensor<float, PS>()
+                                                : detail::probe_buffer(comm, detail::probe_floats(probe_sizes.back()));
     for (int it = 0; it < opts.warmup + opts.steps; ++it) {
+      for (std::size_t k = 0; k < probe_sizes.size(); ++k) {  // as probe_alpha_beta times them, after a step
+        Tensor<float, PS> buf = detail::probe_slice(probe_storage, probe_sizes[k]);
+        double const t = detail::timed_all_reduce(comm, buf, "between-steps probe").seconds();
+        if (it >= opts.warmup) probe_times[static_cast<std::size_t>(it - opts.warmup) * probe_sizes.size() + k] = t;
+      }
       for (auto& p : params) p.zero_grad();
       auto const t0 = Clock::now();
       V loss = loss_of(ddp);
@@ -127,6 +170,15 @@ TunedBucketCap tune_bucket_cap(M& model, C& comm, LossOf&& loss_of, TuneOptions 
   for (auto& [g, st] : generators) g->set_state(st);
 
   host_all_reduce(comm, std::span<double>(stamps), ReduceOp::kMax);
+  host_all_reduce(comm, std::span<double>(probe_times), ReduceOp::kMax);  // each probe: the slowest rank's time
+  for (std::size_t k = 0; k < probe_sizes.size(); ++k) {
+    std::vector<double> t;
+    for (int i = 0; i < opts.steps; ++i) t.push_back(probe_times[static_cast<std::size_t>(i) * probe_sizes.size() + k]);
+    out.between_steps.push_back(
+        {static_cast<std::size_t>(detail::probe_floats(probe_sizes[k])) * sizeof(float), detail::median_of(t)});
+  }
+  out.model =
+      out.between_steps.empty() ? out.calibration.model : with_probe_samples(out.calibration.model, out.between_steps);
   auto const step = [&](int k) { return stamps.data() + static_cast<std::size_t>(k) * row; };
   auto const column = [&](std::size_t c) {
     std::vector<double> v;
@@ -139,7 +191,7 @@ TunedBucketCap tune_bucket_cap(M& model, C& comm, LossOf&& loss_of, TuneOptions 
   std::vector<double> last;  // backward's compute per step: until its last gradient
   for (int k = 0; k < opts.steps; ++k) last.push_back(np == 0 ? 0.0 : *std::max_element(step(k) + 1, step(k) + row));
   out.profile.backward = detail::median_of(last);
-  out.choice = choose_bucket_cap(out.profile, out.calibration.model, sizeof(T), opts.caps);
+  out.choice = choose_bucket_cap(out.profile, out.model, sizeof(T), opts.caps);
   return out;
 }
 
