@@ -238,9 +238,10 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
   return out;
 }
 
-// The cap is chosen from a profiling run at PyTorch's cap, by the model with the measured overlap and by the
+// The cap is chosen from a profiling run at PyTorch's cap, by the model with the measured overlap, by the
 // same model with the free overlap of separate cores (AlphaBeta::overlap = {1, 1}, the model before overlap
-// was measured); then PyTorch's cap and the distinct chosen ones run interleaved (run), and every one is
+// was measured), and by the model fed that run's in-run probe (tune_bucket_cap's default); then PyTorch's cap
+// and the distinct chosen ones run interleaved (run), and every one is
 // predicted by both models from the profile of that run's PyTorch-cap steps: a chosen cap's steps are
 // measured, never fed back into its prediction. The measured steps side by side say which choice was right.
 template <class Comm, class MakeModel, class MakeOpt, class Loss>
@@ -255,6 +256,12 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
       run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes}, warmup, iters, calibration_sizes).front();
   CapChoice const choice = choose_bucket_cap(first.profile, cal.model, sizeof(float));
   CapChoice const free_choice = choose_bucket_cap(first.profile, free_model, sizeof(float));
+  // tune_bucket_cap's default (CalibrationTiming::kBetweenSteps): the model with the profiling run's own in-run
+  // probe in place of the calibration's points, the cap chosen from that run's profile.
+  auto const fed = [&](std::vector<ProbeSample> const& samples) {
+    return samples.empty() ? cal.model : with_probe_samples(cal.model, samples);
+  };
+  CapChoice const between_choice = choose_bucket_cap(first.profile, fed(first.probe), sizeof(float));
   if (r0) {
     std::printf("\n== %s, world size %d: forward %.3f ms, backward %.3f ms, update %.3f ms (profiled at cap 25 MiB)\n",
                 name, comm.world_size(), first.profile.forward * 1e3, first.profile.backward * 1e3,
@@ -262,13 +269,15 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
     std::printf("caps (predicted step, exposed):");
     for (auto const& c : choice.tried)
       std::printf(" %zuK:%.2f/%.2f", c.config.cap_bytes >> 10, c.prediction.step * 1e3, c.prediction.exposed * 1e3);
-    std::printf("\nchosen cap %zu KiB (with free overlap: %zu KiB)\n", choice.config.cap_bytes >> 10,
-                free_choice.config.cap_bytes >> 10);
+    std::printf(
+        "\nchosen cap %zu KiB (with free overlap: %zu KiB; probed between steps, as tune_bucket_cap: %zu KiB)\n",
+        choice.config.cap_bytes >> 10, free_choice.config.cap_bytes >> 10, between_choice.config.cap_bytes >> 10);
   }
   std::vector<std::size_t> caps = {kDefaultBucketCapBytes};
   std::vector<char const*> what = {"pytorch-cap"};
   for (auto [cap, label] : {std::pair{choice.config.cap_bytes, "chosen-cap"},
-                            std::pair{free_choice.config.cap_bytes, "free-overlap-choice"}}) {
+                            std::pair{free_choice.config.cap_bytes, "free-overlap-choice"},
+                            std::pair{between_choice.config.cap_bytes, "between-steps-choice"}}) {
     if (std::find(caps.begin(), caps.end(), cap) == caps.end()) caps.push_back(cap), what.push_back(label);
   }
   std::vector<Measured> const runs =
@@ -278,7 +287,7 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
   // The calibration's model with the in-run probe's samples in place of its own at those sizes (the line
   // refitted; overlap as calibrated): the same model, fed by a probe taken in the same seconds as the steps, as
   // tune_bucket_cap's default CalibrationTiming::kBetweenSteps feeds it.
-  AlphaBeta const run_model = with_probe_samples(cal.model, runs.front().probe);
+  AlphaBeta const run_model = fed(runs.front().probe);
   if (r0) {
     std::printf("in-run probe (median over the rounds) against the calibration:");
     for (auto const& q : runs.front().probe)
