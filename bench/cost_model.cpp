@@ -258,10 +258,8 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
   CapChoice const free_choice = choose_bucket_cap(first.profile, free_model, sizeof(float));
   // tune_bucket_cap's default (CalibrationTiming::kBetweenSteps): the model with the profiling run's own in-run
   // probe in place of the calibration's points, the cap chosen from that run's profile.
-  auto const fed = [&](std::vector<ProbeSample> const& samples) {
-    return samples.empty() ? cal.model : with_probe_samples(cal.model, samples);
-  };
-  CapChoice const between_choice = choose_bucket_cap(first.profile, fed(first.probe), sizeof(float));
+  CapChoice const between_choice =
+      choose_bucket_cap(first.profile, with_probe_samples(cal.model, first.probe), sizeof(float));
   if (r0) {
     std::printf("\n== %s, world size %d: forward %.3f ms, backward %.3f ms, update %.3f ms (profiled at cap 25 MiB)\n",
                 name, comm.world_size(), first.profile.forward * 1e3, first.profile.backward * 1e3,
@@ -287,7 +285,7 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
   // The calibration's model with the in-run probe's samples in place of its own at those sizes (the line
   // refitted; overlap as calibrated): the same model, fed by a probe taken in the same seconds as the steps, as
   // tune_bucket_cap's default CalibrationTiming::kBetweenSteps feeds it.
-  AlphaBeta const run_model = fed(runs.front().probe);
+  AlphaBeta const run_model = with_probe_samples(cal.model, runs.front().probe);
   if (r0) {
     std::printf("in-run probe (median over the rounds) against the calibration:");
     for (auto const& q : runs.front().probe)

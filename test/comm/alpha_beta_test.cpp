@@ -81,7 +81,7 @@ TEST_CASE("with_probe_samples: later samples replace the curve's points at their
   AlphaBeta const refit = fit_alpha_beta(m.curve);
   CHECK(m.alpha == doctest::Approx(refit.alpha));
   CHECK(m.beta == doctest::Approx(refit.beta));
-  // No samples: the calibration's curve, refitted to the same line.
+  // No samples: the calibration's model.
   AlphaBeta const same = with_probe_samples(cal, {});
   CHECK(same.alpha == doctest::Approx(cal.alpha));
   CHECK(same.beta == doctest::Approx(cal.beta));

@@ -12,18 +12,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 rounds="${1:-1}"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$here/net/bin:$here/bin:$PATH"
 export UCX_WARN_UNUSED_ENV_VARS=n UCX_TLS=tcp,self
-failed=0
-t00=$(date +%s); deadline="${DEADLINE:-600}"
-step() {  # seconds command...: runs it (within what is left of DEADLINE), prints its output, status and time
-  local limit=$1 t0 left; shift; t0=$(date +%s%N); left=$(( deadline - ($(date +%s) - t00) ))
-  if [ "$left" -lt 20 ]; then echo "=== skipped (DEADLINE): $*"; return; fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  echo "=== $*"
-  timeout -k 5 "$limit" "$@" 2>&1
-  local rc=$?
-  echo "=== rc=$rc in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
-  [ "$rc" = 0 ] || failed=$((failed + 1))
-}
+source "$here/step.sh"
 row() {  # seconds hosts ranks-per-host rate("" for none) models
   local limit=$1 hosts=$2 ppn=$3 rate=$4 models=$5 r=()
   [ -n "$rate" ] && r=(--rate "$rate")

@@ -11,18 +11,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 rounds="${1:-3}"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$here/bin:$PATH"
 export UCX_WARN_UNUSED_ENV_VARS=n
-failed=0
-t00=$(date +%s); deadline="${DEADLINE:-600}"
-step() {  # seconds command...: runs it (within what is left of DEADLINE), prints its output, status and time
-  local limit=$1 t0 left; shift; t0=$(date +%s%N); left=$(( deadline - ($(date +%s) - t00) ))
-  if [ "$left" -lt 20 ]; then echo "=== skipped (DEADLINE): $*"; return; fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  echo "=== $*"
-  timeout -k 5 "$limit" "$@" 2>&1
-  local rc=${PIPESTATUS[0]}
-  echo "=== rc=$rc in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
-  [ "$rc" = 0 ] || failed=$((failed + 1))
-}
+source "$here/step.sh"
 h=(mpiexec.hydra -launcher fork)  # every rank on this machine
 b=(-bind-to core)
 echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(uname -r), $(date -u +%FT%TZ)"

@@ -117,8 +117,10 @@ inline AlphaBeta fit_alpha_beta(std::vector<ProbeSample> const& samples) {
 // none), the line refitted to the result; the overlap is kept. For a probe taken later than the calibration, in
 // the same seconds as the work it predicts (tune_bucket_cap's probe between the profiling steps): what an
 // all-reduce costs right after compute can differ from back-to-back repetitions (RESULTS, session 22: 2x at
-// 4 KiB across namespace hosts on 16 cores). Throws ArgumentError where the result has fewer than two sizes.
+// 4 KiB across namespace hosts on 16 cores). No samples: the model as it is. Throws ArgumentError where the
+// result has fewer than two sizes.
 inline AlphaBeta with_probe_samples(AlphaBeta const& model, std::vector<ProbeSample> const& samples) {
+  if (samples.empty()) return model;
   std::vector<ProbeSample> curve = samples;
   for (auto const& c : model.curve)
     if (std::none_of(samples.begin(), samples.end(), [&](ProbeSample const& q) { return q.bytes == c.bytes; }))

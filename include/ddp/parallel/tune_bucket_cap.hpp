@@ -177,8 +177,7 @@ TunedBucketCap tune_bucket_cap(M& model, C& comm, LossOf&& loss_of, TuneOptions 
     out.between_steps.push_back(
         {static_cast<std::size_t>(detail::probe_floats(probe_sizes[k])) * sizeof(float), detail::median_of(t)});
   }
-  out.model =
-      out.between_steps.empty() ? out.calibration.model : with_probe_samples(out.calibration.model, out.between_steps);
+  out.model = with_probe_samples(out.calibration.model, out.between_steps);
   auto const step = [&](int k) { return stamps.data() + static_cast<std::size_t>(k) * row; };
   auto const column = [&](std::size_t c) {
     std::vector<double> v;
