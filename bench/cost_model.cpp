@@ -3,9 +3,9 @@
 // gradient is final, by grad hooks), choose the bucket cap from the model, then run DDP with PyTorch's 25 MiB
 // cap and with the chosen cap and print predicted against measured times, per bucket and per step. Each step is
 // predicted twice: from the calibration at start-up (tune_bucket_cap's CalibrationTiming::kStartUp), and from a
-// probe taken in the same rounds as the steps (run's probe_candidates; tune_bucket_cap's default, kBetweenSteps,
-// probes the same way between its profiling steps), so a miss can be told apart from a machine whose state
-// changed between the calibration and the steps.
+// probe taken in the same rounds as the steps (run's probe_candidates; tune_bucket_cap's kBetweenSteps, its
+// default where no node has more ranks than CPUs, probes the same way between its profiling steps), so a miss
+// can be told apart from a machine whose state changed between the calibration and the steps.
 //   bazel run //bench:cost_model -- --world-size 2                          (threads)
 //   mpirun -n 2 bazel-bin/bench/cost_model --backend mpi --cache /tmp/ddp_alpha_beta.txt
 #include <algorithm>
@@ -240,7 +240,7 @@ std::vector<Measured> run(Comm& comm, MakeModel&& make_model, MakeOpt&& make_opt
 
 // The cap is chosen from a profiling run at PyTorch's cap, by the model with the measured overlap, by the
 // same model with the free overlap of separate cores (AlphaBeta::overlap = {1, 1}, the model before overlap
-// was measured), and by the model fed that run's in-run probe (tune_bucket_cap's default); then PyTorch's cap
+// was measured), and by the model fed that run's in-run probe (tune_bucket_cap's kBetweenSteps); then PyTorch's cap
 // and the distinct chosen ones run interleaved (run), and every one is
 // predicted by both models from the profile of that run's PyTorch-cap steps: a chosen cap's steps are
 // measured, never fed back into its prediction. The measured steps side by side say which choice was right.
@@ -256,7 +256,7 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
       run(comm, make_model, make_opt, x, loss, {kDefaultBucketCapBytes}, warmup, iters, calibration_sizes).front();
   CapChoice const choice = choose_bucket_cap(first.profile, cal.model, sizeof(float));
   CapChoice const free_choice = choose_bucket_cap(first.profile, free_model, sizeof(float));
-  // tune_bucket_cap's default (CalibrationTiming::kBetweenSteps): the model with the profiling run's own in-run
+  // tune_bucket_cap's CalibrationTiming::kBetweenSteps: the model with the profiling run's own in-run
   // probe in place of the calibration's points, the cap chosen from that run's profile.
   CapChoice const between_choice =
       choose_bucket_cap(first.profile, with_probe_samples(cal.model, first.probe), sizeof(float));
@@ -284,7 +284,7 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
   BackwardProfile const& profile = runs.front().profile;
   // The calibration's model with the in-run probe's samples in place of its own at those sizes (the line
   // refitted; overlap as calibrated): the same model, fed by a probe taken in the same seconds as the steps, as
-  // tune_bucket_cap's default CalibrationTiming::kBetweenSteps feeds it.
+  // tune_bucket_cap's CalibrationTiming::kBetweenSteps feeds it.
   AlphaBeta const run_model = with_probe_samples(cal.model, runs.front().probe);
   if (r0) {
     std::printf("in-run probe (median over the rounds) against the calibration:");

@@ -436,10 +436,12 @@ SizeCapped choose_cap(Comm& comm, Net<HostSpace>& net, Config const& cfg,
     }
     std::printf(
         "bucket cap: auto chose %.4g MiB, %zu buckets (predicted %.3f ms per step without the update, "
-        "%.3f ms at 25 MiB; %s for %s; %zu sizes probed again between the profiling steps)\n",
+        "%.3f ms at 25 MiB; %s for %s; %s)\n",
         double(t.choice.config.cap_bytes) / double(1 << 20), buckets, t.choice.prediction.step * 1e3, at_default * 1e3,
         t.calibration.from_cache ? "calibration from the cache" : "calibrated", t.calibration.key.c_str(),
-        t.between_steps.size());
+        t.timing == CalibrationTiming::kBetweenSteps
+            ? (std::to_string(t.between_steps.size()) + " sizes probed again between the profiling steps").c_str()
+            : "no probe between the profiling steps: a node has more ranks than CPUs");
   }
   return t.bucketer();
 }

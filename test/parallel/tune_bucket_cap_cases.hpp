@@ -58,13 +58,17 @@ struct TuneOutcome {
   bool buffers_moved_in_training = false;  // so "unchanged" above means something
   int user_hook_calls_during = 0, user_hook_calls_after = 0;
   bool same_as_untuned = false;
-  // The default CalibrationTiming::kBetweenSteps: its probe's sizes and times, and whether the model the cap was
-  // chosen with holds them in place of the calibration's points (the others kept).
+  // CalibrationTiming::kBetweenSteps: its probe's sizes and times, and whether the model the cap was chosen
+  // with holds them in place of the calibration's points (the others kept).
   std::vector<std::size_t> probe_bytes;
   std::vector<double> probe_seconds;
   bool model_holds_probe = false;
   // CalibrationTiming::kStartUp: no probe between the steps, the calibration's model as it was.
   bool start_up_as_calibrated = false;
+  // The default CalibrationTiming::kAuto, resolved with one CPU per node and with plenty (whether a probe ran
+  // between the steps agrees with what it resolved to).
+  CalibrationTiming auto_one_cpu = CalibrationTiming::kAuto, auto_many_cpus = CalibrationTiming::kAuto;
+  bool auto_probes_as_resolved = false;
 };
 
 // Three SGD steps of `m` wrapped with `bucketer` on this rank's data.
@@ -93,6 +97,7 @@ TuneOutcome tune_case(Comm& comm) {
       tune_bucket_cap(net, comm, [&](auto& ddp) { return mse_loss(ddp(Var(d.x)), d.y); },
                       {.calibrate = {.probe = {.sizes = {1024, 16384, 262144}, .warmup = 1, .reps = 2},
                                      .overlap = {.sizes = {16384}, .seconds = 1e-3, .reps = 1}},
+                       .timing = CalibrationTiming::kBetweenSteps,
                        .warmup = 1,
                        .steps = 3});
   o.cap = t.choice.config.cap_bytes;
@@ -119,6 +124,18 @@ TuneOutcome tune_case(Comm& comm) {
                              s.model.alpha == s.calibration.model.alpha && s.model.beta == s.calibration.model.beta;
   for (std::size_t k = 0; o.start_up_as_calibrated && k < s.model.curve.size(); ++k)
     o.start_up_as_calibrated = s.model.curve[k].seconds == s.calibration.model.curve[k].seconds;
+  o.auto_probes_as_resolved = s.timing == CalibrationTiming::kStartUp && t.timing == CalibrationTiming::kBetweenSteps;
+  for (int cpus : {1, 1 << 16}) {
+    TunedBucketCap const a = tune_bucket_cap(net, comm, [&](auto& ddp) { return mse_loss(ddp(Var(d.x)), d.y); },
+                                             {.calibrate = {.probe = {.sizes = {1024, 16384}, .warmup = 0, .reps = 1},
+                                                            .overlap = {.sizes = {16384}, .seconds = 1e-3, .reps = 1}},
+                                              .node_cpus = cpus,
+                                              .warmup = 0,
+                                              .steps = 1});
+    (cpus == 1 ? o.auto_one_cpu : o.auto_many_cpus) = a.timing;
+    o.auto_probes_as_resolved =
+        o.auto_probes_as_resolved && a.between_steps.empty() == (a.timing == CalibrationTiming::kStartUp);
+  }
   o.tried = t.choice.tried.size();
   o.ready = t.profile.ready.size();
   o.model_unchanged = model_bits(net) == before;

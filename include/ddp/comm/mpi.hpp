@@ -104,6 +104,8 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
 
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return n_; }
+  // The job's ranks sharing this rank's node, and so its CPUs (MpiSession::local_size: MPI_COMM_TYPE_SHARED).
+  int ranks_on_node() const noexcept { return session_->local_size(); }
   MpiSession const& session() const noexcept { return *session_; }
   MPI_Comm comm() const noexcept { return comm_; }
   CollectiveChecks checks() const noexcept { return checks_; }

@@ -67,6 +67,8 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
 
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return n_; }
+  // The ranks sharing this rank's CPUs: all of them, threads of one process.
+  int ranks_on_node() const noexcept { return n_; }
 
   // The collectives (all_reduce, all_reduce_async, broadcast, all_gather, reduce_scatter, gather, scatter,
   // barrier) come from CollectiveFrontEnd; all_reduce_async queues on this rank's progress thread (no

@@ -2,18 +2,21 @@
 // the backend (ddp/comm/alpha_beta.hpp: a probe, or the cached fit), profiles a few DDP steps of the model at
 // PyTorch's cap (when each gradient is ready, in the job's view: the slowest rank's), and returns the cap with
 // the least predicted step (choose_bucket_cap, ddp/bucket/cost_model.hpp), which the caller then builds its
-// DDP or trainer with (TunedBucketCap::bucketer()). By default the model it predicts with also holds a probe
-// taken between the profiling steps (CalibrationTiming). PyTorch rebuilds its buckets from the first
-// iteration's gradient order; this chooses their size as well, from what the backend and the model measure.
+// DDP or trainer with (TunedBucketCap::bucketer()). By default, where no node has more ranks than CPUs, the
+// model it predicts with also holds a probe taken between the profiling steps (CalibrationTiming). PyTorch
+// rebuilds its buckets from the first iteration's gradient order; this chooses their size as well, from what
+// the backend and the model measure.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -34,22 +37,30 @@ namespace ddp {
 
 // When the all-reduce times the choice is made with are measured.
 enum class CalibrationTiming {
-  // calibrate() alone, before the profiling steps (or the cache): back-to-back repetitions.
+  // kBetweenSteps, unless some node has more ranks than CPUs (TuneOptions::node_cpus against the backend's
+  // ranks_on_node(); a backend that cannot say counts as one rank per node): then kStartUp. Every rank resolves
+  // it the same way (TunedBucketCap::timing says to what).
+  kAuto,
+  // calibrate() alone, before the profiling steps (or the cache): back-to-back repetitions. With more ranks
+  // than cores (4 on 2) the probe below over-predicted a small model by 23-52% (bench/RESULTS.md, session 17)
+  // and 27-56% (session 23); this held there in 14 of 16 runs (session 23), and in every run of session 17.
   kStartUp,
   // Also, before every profiling step, one timed all-reduce of each of the calibration's sizes up to the first
   // that holds all the model's gradients (no bucket is larger); their medians (the slowest rank's) replace the
   // calibration's points at those sizes (with_probe_samples). An all-reduce right after compute can cost more
   // than back to back: 2x at 4 KiB across namespace hosts on a 16-core host, where the same probe in
   // bench/cost_model predicted the steps within 20% in 68 of 68 runs and the start-up calibration in 51
-  // (bench/RESULTS.md, session 22). With more ranks than cores (4 on 2) it over-predicted a small model by
-  // 23-52% (session 17): there, kStartUp. Costs one all-reduce of each size per profiling step: well under a
-  // millisecond for a small model, ~85 MB for one past 64 MiB.
+  // (bench/RESULTS.md, session 22; 51 of 51 against 48 in session 23). Costs one all-reduce of each size per
+  // profiling step: well under a millisecond for a small model, ~85 MB for one past 64 MiB.
   kBetweenSteps,
 };
 
 struct TuneOptions {
   CalibrateOptions calibrate{};  // the probe's sizes, and the cache file (a later run skips the probe)
-  CalibrationTiming timing = CalibrationTiming::kBetweenSteps;
+  CalibrationTiming timing = CalibrationTiming::kAuto;
+  // kAuto's CPUs per node; 0: std::thread::hardware_concurrency() on each rank, the node's online CPUs (a
+  // container's CPU quota is not seen there: set it to the quota).
+  int node_cpus = 0;
   DdpOptions ddp{};  // for the profiling DDP, e.g. find_unused_parameters as the real run has it
   int warmup = 2;    // untimed steps first (caches, the backend's first calls)
   int steps = 8;     // timed steps; the profile takes the median of each time over them
@@ -59,11 +70,39 @@ struct TuneOptions {
 struct TunedBucketCap {
   CapChoice choice;                        // the chosen config, its prediction, and every candidate's
   Calibration calibration;                 // at start-up (or from the cache)
+  CalibrationTiming timing{};              // kStartUp or kBetweenSteps (what kAuto resolved to)
   std::vector<ProbeSample> between_steps;  // kBetweenSteps' probe, sizes ascending; empty with kStartUp
   AlphaBeta model;                         // what choice was made with: calibration's, between_steps in place
   BackwardProfile profile;  // measured at PyTorch's cap; update 0 (no optimizer runs: the same for every cap)
   SizeCapped bucketer() const { return SizeCapped{choice.config}; }
 };
+
+namespace detail {
+
+// The job's ranks on this rank's node, where the backend can say; 1 where it cannot.
+template <class C>
+int ranks_on_node(C const& comm) {
+  if constexpr (requires {
+                  { comm.ranks_on_node() } -> std::convertible_to<int>;
+                }) {
+    return comm.ranks_on_node();
+  } else {
+    return 1;
+  }
+}
+
+// CalibrationTiming::kAuto resolved, the same on every rank (collective when kAuto).
+template <class C>
+CalibrationTiming resolve_timing(C& comm, TuneOptions const& opts) {
+  if (opts.timing != CalibrationTiming::kAuto) return opts.timing;
+  int const cpus =
+      opts.node_cpus > 0 ? opts.node_cpus : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  double crowded[1] = {ranks_on_node(comm) > cpus ? 1.0 : 0.0};
+  host_all_reduce(comm, std::span<double>(crowded), ReduceOp::kMax);
+  return crowded[0] > 0 ? CalibrationTiming::kStartUp : CalibrationTiming::kBetweenSteps;
+}
+
+}  // namespace detail
 
 // Collective: every rank calls it with the same model (as DistributedDataParallel requires), the same options,
 // and a loss_of(ddp) that runs one forward through the DDP wrapper it is given on this rank's batch and returns
@@ -87,13 +126,17 @@ TunedBucketCap tune_bucket_cap(M& model, C& comm, LossOf&& loss_of, TuneOptions 
     throw ArgumentError(detail::cat("tune_bucket_cap: needs warmup >= 0 and steps >= 1, got warmup ", opts.warmup,
                                     " and steps ", opts.steps));
   if (opts.caps.empty()) throw ArgumentError("tune_bucket_cap: no candidate caps");
+  if (opts.node_cpus < 0)
+    throw ArgumentError(
+        detail::cat("tune_bucket_cap: node_cpus must be >= 0 (0: this node's online CPUs), got ", opts.node_cpus));
 
   TunedBucketCap out;
   out.calibration = calibrate(comm, opts.calibrate);
+  out.timing = detail::resolve_timing(comm, opts);
   // kBetweenSteps' sizes: the calibration's, ascending, up to the first that holds every gradient (two at least,
   // so they fix a line of their own where the calibration, from an old cache, brought no points).
   std::vector<std::size_t> probe_sizes;
-  if (opts.timing == CalibrationTiming::kBetweenSteps) {
+  if (out.timing == CalibrationTiming::kBetweenSteps) {
     std::vector<std::size_t> sizes;
     for (auto const& c : out.calibration.model.curve) sizes.push_back(c.bytes);
     if (sizes.empty()) sizes = opts.calibrate.probe.sizes;
