@@ -20,6 +20,7 @@
 
 #include "ddp/bucket/cost_model.hpp"
 #include "ddp/comm/alpha_beta.hpp"
+#include "ddp/parallel/tune_bucket_cap.hpp"
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
 
@@ -260,6 +261,8 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
   // probe in place of the calibration's points, the cap chosen from that run's profile.
   CapChoice const between_choice =
       choose_bucket_cap(first.profile, with_probe_samples(cal.model, first.probe), sizeof(float));
+  // What tune_bucket_cap's default, CalibrationTiming::kAuto, resolves to here (collective).
+  bool const auto_between = detail::resolve_timing(comm, TuneOptions{}) == CalibrationTiming::kBetweenSteps;
   if (r0) {
     std::printf("\n== %s, world size %d: forward %.3f ms, backward %.3f ms, update %.3f ms (profiled at cap 25 MiB)\n",
                 name, comm.world_size(), first.profile.forward * 1e3, first.profile.backward * 1e3,
@@ -268,8 +271,10 @@ void model_case(Comm& comm, Calibration const& cal, char const* name, MakeModel&
     for (auto const& c : choice.tried)
       std::printf(" %zuK:%.2f/%.2f", c.config.cap_bytes >> 10, c.prediction.step * 1e3, c.prediction.exposed * 1e3);
     std::printf(
-        "\nchosen cap %zu KiB (with free overlap: %zu KiB; probed between steps, as tune_bucket_cap: %zu KiB)\n",
-        choice.config.cap_bytes >> 10, free_choice.config.cap_bytes >> 10, between_choice.config.cap_bytes >> 10);
+        "\nchosen cap %zu KiB (with free overlap: %zu KiB; probed between steps, as tune_bucket_cap's kBetweenSteps: "
+        "%zu KiB; tune_bucket_cap's default here: %s)\n",
+        choice.config.cap_bytes >> 10, free_choice.config.cap_bytes >> 10, between_choice.config.cap_bytes >> 10,
+        auto_between ? "kBetweenSteps" : "kStartUp, a node has more ranks than CPUs");
   }
   std::vector<std::size_t> caps = {kDefaultBucketCapBytes};
   std::vector<char const*> what = {"pytorch-cap"};
