@@ -93,13 +93,11 @@ TuneOutcome tune_case(Comm& comm) {
   // A hook the user set: it runs during the profile and stays afterwards.
   auto const named = net.named_parameters();
   named[0].var.set_grad_hook([&o](auto&) { ++o.user_hook_calls_during; });
-  TunedBucketCap const t =
-      tune_bucket_cap(net, comm, [&](auto& ddp) { return mse_loss(ddp(Var(d.x)), d.y); },
-                      {.calibrate = {.probe = {.sizes = {1024, 16384, 262144}, .warmup = 1, .reps = 2},
-                                     .overlap = {.sizes = {16384}, .seconds = 1e-3, .reps = 1}},
-                       .timing = CalibrationTiming::kBetweenSteps,
-                       .warmup = 1,
-                       .steps = 3});
+  auto const loss_of = [&](auto& ddp) { return mse_loss(ddp(Var(d.x)), d.y); };
+  CalibrateOptions const cal{.probe = {.sizes = {1024, 16384, 262144}, .warmup = 1, .reps = 2},
+                             .overlap = {.sizes = {16384}, .seconds = 1e-3, .reps = 1}};
+  TunedBucketCap const t = tune_bucket_cap(
+      net, comm, loss_of, {.calibrate = cal, .timing = CalibrationTiming::kBetweenSteps, .warmup = 1, .steps = 3});
   o.cap = t.choice.config.cap_bytes;
   for (auto const& q : t.between_steps) o.probe_bytes.push_back(q.bytes), o.probe_seconds.push_back(q.seconds);
   o.model_holds_probe = !t.between_steps.empty() && t.model.curve.size() == t.calibration.model.curve.size();
@@ -113,25 +111,16 @@ TuneOutcome tune_case(Comm& comm) {
                                                                         : -1.0;
     o.model_holds_probe = o.model_holds_probe && c.seconds == want;
   }
-  TunedBucketCap const s =
-      tune_bucket_cap(net, comm, [&](auto& ddp) { return mse_loss(ddp(Var(d.x)), d.y); },
-                      {.calibrate = {.probe = {.sizes = {1024, 16384, 262144}, .warmup = 1, .reps = 2},
-                                     .overlap = {.sizes = {16384}, .seconds = 1e-3, .reps = 1}},
-                       .timing = CalibrationTiming::kStartUp,
-                       .warmup = 1,
-                       .steps = 2});
+  TunedBucketCap const s = tune_bucket_cap(
+      net, comm, loss_of, {.calibrate = cal, .timing = CalibrationTiming::kStartUp, .warmup = 1, .steps = 2});
   o.start_up_as_calibrated = s.between_steps.empty() && s.model.curve.size() == s.calibration.model.curve.size() &&
                              s.model.alpha == s.calibration.model.alpha && s.model.beta == s.calibration.model.beta;
   for (std::size_t k = 0; o.start_up_as_calibrated && k < s.model.curve.size(); ++k)
     o.start_up_as_calibrated = s.model.curve[k].seconds == s.calibration.model.curve[k].seconds;
   o.auto_probes_as_resolved = s.timing == CalibrationTiming::kStartUp && t.timing == CalibrationTiming::kBetweenSteps;
   for (int cpus : {1, 1 << 16}) {
-    TunedBucketCap const a = tune_bucket_cap(net, comm, [&](auto& ddp) { return mse_loss(ddp(Var(d.x)), d.y); },
-                                             {.calibrate = {.probe = {.sizes = {1024, 16384}, .warmup = 0, .reps = 1},
-                                                            .overlap = {.sizes = {16384}, .seconds = 1e-3, .reps = 1}},
-                                              .node_cpus = cpus,
-                                              .warmup = 0,
-                                              .steps = 1});
+    TunedBucketCap const a =
+        tune_bucket_cap(net, comm, loss_of, {.calibrate = cal, .node_cpus = cpus, .warmup = 0, .steps = 1});
     (cpus == 1 ? o.auto_one_cpu : o.auto_many_cpus) = a.timing;
     o.auto_probes_as_resolved =
         o.auto_probes_as_resolved && a.between_steps.empty() == (a.timing == CalibrationTiming::kStartUp);
