@@ -8,14 +8,31 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/comm/alpha_beta.hpp"
+#include "ddp/comm/recording.hpp"
 #include "ddp/comm/threads.hpp"
 
 using namespace ddp;
 
 namespace {
+// A backend whose async all-reduces have finished by the time all_reduce_async returns, as a progress thread
+// can finish them before the caller looks (the caller descheduled on a busy host). Recording: the test reads
+// the calls back.
+template <class C>
+struct FinishedOnReturn : Recording<C> {
+  using Recording<C>::Recording;
+  template <detail::BufferLike B>
+  Work all_reduce_async(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
+    Work w = Recording<C>::all_reduce_async(std::forward<B>(buf), op, tag);
+    w.wait();
+    return w;
+  }
+};
+static_assert(AsyncCommunicator<FinishedOnReturn<ThreadsBackend>>);
+
 // What save_calibration throws for `path` ("" if it does not).
 std::string errors_of_save(std::string const& path) {
   try {
@@ -244,6 +261,36 @@ TEST_CASE("probe_overlap: a sample per size, rates in (0, 1], the same on every 
     CHECK(got[0].curve[k].compute == got[1].curve[k].compute);
     CHECK(got[0].curve[k].comm == got[1].curve[k].comm);
   }
+  // Every round issues all the all-reduces the ranks agreed on, even when each has finished before the caller
+  // looks (issue 13, session 24: a round stopped at the four first launched, so under load one rank issued
+  // fewer than its peer and the MPI job hung). The overlap probe's all-reduces in runs between other
+  // collectives: 1 (the warm-up and the five timed alone), or a round: at least 14 (8 all-reduces' time at
+  // least, x1.5, +2), the two rounds of a repetition alike.
+  std::vector<std::vector<std::size_t>> runs(2);
+  spawn(2, [&](ThreadsBackend& inner) {
+    FinishedOnReturn<ThreadsBackend> comm(inner);
+    Overlap const o = probe_overlap(comm, {.sizes = {16384}, .seconds = 1e-3, .reps = 2});
+    CHECK(o.curve.size() == 1);
+    std::size_t run = 0;
+    for (auto const& r : comm.records()) {
+      if (r.async && r.tag.label == "overlap probe") {
+        ++run;
+      } else if (run > 0) {
+        runs[static_cast<std::size_t>(comm.rank())].push_back(run);
+        run = 0;
+      }
+    }
+  });
+  CHECK(runs[0] == runs[1]);
+  std::vector<std::size_t> rounds;
+  for (std::size_t n : runs[0]) {
+    CHECK((n == 1 || n >= 14));
+    if (n > 1) rounds.push_back(n);
+  }
+  CHECK(std::count(runs[0].begin(), runs[0].end(), std::size_t{1}) == 6);
+  REQUIRE(rounds.size() >= 4);  // two repetitions (a round repeated with twice as many adds a pair)
+  for (std::size_t k = 0; k + 1 < rounds.size(); k += 2) CHECK(rounds[k] == rounds[k + 1]);
+
   spawn(1, [&](ThreadsBackend& comm) {
     CHECK(probe_overlap(comm).curve.empty());  // nothing to share: not measured
     CHECK_THROWS_WITH_AS(probe_overlap(comm, {.seconds = 0}), doctest::Contains("seconds > 0"), ArgumentError);

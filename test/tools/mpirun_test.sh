@@ -12,13 +12,20 @@ if [[ -z "${DDP_MPIRUN_TIMEOUT:-}" && "${TEST_TIMEOUT:-0}" -gt 30 && $((TEST_TIM
 fi
 mpirun -n "$np" "$@" &
 job=$!
-for ((tick = 0; tick < limit * 10; tick++)); do
+# A wall-clock deadline, not a count of 0.1 s sleeps: on a loaded host each sleep and `kill -0` runs late, and
+# a count of 10 * limit ticks ran past Bazel's own timeout (a CI run's hang left only "Test timed out").
+deadline=$((SECONDS + limit))
+while ((SECONDS < deadline)); do
   if ! kill -0 "$job" 2>/dev/null; then
     wait "$job"
     exit $?
   fi
   sleep 0.1
 done
+if ! kill -0 "$job" 2>/dev/null; then  # it ended at the deadline
+  wait "$job"
+  exit $?
+fi
 
 descendants() {  # every process below $1
   local child

@@ -349,10 +349,9 @@ Overlap probe_overlap(C& comm, OverlapProbeOptions const& opts = {}) {
         reap();
         double const compute_s = since(start);
         auto const finished = static_cast<double>(head);
-        while (head < q.size()) {
-          q[head++].wait();
-          top_up();
-        }
+        // Top up first: reap() may have found every launched all-reduce done (a progress thread that ran them
+        // all before this thread looked), and the round still owes the rest of its `count`.
+        for (top_up(); head < q.size(); top_up()) q[head++].wait();
         return std::array<double, 3>{compute_s, since(start), finished};
       };
       std::vector<double> compute_rate, comm_rate;
