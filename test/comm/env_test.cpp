@@ -26,7 +26,7 @@ std::string error_of(std::map<std::string, std::string> vars) {
   return "(no error)";
 }
 
-bool contains(std::string const& s, std::string const& part) { return s.find(part) != std::string::npos; }
+bool env_contains(std::string const& s, std::string const& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -96,30 +96,31 @@ TEST_CASE("torchrun variables take precedence over Slurm's job-step view") {
 
 TEST_CASE("partial settings name what is missing") {
   auto const a = error_of({{"RANK", "1"}});
-  CHECK(contains(a, "WORLD_SIZE not set but RANK=1 is"));
+  CHECK(env_contains(a, "WORLD_SIZE not set but RANK=1 is"));
   auto const b = error_of({{"LOCAL_RANK", "0"}});
-  CHECK(contains(b, "RANK and WORLD_SIZE not set"));
+  CHECK(env_contains(b, "RANK and WORLD_SIZE not set"));
   auto const c = error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
-  CHECK(contains(c, "LOCAL_RANK and LOCAL_WORLD_SIZE"));
+  CHECK(env_contains(c, "LOCAL_RANK and LOCAL_WORLD_SIZE"));
   auto const d = error_of({{"SLURM_PROCID", "0"}});
-  CHECK(contains(d, "SLURM_NTASKS not set"));
+  CHECK(env_contains(d, "SLURM_NTASKS not set"));
 }
 
 TEST_CASE("inconsistent settings are errors") {
-  CHECK(contains(error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}}),
-                 "rank 4 is not below world size 4"));
-  CHECK(contains(error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
-                 "local rank 2 is not below local size 2"));
-  CHECK(contains(error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "8"}}),
-                 "local size 8 must be in [1, world size 4]"));
-  CHECK(contains(error_of({{"RANK", "1"},
-                           {"WORLD_SIZE", "2"},
-                           {"LOCAL_RANK", "1"},
-                           {"LOCAL_WORLD_SIZE", "2"},
-                           {"PMI_RANK", "0"},
-                           {"PMI_SIZE", "2"}}),
-                 "inconsistent: RANK=1 WORLD_SIZE=2 (torchrun-style) but the MPI launcher (mpich) says rank 0 of 2"));
-  CHECK(contains(error_of({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}), "RANK=\"x1\" is not a non-negative integer"));
+  CHECK(env_contains(error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}}),
+                     "rank 4 is not below world size 4"));
+  CHECK(env_contains(error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
+                     "local rank 2 is not below local size 2"));
+  CHECK(env_contains(error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "8"}}),
+                     "local size 8 must be in [1, world size 4]"));
+  CHECK(
+      env_contains(error_of({{"RANK", "1"},
+                             {"WORLD_SIZE", "2"},
+                             {"LOCAL_RANK", "1"},
+                             {"LOCAL_WORLD_SIZE", "2"},
+                             {"PMI_RANK", "0"},
+                             {"PMI_SIZE", "2"}}),
+                   "inconsistent: RANK=1 WORLD_SIZE=2 (torchrun-style) but the MPI launcher (mpich) says rank 0 of 2"));
+  CHECK(env_contains(error_of({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}), "RANK=\"x1\" is not a non-negative integer"));
 }
 
 TEST_CASE("a partial Slurm environment (sbatch without --ntasks) does not hide complete MPICH variables") {
@@ -153,26 +154,26 @@ TEST_CASE("only the chosen launcher's variables are validated") {
 }
 
 TEST_CASE("the chosen launcher's errors name its variables") {
-  CHECK(contains(error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}}),
-                 "(RANK=4, WORLD_SIZE=4)"));
-  CHECK(contains(
+  CHECK(env_contains(error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}}),
+                     "(RANK=4, WORLD_SIZE=4)"));
+  CHECK(env_contains(
       error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "2"}}),
       "launch environment (mpich): local rank 2 is not below local size 2 (MPI_LOCALRANKID=2, MPI_LOCALNRANKS=2)"));
-  CHECK(contains(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}), "set MPI_LOCALRANKID and MPI_LOCALNRANKS"));
-  CHECK(contains(error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "0"}}),
-                 "world size is 0, must be >= 1 (OMPI_COMM_WORLD_SIZE=0)"));
-  CHECK(
-      contains(error_of({{"SLURM_PROCID", "3"},
-                         {"SLURM_NTASKS", "4"},
-                         {"SLURM_LOCALID", "1"},
-                         {"SLURM_NODEID", "1"},
-                         {"SLURM_TASKS_PER_NODE", "3,1"}}),
-               "local rank 1 is not below local size 1 (SLURM_LOCALID=1, SLURM_TASKS_PER_NODE=3,1 at SLURM_NODEID=1)"));
-  CHECK(contains(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}),
-                 "set SLURM_LOCALID and SLURM_NTASKS_PER_NODE"));
+  CHECK(env_contains(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}), "set MPI_LOCALRANKID and MPI_LOCALNRANKS"));
+  CHECK(env_contains(error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "0"}}),
+                     "world size is 0, must be >= 1 (OMPI_COMM_WORLD_SIZE=0)"));
+  CHECK(env_contains(
+      error_of({{"SLURM_PROCID", "3"},
+                {"SLURM_NTASKS", "4"},
+                {"SLURM_LOCALID", "1"},
+                {"SLURM_NODEID", "1"},
+                {"SLURM_TASKS_PER_NODE", "3,1"}}),
+      "local rank 1 is not below local size 1 (SLURM_LOCALID=1, SLURM_TASKS_PER_NODE=3,1 at SLURM_NODEID=1)"));
+  CHECK(env_contains(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}),
+                     "set SLURM_LOCALID and SLURM_NTASKS_PER_NODE"));
   // With nothing complete, a partial launcher is still an error naming what is missing.
-  CHECK(contains(error_of({{"SLURM_PROCID", "0"}, {"PMI_RANK", "0"}}),
-                 "(mpich) is partial: PMI_SIZE not set but PMI_RANK=0 is"));
+  CHECK(env_contains(error_of({{"SLURM_PROCID", "0"}, {"PMI_RANK", "0"}}),
+                     "(mpich) is partial: PMI_SIZE not set but PMI_RANK=0 is"));
 }
 
 TEST_CASE("launch_env() reads the real process environment (setenv)") {

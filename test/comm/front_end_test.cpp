@@ -135,25 +135,25 @@ struct OneRank {
   }
 };
 
-using F32 = ddp::test::Case<OneRank, float>;
-using F64 = ddp::test::Case<OneRank, double>;
-using I32 = ddp::test::Case<OneRank, std::int32_t>;
-using I64 = ddp::test::Case<OneRank, std::int64_t>;
+using OneRankF32 = ddp::test::Case<OneRank, float>;
+using OneRankF64 = ddp::test::Case<OneRank, double>;
+using OneRankI32 = ddp::test::Case<OneRank, std::int32_t>;
+using OneRankI64 = ddp::test::Case<OneRank, std::int64_t>;
 
 }  // namespace
 
-TYPE_TO_STRING(F32);
-TYPE_TO_STRING(F64);
-TYPE_TO_STRING(I32);
-TYPE_TO_STRING(I64);
+TYPE_TO_STRING(OneRankF32);
+TYPE_TO_STRING(OneRankF64);
+TYPE_TO_STRING(OneRankI32);
+TYPE_TO_STRING(OneRankI64);
 
 namespace ddp::test {
-TEST_CASE_TEMPLATE_INVOKE(all_reduce_suite, F32, F64, I32, I64);
-TEST_CASE_TEMPLATE_INVOKE(broadcast_suite, F32, F64, I32, I64);
-TEST_CASE_TEMPLATE_INVOKE(gather_suite, F32, F64, I32, I64);
-TEST_CASE_TEMPLATE_INVOKE(reduce_scatter_suite, F32, F64, I32, I64);
-TEST_CASE_TEMPLATE_INVOKE(async_suite, F32, F64, I32, I64);
-TEST_CASE_TEMPLATE_INVOKE(errors_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(all_reduce_suite, OneRankF32, OneRankF64, OneRankI32, OneRankI64);
+TEST_CASE_TEMPLATE_INVOKE(broadcast_suite, OneRankF32, OneRankF64, OneRankI32, OneRankI64);
+TEST_CASE_TEMPLATE_INVOKE(gather_suite, OneRankF32, OneRankF64, OneRankI32, OneRankI64);
+TEST_CASE_TEMPLATE_INVOKE(reduce_scatter_suite, OneRankF32, OneRankF64, OneRankI32, OneRankI64);
+TEST_CASE_TEMPLATE_INVOKE(async_suite, OneRankF32, OneRankF64, OneRankI32, OneRankI64);
+TEST_CASE_TEMPLATE_INVOKE(errors_suite, OneRankF32, OneRankF64, OneRankI32, OneRankI64);
 }  // namespace ddp::test
 
 TEST_CASE("a backend without an enter() hook: each blocking collective reaches its transport once") {

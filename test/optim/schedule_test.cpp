@@ -9,7 +9,7 @@
 using namespace ddp;
 
 namespace {
-struct Setup {
+struct ScheduleSetup {
   Var w{from_values<float>({2}, {0.5f, -1.0f}), RequiresGrad::kYes};
   nn::ParameterArena<float> arena{std::vector<nn::NamedParameter<float, HostSpace>>{{"w", w}}};
 };
@@ -24,7 +24,7 @@ TEST_CASE("schedule names parse and print; an unknown one is an error naming it"
 }
 
 TEST_CASE("none leaves the lr alone and keeps counter 0") {
-  Setup s;
+  ScheduleSetup s;
   optim::SGD opt(s.arena, {.lr = 0.3});
   optim::Schedule sched(opt, {.kind = optim::ScheduleKind::kNone});
   sched.start_step(7);
@@ -36,7 +36,7 @@ TEST_CASE("none leaves the lr alone and keeps counter 0") {
 }
 
 TEST_CASE("step moves once per epoch (not per step), as StepLR's closed form") {
-  Setup s;
+  ScheduleSetup s;
   optim::SGD opt(s.arena, {.lr = 1.0});
   optim::Schedule sched(opt, {.kind = optim::ScheduleKind::kStep, .step = {.step_size = 1, .gamma = 0.7}});
   sched.start_step(100);
@@ -49,7 +49,7 @@ TEST_CASE("step moves once per epoch (not per step), as StepLR's closed form") {
 }
 
 TEST_CASE("cosine moves before every step (its counter is the global step) and ignores epoch ends") {
-  Setup s;
+  ScheduleSetup s;
   optim::SGD opt(s.arena, {.lr = 0.1});
   optim::Schedule sched(opt, {.kind = optim::ScheduleKind::kCosine, .cosine = {.t_max = 4}});
   sched.start_step(2);
@@ -65,7 +65,7 @@ TEST_CASE("restore(counter) gives a new schedule the lr and counter of the one t
   for (auto kind : {optim::ScheduleKind::kStep, optim::ScheduleKind::kCosine}) {
     CAPTURE(optim::schedule_name(kind));
     optim::ScheduleOptions const o{.kind = kind, .step = {.gamma = 0.7}, .cosine = {.t_max = 50}};
-    Setup s;
+    ScheduleSetup s;
     optim::SGD a(s.arena, {.lr = 0.01}), b(s.arena, {.lr = 0.01});
     optim::Schedule first(a, o);
     for (int e = 0; e < 3; ++e) {
@@ -83,7 +83,7 @@ TEST_CASE("restore(counter) gives a new schedule the lr and counter of the one t
 }
 
 TEST_CASE("only the chosen kind's options are checked") {
-  Setup s;
+  ScheduleSetup s;
   optim::SGD opt(s.arena, {.lr = 0.1});
   CHECK_NOTHROW(optim::Schedule(opt, {.kind = optim::ScheduleKind::kStep, .cosine = {.t_max = 0}}));
   CHECK_THROWS_AS(optim::Schedule(opt, {.kind = optim::ScheduleKind::kCosine, .cosine = {.t_max = 0}}), ArgumentError);

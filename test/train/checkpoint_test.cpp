@@ -15,27 +15,18 @@
 #include <ddp/ddp.hpp>
 #include <ddp/train/checkpoint.hpp>
 
+#include "test/train/testing.hpp"
+
 using namespace ddp;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(std::string const& name) {
-  char const* t = std::getenv("TEST_TMPDIR");
-  fs::path d = fs::path(t ? t : "/tmp") / ("checkpoint_test_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
 std::string slurp(fs::path const& p) {
   std::ifstream f(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
-void dump(fs::path const& p, std::string const& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f << bytes;
-}
+using test::dump;
 
 auto small_model(std::uint64_t seed, std::int64_t hidden = 3) {
   Generator g(seed);
@@ -116,7 +107,7 @@ std::vector<std::string> load_on_ranks(int world, fs::path const& path, MakeMode
 }  // namespace
 
 TEST_CASE("checkpoint round trip keeps every field: parameters, optimizer state per parameter, position") {
-  auto const dir = temp_dir("roundtrip");
+  auto const dir = test::temp_dir("checkpoint_test", "roundtrip");
   auto m = small_model(1);
   nn::ParameterArena<float> arena(m);
   optim::AdamW opt(arena, {.lr = 0.01});
@@ -173,7 +164,7 @@ TEST_CASE("checkpoint round trip keeps every field: parameters, optimizer state 
 }
 
 TEST_CASE("checkpoint write is atomic: temp file renamed over the old one, nothing left behind") {
-  auto const dir = temp_dir("atomic");
+  auto const dir = test::temp_dir("checkpoint_test", "atomic");
   auto const path = write_valid(dir);
   auto const first = slurp(path);
   dump(dir / "other", "x");
@@ -198,7 +189,7 @@ TEST_CASE("checkpoint write is atomic: temp file renamed over the old one, nothi
 }
 
 TEST_CASE("a corrupted checkpoint (one flipped byte) is a checksum error naming the file") {
-  auto const dir = temp_dir("corrupt");
+  auto const dir = test::temp_dir("checkpoint_test", "corrupt");
   auto const path = write_valid(dir);
   auto const good = slurp(path);
   for (std::size_t at : {kCheckpointHeaderBytes + 20, good.size() / 2, good.size() - 1}) {
@@ -218,7 +209,7 @@ TEST_CASE("a corrupted checkpoint (one flipped byte) is a checksum error naming 
 }
 
 TEST_CASE("a truncated checkpoint is an error naming the file and the sizes") {
-  auto const dir = temp_dir("truncated");
+  auto const dir = test::temp_dir("checkpoint_test", "truncated");
   auto const path = write_valid(dir);
   auto const good = slurp(path);
   for (std::size_t n : {std::size_t{0}, std::size_t{7}, kCheckpointHeaderBytes - 1}) {
@@ -247,7 +238,7 @@ TEST_CASE("a truncated checkpoint is an error naming the file and the sizes") {
 }
 
 TEST_CASE("wrong magic or version is an error naming the file") {
-  auto const dir = temp_dir("magic");
+  auto const dir = test::temp_dir("checkpoint_test", "magic");
   auto const path = write_valid(dir);
   auto const good = slurp(path);
   auto bad = good;
@@ -274,7 +265,7 @@ TEST_CASE("wrong magic or version is an error naming the file") {
 }
 
 TEST_CASE("a checkpoint of another model or optimizer is an ArgumentError on every rank, naming the difference") {
-  auto const dir = temp_dir("mismatch");
+  auto const dir = test::temp_dir("checkpoint_test", "mismatch");
   auto const path = write_valid(dir);
 
   SUBCASE("different hidden size on every rank") {
@@ -322,7 +313,7 @@ TEST_CASE("a checkpoint of another model or optimizer is an ArgumentError on eve
 }
 
 TEST_CASE("a failed save is an IoError on every rank") {
-  auto const dir = temp_dir("savefail");
+  auto const dir = test::temp_dir("checkpoint_test", "savefail");
   std::vector<std::string> errs(2);
   std::mutex mu;
   spawn(2, [&](ThreadsBackend& comm) {
@@ -404,7 +395,7 @@ std::vector<float> everything_of(M const& model) {  // parameters and buffers, i
 }  // namespace
 
 TEST_CASE("buffers (BatchNorm running statistics) and Dropout's generator are saved and restored: exact resume") {
-  auto const dir = temp_dir("buffers");
+  auto const dir = test::temp_dir("checkpoint_test", "buffers");
   auto full = stateful_model(1, 5);
   nn::ParameterArena<float> fa(full);
   optim::Adam fo(fa, {.lr = 0.01});
@@ -433,7 +424,7 @@ TEST_CASE("buffers (BatchNorm running statistics) and Dropout's generator are sa
 }
 
 TEST_CASE("frozen parameters are saved and restored; the optimizer keeps no state for them") {
-  auto const dir = temp_dir("frozen");
+  auto const dir = test::temp_dir("checkpoint_test", "frozen");
   auto make = [](std::uint64_t seed) {
     auto m = small_model(seed);
     m.get<0>().weight.node().requires_grad = false;  // fc1.weight frozen
@@ -463,7 +454,7 @@ TEST_CASE("frozen parameters are saved and restored; the optimizer keeps no stat
 }
 
 TEST_CASE("parameters, buffers and generators are matched by name: a missing or extra one is named") {
-  auto const dir = temp_dir("names");
+  auto const dir = test::temp_dir("checkpoint_test", "names");
   auto m = stateful_model(1, 5);
   nn::ParameterArena<float> arena(m);
   optim::SGD opt(arena, {.lr = 0.1});
@@ -561,7 +552,7 @@ std::vector<float> train_mlp(TensorDataset<std::int32_t> const& data, std::int64
 
 TEST_CASE("resuming from a checkpoint gives bitwise the weights of an uninterrupted run (threads, 2 ranks)") {
   auto const data = FashionMnist::load({.split = Split::kTrain, .limit = 512});  // 8 steps per epoch
-  auto const dir = temp_dir("resume");
+  auto const dir = test::temp_dir("checkpoint_test", "resume");
   auto const full = train_mlp(data, 3, 1, {}, 0, {});
   // Stop mid-epoch (step 5 of epoch 1, i.e. the 13th step) and at an epoch boundary (after epoch 0).
   for (std::int64_t stop : {13, 8, 3}) {

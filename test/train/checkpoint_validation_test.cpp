@@ -18,23 +18,14 @@
 #include <ddp/ddp.hpp>
 #include <ddp/train/checkpoint.hpp>
 
+#include "test/train/testing.hpp"
+
 using namespace ddp;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(std::string const& name) {
-  char const* t = std::getenv("TEST_TMPDIR");
-  fs::path d = fs::path(t ? t : "/tmp") / ("checkpoint_validation_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-void dump(fs::path const& p, std::string const& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f << bytes;
-}
+using test::dump;
 
 // A valid checkpoint: two parameters, Adam-like state, one generator on two ranks.
 CheckpointData<float> valid_data() {
@@ -288,7 +279,7 @@ TEST_CASE("the section table: a non-zero reserved word, a duplicate section and 
 }
 
 TEST_CASE("/dev/zero, a FIFO and a directory are refused at once, naming the path and what it is") {
-  auto const dir = temp_dir("special");
+  auto const dir = test::temp_dir("checkpoint_validation", "special");
   CHECK(read_error("/dev/zero") ==
         "checkpoint /dev/zero is a character device, not a regular file: a checkpoint is a file written by "
         "save_checkpoint / write_checkpoint_file");
@@ -317,7 +308,7 @@ TEST_CASE("/dev/zero, a FIFO and a directory are refused at once, naming the pat
 }
 
 TEST_CASE("a huge file that is not a checkpoint is refused after reading its header, not read whole") {
-  auto const dir = temp_dir("huge");
+  auto const dir = test::temp_dir("checkpoint_validation", "huge");
   auto const p = dir / "sparse.bin";
   dump(p, "not a checkpoint, but long enough for a header");
   std::error_code ec;

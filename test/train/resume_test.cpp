@@ -6,19 +6,13 @@
 #include <mutex>
 
 #include "test/train/resume_cases.hpp"
+#include "test/train/testing.hpp"
 
 using namespace ddp;
 using namespace ddp::test::resume;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path temp_dir(std::string const& name) {
-  char const* t = std::getenv("TEST_TMPDIR");
-  fs::path d = fs::path(t ? t : "/tmp") / ("resume_test_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 // Runs `leg` of the MLP under DDP on `world` thread ranks; checks every rank holds the same bits; returns them.
 std::vector<float> mlp_on(int world, Leg const& leg) {
@@ -56,7 +50,7 @@ TEST_CASE("resuming at another world size: DDP ranks <-> one process with a plai
 }
 
 TEST_CASE("resuming at another world size: 2 ranks -> 4 ranks and 4 -> 2, other bucket plans, to 1e-6") {
-  auto const dir = temp_dir("world_2_4");
+  auto const dir = test::temp_dir("resume_test", "world_2_4");
   auto const full = plain_leg<optim::AdamW>({}, make_mlp, kMlpInput, 4);
   for (auto [from, to] : {std::pair{2, 4}, std::pair{4, 2}, std::pair{4, 1}}) {
     CAPTURE(from);
@@ -72,7 +66,7 @@ TEST_CASE("resuming at another world size: 2 ranks -> 4 ranks and 4 -> 2, other 
 TEST_CASE(
     "a checkpoint keeps every rank's generators; at another world size parameters and buffers load, generators keep "
     "their seeds") {
-  auto const dir = temp_dir("generators");
+  auto const dir = test::temp_dir("resume_test", "generators");
   auto const ckpt = dir / "cnn.ckpt";
   std::vector<GeneratorState> saved(2);
   spawn(2, [&](ThreadsBackend& comm) {

@@ -5,25 +5,13 @@
 #include <sstream>
 
 #include "ddp/ddp.hpp"
+#include "test/train/testing.hpp"
 
 using namespace ddp;
 
 namespace {
-TensorDataset<std::int32_t> blobs(std::int64_t n, std::uint64_t seed) {
-  Generator g(seed);
-  Tensor<float> x(Shape{n, 4});
-  Tensor<std::int32_t> y(Shape{n});
-  for (std::int64_t i = 0; i < n; ++i) {
-    y[i] = static_cast<std::int32_t>(g.below(3));
-    for (int j = 0; j < 4; ++j) x[i * 4 + j] = g.uniform(-0.5f, 0.5f) + (j == y[i] ? 1.5f : 0.0f);
-  }
-  return TensorDataset<std::int32_t>(x, y);
-}
-auto make_model() {
-  Generator g(11);
-  return nn::Sequential(nn::Linear(4, 16, g), nn::ReLU(), nn::Linear(16, 3, g));
-}
-using Model = decltype(make_model());
+using test::blobs;
+using Model = decltype(test::make_blobs_model());
 using Trainer = basic_trainer<Model, ThreadsBackend, optim::AdamW>;
 auto const ce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
 
@@ -38,7 +26,7 @@ std::vector<float> weights(Trainer& t) {
 TEST_CASE("global_batch: each rank takes global / world; one that does not divide is an error naming both") {
   auto data = blobs(100, 1);
   spawn(4, [&](ThreadsBackend& comm) {
-    auto m = make_model();
+    auto m = test::make_blobs_model();
     Trainer t(m, comm, {.lr = 0.01}, {.drop_last = false, .global_batch = 32});
     CHECK(t.batch_size() == 8);
     CHECK(t.global_batch() == 32);
@@ -49,7 +37,7 @@ TEST_CASE("global_batch: each rank takes global / world; one that does not divid
     CHECK(r.train.total == 100);  // every rank's samples, the last short batch included
   });
   spawn(3, [&](ThreadsBackend& comm) {
-    auto m = make_model();
+    auto m = test::make_blobs_model();
     CHECK_THROWS_WITH_AS(Trainer(m, comm, {.lr = 0.01}, {.global_batch = 32}),
                          "trainer: global batch 32 must be a multiple of the world size 3 (each rank takes global "
                          "batch / world size)",
@@ -61,7 +49,7 @@ TEST_CASE("hooks see the position before and after each step; kStop ends the epo
   auto data = blobs(96, 2);
   std::vector<std::string> seen(2);
   spawn(2, [&](ThreadsBackend& comm) {
-    auto m = make_model();
+    auto m = test::make_blobs_model();
     Trainer t(m, comm, {.lr = 0.01}, {.batch_size = 8});
     std::ostringstream os;
     StepHooks const hooks{
@@ -91,13 +79,13 @@ TEST_CASE("an epoch stopped part-way and continued from its step equals the unin
   std::vector<Counts> straight_counts(2), resumed_counts(2);
   spawn(2, [&](ThreadsBackend& comm) {
     int const r = comm.rank();
-    auto m1 = make_model();
+    auto m1 = test::make_blobs_model();
     Trainer a(m1, comm, {.lr = 0.01}, {.seed = 5, .drop_last = false, .global_batch = 16});
     auto const full = a.fit_epoch(data, EpochStart{.epoch = 2, .global_step = 40}, ce, {});
     straight[r] = weights(a);
     straight_counts[r] = full.train;
 
-    auto m2 = make_model();
+    auto m2 = test::make_blobs_model();
     Trainer b(m2, comm, {.lr = 0.01}, {.seed = 5, .drop_last = false, .global_batch = 16});
     auto stop_at = [](std::int64_t g) {
       return StepHooks{.after_step = [g](StepPosition const& p, double) {
@@ -126,7 +114,7 @@ TEST_CASE("with DdpOptions::timeline set, every optimizer step is a span named \
   std::vector<std::string> json(2);
   spawn(2, [&](ThreadsBackend& comm) {
     Timeline tl(comm.rank());
-    auto m = make_model();
+    auto m = test::make_blobs_model();
     Trainer t(m, comm, {.lr = 0.01}, {.batch_size = 8, .ddp = {.timeline = &tl}});
     t.fit_epoch(data, 0, ce);
     std::ostringstream os;

@@ -6,24 +6,12 @@
 #include <vector>
 
 #include "ddp/ddp.hpp"
+#include "test/train/testing.hpp"
 
 using namespace ddp;
 
 namespace {
-TensorDataset<std::int32_t> blobs(std::int64_t n, std::uint64_t seed) {
-  Generator g(seed);
-  Tensor<float> x(Shape{n, 4});
-  Tensor<std::int32_t> y(Shape{n});
-  for (std::int64_t i = 0; i < n; ++i) {
-    y[i] = static_cast<std::int32_t>(g.below(3));
-    for (int j = 0; j < 4; ++j) x[i * 4 + j] = g.uniform(-0.5f, 0.5f) + (j == y[i] ? 1.5f : 0.0f);
-  }
-  return TensorDataset<std::int32_t>(x, y);
-}
-auto make_model() {
-  Generator g(11);
-  return nn::Sequential(nn::Linear(4, 16, g), nn::ReLU(), nn::Linear(16, 3, g));
-}
+using test::blobs;
 }  // namespace
 
 TEST_CASE("trainer: fit_epoch equals the explicit DDP loop, bitwise, on every rank") {
@@ -31,13 +19,13 @@ TEST_CASE("trainer: fit_epoch equals the explicit DDP loop, bitwise, on every ra
   std::vector<std::vector<float>> a(2), b(2);
   spawn(2, [&](ThreadsBackend& comm) {
     auto ce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
-    auto m1 = make_model();
+    auto m1 = test::make_blobs_model();
     trainer<decltype(m1), ThreadsBackend> t(m1, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8, .seed = 3});
     for (int e = 0; e < 2; ++e) t.fit_epoch(data, e, ce);
     for (auto const& p : t.ddp().parameters().entries())
       a[comm.rank()].insert(a[comm.rank()].end(), p.var.value().data(), p.var.value().data() + p.numel);
 
-    auto m2 = make_model();
+    auto m2 = test::make_blobs_model();
     DistributedDataParallel ddp(m2, comm);
     optim::SGD opt(ddp.parameters(), {.lr = 0.1, .momentum = 0.9});
     for (int e = 0; e < 2; ++e) {
@@ -68,7 +56,7 @@ TEST_CASE("trainer: clip_grad_norm clips before every step, bitwise as the expli
   spawn(2, [&](ThreadsBackend& comm) {
     auto const r = static_cast<std::size_t>(comm.rank());
     auto ce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
-    auto m1 = make_model();
+    auto m1 = test::make_blobs_model();
     trainer<decltype(m1), ThreadsBackend> t(m1, comm, {.lr = 0.1, .momentum = 0.9},
                                             {.batch_size = 8, .seed = 3, .clip_grad_norm = 0.05});
     CHECK(std::isnan(t.last_grad_norm()));
@@ -77,7 +65,7 @@ TEST_CASE("trainer: clip_grad_norm clips before every step, bitwise as the expli
     for (auto const& p : t.ddp().parameters().entries())
       a[r].insert(a[r].end(), p.var.value().data(), p.var.value().data() + p.numel);
 
-    auto m2 = make_model();
+    auto m2 = test::make_blobs_model();
     DistributedDataParallel ddp(m2, comm);
     optim::SGD opt(ddp.parameters(), {.lr = 0.1, .momentum = 0.9});
     for (int e = 0; e < 2; ++e) {
@@ -105,7 +93,7 @@ TEST_CASE("trainer: clip_grad_norm clips before every step, bitwise as the expli
   }
   // A cap that is not a finite number >= 0 is an error when the trainer is built, on every rank.
   spawn(2, [&](ThreadsBackend& comm) {
-    auto m = make_model();
+    auto m = test::make_blobs_model();
     std::string msg;
     try {
       trainer<decltype(m), ThreadsBackend> t(m, comm, {.lr = 0.1}, {.clip_grad_norm = -1.0});
@@ -121,7 +109,7 @@ TEST_CASE("trainer: training reduces the loss; evaluate counts each sample once 
   std::vector<Counts> counts(3);
   std::vector<double> first(3), last(3);
   spawn(3, [&](ThreadsBackend& comm) {
-    auto m = make_model();
+    auto m = test::make_blobs_model();
     trainer<decltype(m), ThreadsBackend> t(m, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8});
     for (int e = 0; e < 4; ++e) {
       auto r = t.fit_epoch(train, e, [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); });
