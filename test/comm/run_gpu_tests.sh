@@ -2,7 +2,7 @@
 # Runs the GPU tests on a machine with a CUDA GPU (they are built everywhere by `bazel build //...`; without a
 # GPU they skip, or are tagged "manual"): then records what a GPU session should paste into bench/RESULTS.md.
 #   1. Kernels<DeviceSpace> on the GPU (cuBLAS, cuDNN, Thrust) against the host kernels  (device_kernels_cuda_test)
-#      and every autograd op's gradient check on GPU tensors                              (device_ops_cuda_test)
+#      and every autograd op's gradient check on GPU tensors (device_ops_cuda_test; one binary, device_cuda_tests)
 #   2. the NCCL backend's conformance suite on device buffers, world size 1              (nccl_conformance_gpu_test)
 #   3. DDP over device tensors on NCCL, world size 1 (and 2 when two GPUs are visible)  (ddp_nccl_gpu_np*_test)
 #   4. the main job with --device cuda: ms/step of the BasicNet CNN on one GPU          (fashion_mnist_cuda)

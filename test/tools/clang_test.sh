@@ -12,7 +12,7 @@ source "$(dirname "$0")/source_tree.sh"
 source_tree_root "$1"
 cxx="${CLANGXX:-clang++-14}"
 if ! command -v "$cxx" >/dev/null; then
-  echo "SKIP: $cxx is not installed (bash tools/setup.sh installs it); ddp's Clang build was not checked"
+  echo "SKIPPED: $cxx is not installed (bash tools/setup.sh installs it); ddp's Clang build was not checked"
   exit 0
 fi
 out="${TEST_TMPDIR:-$(mktemp -d)}"

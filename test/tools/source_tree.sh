@@ -1,4 +1,4 @@
-# Sourced by warnings_test.sh and clang_test.sh: compile against ddp's source tree as a user would.
+# Sourced by clang_test.sh: compile against ddp's source tree as a user would.
 # source_tree_root FILE: sets `root` to the first directory above FILE's real path (runfiles are symlinks into
 # the source tree) that holds include/ddp/ddp.hpp, and `real` to that path; fails the test if there is none.
 source_tree_root() {

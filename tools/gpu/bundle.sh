@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="$(realpath -m "${1:-bazel-bin/ddp_gpu.tar.xz}")"
-targets=(//test/tensor:device_kernels_cuda_test //test/autograd:device_ops_cuda_test //test/comm:nccl_conformance
+targets=(//test/tensor:device_cuda_tests //test/comm:nccl_conformance
          //test/parallel:ddp_nccl_main //examples:fashion_mnist_cuda
          //bench/comm:allreduce //bench/comm:core_pingpong //bench:ddp_step //bench:cost_model)
 bazel build "${targets[@]}"

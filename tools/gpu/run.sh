@@ -24,8 +24,7 @@ step() {  # seconds command...: runs it, prints its tail, its status and time
   [ "$rc" = 0 ] || failed=$((failed + 1))
 }
 mpi=(mpiexec.hydra -launcher fork -n 1)  # one rank: one GPU
-step 300 "$here/bin/device_kernels_cuda_test"
-step 300 "$here/bin/device_ops_cuda_test"
+step 600 "$here/bin/device_cuda_tests"  # device_kernels_test.cpp and device_ops_test.cpp, one binary
 step 120 "${mpi[@]}" "$here/bin/nccl_conformance" --require-gpu
 step 120 "${mpi[@]}" "$here/bin/ddp_nccl_main" --require-gpu
 if [ -e "$data/train-images-idx3-ubyte.gz" ]; then
