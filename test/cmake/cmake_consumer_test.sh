@@ -24,7 +24,7 @@ jobs=2
 
 run_consumer() {  # $1: build dir; the rest: configure arguments
   local b="$1"; shift
-  cmake "${gen[@]}" -S "$work/consumer" -B "$b" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-O1 "$@" > "$b.configure.log" 2>&1 \
+  cmake "${gen[@]}" -S "$work/consumer" -B "$b" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-O0 "$@" > "$b.configure.log" 2>&1 \
     || { cat "$b.configure.log"; exit 1; }
   cmake --build "$b" -j "$jobs" > "$b.build.log" 2>&1 || { tail -50 "$b.build.log"; exit 1; }
   "$b/train_threads"
@@ -65,6 +65,6 @@ grep -q "without ddp::no_such_component" "$work/missing.log" || { cat "$work/mis
 echo "unknown component rejected, as expected"
 
 echo "== 4. plain g++ (README one-liner)"
-g++ -std=c++20 -O1 -I "$src/include" -I /usr/include/eigen3 "$work/consumer/train_threads.cpp" -o "$work/plain" -lz -pthread
+g++ -std=c++20 -O0 -I "$src/include" -I /usr/include/eigen3 "$work/consumer/train_threads.cpp" -o "$work/plain" -lz -pthread
 "$work/plain"
 echo "cmake_consumer_test: all consumers built and ran"
