@@ -88,7 +88,7 @@ void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_
 }
 
 // Deterministic mode next to the default DDP, A/B interleaved step by step on two copies of the model (the
-// same machine conditions for both): DDP's overlapped float all-reduce vs DeterministicDataParallel with V
+// same machine conditions for both): DDP's overlapped float all-reduce vs deterministic mode (ExactSum) with V
 // micro-batches (exact integer sums). Rank 0 reports medians.
 template <class Comm, class MakeModel, class MakeOpt, class Loss>
 void bench_det(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_opt, Tensor<float> const& x,
@@ -97,7 +97,7 @@ void bench_det(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& m
   DistributedDataParallel ddp(dm, comm);
   auto dopt = make_opt(ddp.parameters());
   auto zm = make_model();
-  DeterministicDataParallel det(zm, comm, {.micro_batches = v});
+  DeterministicDataParallel<decltype(zm), Comm> det(zm, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = v});
   auto zopt = make_opt(det.parameters());
   std::vector<double> a, b;
   comm.barrier();
@@ -108,8 +108,8 @@ void bench_det(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& m
     dopt.step();
     auto const t1 = Clock::now();
     zopt.zero_grad();
-    det.compute_gradients(static_cast<std::uint64_t>(i), x, y,
-                          [](Var const& o, Tensor<std::int32_t> const& t) { return cross_entropy(o, t); });
+    for (auto const& mb : det.micro_batches(x, y, {.step = static_cast<std::uint64_t>(i)}))
+      backward(cross_entropy(det(mb), mb.y));
     zopt.step();
     auto const t2 = Clock::now();
     if (i < warmup) continue;

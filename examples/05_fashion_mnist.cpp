@@ -19,7 +19,6 @@
 
 #include <ddp/data/global_batch_sampler.hpp>
 #include <ddp/ddp.hpp>
-#include <ddp/parallel/deterministic.hpp>
 #include <ddp/train/checkpoint.hpp>
 #include <ddp/train/evaluate.hpp>
 #include <ddp/train/metrics_log.hpp>
@@ -49,7 +48,7 @@ struct Config {
   MpiNodeOptions node{};     // --mpi-allreduce
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
                max_steps = 0;
-  bool deterministic = false;  // --deterministic: DeterministicDataParallel, bitwise the same for any world size
+  bool deterministic = false;  // --deterministic: ExactSum + MicroBatches, bitwise the same for any world size
   std::int64_t micro_batches = 8;
   double lr = 1e-3, bucket_cap_mb = 25;
   std::optional<double> clip_grad_norm;  // --clip-grad-norm: nn::clip_grad_norm before each optimizer step
@@ -104,10 +103,29 @@ void print_header(Trainer& t, Config const& cfg, std::int64_t steps_per_epoch,
               cfg.lr, std::string(optim::schedule_name(cfg.schedule)).c_str(), static_cast<long long>(cfg.epochs),
               cfg.epochs == 1 ? "" : "s", static_cast<long long>(steps_per_epoch), static_cast<long long>(cfg.seed),
               clip_note(cfg).c_str());
+  if constexpr (Trainer::ddp_type::world_size_invariant)
+    std::printf("deterministic: %lld micro-batches of %lld per global batch, %lld on each rank\n",
+                static_cast<long long>(cfg.micro_batches), static_cast<long long>(cfg.global_batch / cfg.micro_batches),
+                static_cast<long long>(t.ddp().micro_batches_per_rank()));
   std::printf("data: %lld train / %lld test images from %s\n", static_cast<long long>(train_set.size()),
               static_cast<long long>(test_set.size()), cfg.data_dir.string().c_str());
   std::printf("%s\n", t.ddp().describe().c_str());
   std::fflush(stdout);
+}
+
+// FNV-1a (64 bits) of the parameters' bytes in registration order: two runs' final weights at a glance.
+template <nn::Model M>
+std::string weights_digest(M const& model) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (auto const& p : model.named_parameters()) {
+    Tensor<float> const host = to_space<HostSpace>(p.var.value());
+    auto const* b = reinterpret_cast<unsigned char const*>(host.data());
+    for (std::size_t i = 0; i < static_cast<std::size_t>(host.numel()) * sizeof(float); ++i)
+      h = (h ^ b[i]) * 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
 }
 
 // One rank's training once the optimizer is chosen: resume, the epochs (each a fit_epoch with hooks, an exact
@@ -160,7 +178,8 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
     StepHooks const hooks{
         .before_step =
             [&](StepPosition const& p) {
-              reseed_dropouts(net, cfg.seed, rank, p.epoch, p.step);
+              // Deterministic mode keys the masks by each sample's place in the global batch instead.
+              if (!cfg.deterministic) reseed_dropouts(net, cfg.seed, rank, p.epoch, p.step);
               schedule.start_step(p.global_step);
             },
         .after_step =
@@ -248,169 +267,10 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   else if (!stopped)
     std::printf("nothing to train: the checkpoint is already at epoch %lld of %lld\n",
                 static_cast<long long>(pos.epoch), static_cast<long long>(cfg.epochs));
+  if (cfg.deterministic)
+    std::printf("weights: %s (FNV-1a 64 of the final parameters; the same for every world size dividing %lld)\n",
+                weights_digest(net.seq).c_str(), static_cast<long long>(cfg.micro_batches));
   std::fflush(stdout);
-}
-
-// FNV-1a (64 bits) of the parameters' bytes in registration order: two runs' final weights at a glance.
-template <nn::Model M>
-std::string weights_digest(M const& model) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (auto const& p : model.named_parameters()) {
-    Tensor<float> const host = to_space<HostSpace>(p.var.value());
-    auto const* b = reinterpret_cast<unsigned char const*>(host.data());
-    for (std::size_t i = 0; i < static_cast<std::size_t>(host.numel()) * sizeof(float); ++i)
-      h = (h ^ b[i]) * 1099511628211ull;
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
-
-// --deterministic: DeterministicDataParallel with --micro-batches V and GlobalBatchSampler, so the final weights
-// (printed as a digest) are bitwise the same for every world size dividing V, every --bucket-cap-mb and every
-// backend, and a checkpoint resumes bit for bit at any of those world sizes. Dropout masks are keyed by the
-// step and the sample's place in the global batch (SampleKeyScope), not by the rank.
-template <class Comm>
-void run_deterministic(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train_set,
-                       TensorDataset<std::int32_t> const& test_set) {
-  int const world = comm.world_size();
-  bool const leader = comm.rank() == 0;
-  if (cfg.micro_batches % world != 0 || cfg.global_batch % cfg.micro_batches != 0)
-    throw ArgumentError(detail::cat("fashion_mnist: --deterministic needs the world size (", world,
-                                    ") to divide --micro-batches (", cfg.micro_batches,
-                                    ") and --micro-batches to divide --batch-size (", cfg.global_batch, ")"));
-  Generator init(static_cast<std::uint64_t>(cfg.seed));
-  Net<HostSpace> net = cfg.model == "cnn" ? make_cnn<HostSpace>(init) : make_mlp<HostSpace>(init);
-  for (std::size_t k = 0; k < net.dropouts.size(); ++k)  // one counter stream per layer, the same on every rank
-    net.dropouts[k].generator().seed(static_cast<std::uint64_t>(cfg.seed), examples::mix(k + 1));
-  auto const cap = static_cast<std::size_t>(cfg.bucket_cap_mb * double(1 << 20));
-  DeterministicDataParallel dp(
-      net.seq, comm, {.micro_batches = cfg.micro_batches},
-      SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
-  auto go = [&](auto& opt) {
-    GlobalBatchSampler sampler(train_set.size(), cfg.global_batch, comm,
-                               {.seed = static_cast<std::uint64_t>(cfg.seed)});
-    std::int64_t const steps = sampler.batches();
-    if (steps == 0)
-      throw ArgumentError(detail::cat("fashion_mnist: ", train_set.size(), " training images make no global batch of ",
-                                      cfg.global_batch));
-    optim::Schedule schedule(opt, {.kind = cfg.schedule,
-                                   .step = {.step_size = 1, .gamma = 0.7},
-                                   .cosine = {.t_max = std::max<std::int64_t>(1, cfg.epochs * steps)}});
-    TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
-    if (!cfg.resume.empty()) {
-      pos = resume_position(load_checkpoint(cfg.resume, comm, net.seq, opt), pos, cfg.resume.string());
-      if (leader)
-        std::printf("resumed from %s: epoch %lld, step %lld (%lld optimizer steps so far)\n",
-                    cfg.resume.string().c_str(), static_cast<long long>(pos.epoch + 1),
-                    static_cast<long long>(pos.step), static_cast<long long>(pos.global_step));
-    }
-    schedule.restore(pos.scheduler_epoch);
-    if (leader) {
-      std::printf(
-          "fashion_mnist: model %s (%s parameters), deterministic: %lld micro-batches of %lld per global batch of "
-          "%lld, world size %d (%lld micro-batches per rank)\n",
-          cfg.model.c_str(), thousands(dp.parameters().parameter_numel()).c_str(),
-          static_cast<long long>(cfg.micro_batches), static_cast<long long>(cfg.global_batch / cfg.micro_batches),
-          static_cast<long long>(cfg.global_batch), world, static_cast<long long>(dp.micro_batches_per_rank()));
-      std::printf("optimizer %s lr %g, schedule %s, %lld epochs of %lld steps, seed %lld%s\n", cfg.optimizer.c_str(),
-                  cfg.lr, std::string(optim::schedule_name(cfg.schedule)).c_str(), static_cast<long long>(cfg.epochs),
-                  static_cast<long long>(steps), static_cast<long long>(cfg.seed), clip_note(cfg).c_str());
-      std::fflush(stdout);
-    }
-    auto save = [&](TrainPosition const& p) {
-      if (!cfg.checkpoint.empty()) save_checkpoint(cfg.checkpoint, comm, net.seq, opt, p);
-    };
-    auto const ce = [](Var const& out, Tensor<std::int32_t> const& y) { return cross_entropy(out, y); };
-    Counts counts;
-    bool stopped = false;
-    for (std::int64_t epoch = pos.epoch; epoch < cfg.epochs && !stopped; ++epoch) {
-      sampler.set_epoch(epoch);
-      DataLoader loader(train_set, sampler, {.batch_size = sampler.local_batch(), .drop_last = true});
-      std::optional<ProgressBar> bar;
-      if (leader)
-        bar.emplace(epoch + 1, cfg.epochs, steps, cfg.global_batch,
-                    ProgressOptions{.interactive = stdout_is_terminal()}, pos.step);
-      double const lr = opt.lr();
-      auto const start = Clock::now();
-      double loss_sum = 0;
-      std::int64_t step = 0, done = 0;
-      for (auto const& batch : loader) {
-        if (step++ < pos.step) continue;  // resumed mid-epoch: the global batches already trained
-        schedule.start_step(pos.global_step);
-        opt.zero_grad();
-        double const l = dp.compute_gradients(static_cast<std::uint64_t>(pos.global_step), batch.x, batch.y, ce);
-        if (cfg.clip_grad_norm) nn::clip_grad_norm(dp.parameters(), *cfg.clip_grad_norm);
-        opt.step();
-        ++pos.global_step;
-        ++done;
-        loss_sum += l;
-        if (bar) bar->update(step, l);
-        if (cfg.max_steps > 0 && pos.global_step >= cfg.max_steps) {
-          stopped = true;
-          break;
-        }
-      }
-      if (bar) bar->finish();
-      if (stopped && step < steps) {
-        save({.epoch = epoch,
-              .step = step,
-              .global_step = pos.global_step,
-              .scheduler_epoch = schedule.counter(),
-              .world_size = world,
-              .global_batch = cfg.global_batch,
-              .seed = cfg.seed});
-        if (leader)
-          std::printf("stopped after %lld optimizer steps (--max-steps) at epoch %lld, step %lld\n",
-                      static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1),
-                      static_cast<long long>(step));
-        break;
-      }
-      counts = evaluate(net.seq, comm, test_set, 500);
-      schedule.end_epoch(epoch + 1);
-      pos = {.epoch = epoch + 1,
-             .step = 0,
-             .global_step = pos.global_step,
-             .scheduler_epoch = schedule.counter(),
-             .world_size = world,
-             .global_batch = cfg.global_batch,
-             .seed = cfg.seed};
-      save(pos);
-      if (leader) {
-        EpochMetrics const m{.epoch = epoch + 1,
-                             .train_loss = done > 0 ? loss_sum / static_cast<double>(done) : 0.0,
-                             .test_loss = counts.mean_loss(),
-                             .test_accuracy = counts.accuracy(),
-                             .test_correct = counts.correct,
-                             .test_total = counts.total,
-                             .seconds = std::chrono::duration<double>(Clock::now() - start).count(),
-                             .steps = done,
-                             .samples = done * cfg.global_batch,
-                             .lr = lr};
-        std::printf("%s\n", format_epoch_summary(m, cfg.epochs).c_str());
-        std::fflush(stdout);
-      }
-    }
-    if (leader) {
-      if (counts.total > 0 && !stopped)
-        std::printf("test accuracy: %.2f%% (%lld/%lld) after %lld epoch%s\n", 100.0 * counts.accuracy(),
-                    static_cast<long long>(counts.correct), static_cast<long long>(counts.total),
-                    static_cast<long long>(cfg.epochs), cfg.epochs == 1 ? "" : "s");
-      std::printf("weights: %s (FNV-1a 64 of the final parameters; the same for every world size dividing %lld)\n",
-                  weights_digest(net.seq).c_str(), static_cast<long long>(cfg.micro_batches));
-      std::fflush(stdout);
-    }
-  };
-  if (cfg.optimizer == "adamw") {
-    optim::AdamW opt(dp.parameters(), {.lr = cfg.lr});
-    go(opt);
-  } else if (cfg.optimizer == "adam") {
-    optim::basic_adam_l2<float, HostSpace> opt(dp.parameters(), {.lr = cfg.lr});
-    go(opt);
-  } else {
-    optim::SGD opt(dp.parameters(), {.lr = cfg.lr, .momentum = 0.9});
-    go(opt);
-  }
 }
 
 // --bucket-cap-mb auto: the cost model's cap for this model, backend and layout (tune_bucket_cap: calibrate,
@@ -464,16 +324,30 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                             .ddp = {.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
                             .global_batch = cfg.global_batch,
                             .clip_grad_norm = cfg.clip_grad_norm};
-  auto go = [&]<optim::Optimizer O>(std::type_identity<O>, typename O::options_type const& o) {
-    basic_trainer<nn::AnySequential<float, S>, Comm, O> t(net.seq, comm, o, opts, bucketer);
+  // The one training loop, for either composition: averaging all-reduce in one pass, or deterministic mode.
+  auto go = [&]<optim::Optimizer O, class R, class Bt>(std::type_identity<O>, typename O::options_type const& o,
+                                                       R reduction, Bt batching) {
+    basic_trainer<nn::AnySequential<float, S>, Comm, O, SizeCapped, R, Bt> t(net.seq, comm, o, opts, bucketer,
+                                                                             reduction, batching);
     train(t, net, timeline, cfg, train_set, test_set);
   };
-  if (cfg.optimizer == "adamw")
-    go(std::type_identity<optim::basic_adamw<float, S>>{}, {.lr = cfg.lr});
-  else if (cfg.optimizer == "adam")
-    go(std::type_identity<optim::basic_adam_l2<float, S>>{}, {.lr = cfg.lr});
-  else
-    go(std::type_identity<optim::basic_sgd<float, S>>{}, {.lr = cfg.lr, .momentum = 0.9});
+  auto with = [&](auto reduction, auto batching) {
+    if (cfg.optimizer == "adamw")
+      go(std::type_identity<optim::basic_adamw<float, S>>{}, {.lr = cfg.lr}, reduction, batching);
+    else if (cfg.optimizer == "adam")
+      go(std::type_identity<optim::basic_adam_l2<float, S>>{}, {.lr = cfg.lr}, reduction, batching);
+    else
+      go(std::type_identity<optim::basic_sgd<float, S>>{}, {.lr = cfg.lr, .momentum = 0.9}, reduction, batching);
+  };
+  if constexpr (std::same_as<S, HostSpace>) {
+    if (cfg.deterministic) {
+      // One counter stream per dropout layer, the same on every rank: masks are keyed by the sample.
+      for (std::size_t k = 0; k < net.dropouts.size(); ++k)
+        net.dropouts[k].generator().seed(static_cast<std::uint64_t>(cfg.seed), examples::mix(k + 1));
+      return with(ExactSum{}, MicroBatches{.count = cfg.micro_batches});
+    }
+  }
+  with(AverageAllReduce{}, OnePass{});
 }
 
 // Parses and checks the flags; throws ArgumentError. Returns nullopt after --help.
@@ -554,11 +428,16 @@ std::optional<Config> parse(int argc, char** argv) {
   c.max_steps = positive("max-steps", 0);
   c.deterministic = f.boolean("deterministic");
   c.micro_batches = positive("micro-batches", 1);
-  if (c.deterministic &&
-      (c.device == "cuda" || !f.str("trace").empty() || !f.str("out").empty() || c.checkpoint_every > 0))
+  if (c.deterministic && c.device == "cuda")
     throw ArgumentError(
-        "fashion_mnist: --deterministic trains host tensors and writes checkpoints at epoch ends and --max-steps; "
-        "drop --device cuda, --trace, --out and --checkpoint-every");
+        "fashion_mnist: --deterministic trains host tensors (its exact sums run on the host); drop "
+        "--device cuda");
+  // Under mpirun the world size is known only at launch: DistributedDataParallel checks it there, on every rank.
+  bool const world_divides = c.backend != examples::Backend::kThreads || c.micro_batches % c.world_size == 0;
+  if (c.deterministic && (!world_divides || c.global_batch % c.micro_batches != 0))
+    throw ArgumentError(detail::cat("fashion_mnist: --deterministic needs the world size (", c.world_size,
+                                    ") to divide --micro-batches (", c.micro_batches,
+                                    ") and --micro-batches to divide --batch-size (", c.global_batch, ")"));
   c.lr = f.str("lr").empty() ? (c.model == "cnn" ? 1e-3 : 2e-3) : f.real("lr");
   if (!(c.lr > 0 && c.lr < 100))
     throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
@@ -644,13 +523,7 @@ int main(int argc, char** argv) {
 #endif
     return examples::launch(
         cfg->backend, cfg->world_size, argc, argv,
-        [&](auto& comm) {
-          if (cfg->deterministic)
-            run_deterministic(comm, *cfg, *train_set, *test_set);
-          else
-            run<HostSpace>(comm, *cfg, *train_set, *test_set);
-        },
-        cfg->timeout, cfg->node);
+        [&](auto& comm) { run<HostSpace>(comm, *cfg, *train_set, *test_set); }, cfg->timeout, cfg->node);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

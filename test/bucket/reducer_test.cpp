@@ -38,7 +38,7 @@ TEST_CASE("a shadow round issues the active ranks' all-reduces and leaves their 
       REQUIRE(l.plan.buckets.size() >= 3);
       Tensor<float> grads(Shape{l.total});
       BucketReducer<float, HostSpace, Recording<ThreadsBackend>> red(comm, l.plan, l.offsets, grads,
-                                                                     {.flag_non_finite = true});
+                                                                     {.non_finite = NonFinite::kRaise});
       bool const active = r % 2 == 0;  // ranks 0 (and 2) active, 1 (and 3) joined
       int const actives = (n + 1) / 2;
       for (int round = 0; round < 2; ++round) {
@@ -49,7 +49,7 @@ TEST_CASE("a shadow round issues the active ranks' all-reduces and leaves their 
             for (std::int64_t j = 0; j < l.plan.buckets[b].numel; ++j) grads[l.offsets[b] + j] = float(n);
           if (round == 1 && r == 0) grads[l.offsets[1]] = std::nanf("");
           for (std::size_t i = 0; i < l.plan.bucket_of.size(); ++i) red.mark_ready(i, i != 1);
-          out = red.finalize();
+          out = red.finish();
         } else {
           out = red.shadow_round();
         }

@@ -421,4 +421,40 @@ void bucket_fingerprint(C& inner) {
   throw std::runtime_error("rank " + std::to_string(inner.rank()) + ": swapped buckets were not detected");
 }
 
+// A user's GradientBucketer whose plan is not contiguous: bucket 0 holds the last parameter and the one two
+// before it, skipping the one between (the arena lays parameters out in reverse registration order, so its slice
+// would cover the skipped one's gradient and reduce it twice).
+struct GappyBucketer {
+  BucketPlan plan(std::span<std::int64_t const> numels, std::size_t) const {
+    std::size_t const n = numels.size();
+    BucketPlan p;
+    p.bucket_of.assign(n, 1);
+    p.buckets.push_back({.params = {n - 1, n - 3}, .numel = numels[n - 1] + numels[n - 3]});
+    p.bucket_of[n - 1] = p.bucket_of[n - 3] = 0;
+    Bucket rest;
+    for (std::size_t k = n; k-- > 0;)
+      if (k != n - 1 && k != n - 3) rest.params.push_back(k), rest.numel += numels[k];
+    p.buckets.push_back(std::move(rest));
+    return p;
+  }
+  std::string name() const { return "GappyBucketer"; }
+};
+
+// A plan with a gap is a clear ArgumentError at construction, on every rank, naming the bucket and the gap.
+template <AsyncCommunicator C>
+void plan_with_gap(C& comm) {
+  auto model = make_mlp(8, 16, 4, 1);  // 4 parameters: fc1.weight, fc1.bias, fc2.weight, fc2.bias
+  try {
+    DistributedDataParallel ddp(model, comm, {}, GappyBucketer{});
+  } catch (ArgumentError const& e) {
+    std::string const m = e.what();
+    expect(m.find("bucket plan of GappyBucketer is malformed on rank(s) 0") != std::string::npos &&
+               m.find("bucket 0 holds parameters 3 and then 1") != std::string::npos &&
+               m.find("gap") != std::string::npos,
+           "plan-gap message lacks the policy, bucket or gap: " + m);
+    return;
+  }
+  throw std::runtime_error("rank " + std::to_string(comm.rank()) + ": a plan with a gap was accepted");
+}
+
 }  // namespace ddp::test

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
     ddp::test::optimizer_before_wrap(comm);
     ddp::test::frozen_and_hooks(comm);
     ddp::test::bucket_fingerprint(comm);
+    ddp::test::plan_with_gap(comm);
     auto recs = ddp::test::collective_order(comm, {.cap_bytes = 1024, .first_cap_bytes = 256});
     // Every rank's sequence must equal rank 0's: compare a fingerprint.
     std::uint64_t h = 0;  // unsigned: the hash wraps by design

@@ -174,3 +174,7 @@ TEST_CASE("buckets reduced against other buckets are caught exactly at any world
     spawn(n, [](ThreadsBackend& comm) { test::bucket_fingerprint(comm); });
   }
 }
+
+TEST_CASE("a user's bucket plan with a gap is an error on every rank, naming the bucket") {
+  for (int n : {1, 2, 4}) spawn(n, [](ThreadsBackend& comm) { test::plan_with_gap(comm); });
+}

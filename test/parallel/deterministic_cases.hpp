@@ -1,12 +1,15 @@
 // Shared by the deterministic-mode tests (threads inside doctest, and under mpirun): train the MLP or the CNN
-// (with dropout) for a few steps with DeterministicDataParallel on any communicator and return the raw bytes
-// of the final weights, so that runs at different world sizes and bucket caps can be compared bit for bit.
+// (with dropout) for a few steps with DistributedDataParallel in deterministic mode (ExactSum, MicroBatches) on
+// any communicator and return the raw bytes of the final weights, so that runs at different world sizes and
+// bucket caps can be compared bit for bit.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/data/global_batch_sampler.hpp"
@@ -30,6 +33,9 @@ struct Run {
   OptKind optimizer = OptKind::kSgdMomentum;
   std::size_t cap_bytes = kDefaultBucketCapBytes;
   std::int64_t steps = 3;
+  // Rank r's dropout layers seeded with r * this added (the per-rank seeding plain DDP invites): deterministic mode
+  // makes them rank 0's at construction, so the result must not change.
+  std::uint64_t dropout_seed_per_rank = 0;
 };
 
 inline std::string describe(Run const& r) {
@@ -38,19 +44,22 @@ inline std::string describe(Run const& r) {
                      "/steps=", r.steps);
 }
 
-// A small MLP (with dropout) and a small CNN with both dropouts of BasicNet; different seeds per dropout.
-inline nn::AnySequential<float> make_model(ModelKind kind) {
+// A small MLP (with dropout) and a small CNN with both dropouts of BasicNet; different seeds per dropout, each
+// plus `seed_offset`.
+inline nn::AnySequential<float> make_model(ModelKind kind, std::uint64_t seed_offset = 0) {
   Generator g(42);
   nn::AnySequential<float> m;
   if (kind == ModelKind::kMlp) {
     m.push_back(nn::Flatten());
-    m.push_back("fc1", nn::Linear(64, 32, g)).push_back(nn::ReLU()).push_back(nn::Dropout(0.2, 11));
+    m.push_back("fc1", nn::Linear(64, 32, g)).push_back(nn::ReLU()).push_back(nn::Dropout(0.2, 11 + seed_offset));
     m.push_back("fc2", nn::Linear(32, 10, g));
   } else {
     m.push_back("conv1", nn::Conv2d(1, 4, 3, g)).push_back(nn::ReLU());
     m.push_back("conv2", nn::Conv2d(4, 8, 3, g)).push_back(nn::ReLU());
-    m.push_back(nn::MaxPool2d(2)).push_back(nn::Dropout(0.25, 21)).push_back(nn::Flatten());
-    m.push_back("fc1", nn::Linear(8 * 2 * 2, 16, g)).push_back(nn::ReLU()).push_back(nn::Dropout(0.5, 22));
+    m.push_back(nn::MaxPool2d(2)).push_back(nn::Dropout(0.25, 21 + seed_offset)).push_back(nn::Flatten());
+    m.push_back("fc1", nn::Linear(8 * 2 * 2, 16, g))
+        .push_back(nn::ReLU())
+        .push_back(nn::Dropout(0.5, 22 + seed_offset));
     m.push_back("fc2", nn::Linear(16, 10, g));
   }
   return m;
@@ -88,9 +97,10 @@ template <class Comm>
 std::vector<std::uint8_t> train(Comm& comm, Run const& run, CheckpointData<float> const* resume = nullptr,
                                 std::int64_t checkpoint_after = -1, CheckpointData<float>* captured = nullptr) {
   Data const data;
-  auto model = make_model(run.model);
-  DeterministicDataParallel dp(model, comm, {.micro_batches = kMicroBatches},
-                               SizeCapped{{.cap_bytes = run.cap_bytes, .first_cap_bytes = run.cap_bytes}});
+  auto model = make_model(run.model, static_cast<std::uint64_t>(comm.rank()) * run.dropout_seed_per_rank);
+  DeterministicDataParallel<nn::AnySequential<float>, Comm> dp(
+      model, comm, {}, SizeCapped{{.cap_bytes = run.cap_bytes, .first_cap_bytes = run.cap_bytes}}, ExactSum{},
+      MicroBatches{.count = kMicroBatches});
   auto body = [&](auto& opt) {
     std::int64_t first = 0;
     if (resume) {
@@ -113,8 +123,8 @@ std::vector<std::uint8_t> train(Comm& comm, Run const& run, CheckpointData<float
         y[i] = data.y[k];
       }
       opt.zero_grad();
-      dp.compute_gradients(static_cast<std::uint64_t>(s), x, y,
-                           [](Var const& out, Tensor<std::int32_t> const& t) { return cross_entropy(out, t); });
+      for (auto const& mb : dp.micro_batches(x, y, {.step = static_cast<std::uint64_t>(s)}))
+        backward(cross_entropy(dp(mb), mb.y));
       opt.step();
     }
     if (checkpoint_after == run.steps && captured)
@@ -144,6 +154,117 @@ inline std::vector<Run> all_runs() {
       for (std::size_t cap : {std::size_t{1} << 10, std::size_t{1} << 20, std::size_t{25} << 20})
         runs.push_back({.model = m, .optimizer = o, .cap_bytes = cap, .steps = 5});
   return runs;
+}
+
+// ---- Misuse: each is the same clear error on every rank (or, for per-rank seeds, made harmless). ----
+
+inline void det_expect(bool ok, std::string const& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+// Runs `body` and expects it to throw E whose message contains `want`, on this rank.
+template <class E, class Body>
+void expect_error(int rank, std::string const& what, std::string const& want, Body&& body) {
+  try {
+    body();
+  } catch (E const& e) {
+    std::string const m = e.what();
+    det_expect(m.find(want) != std::string::npos,
+               detail::cat("rank ", rank, ": ", what, ": the message lacks '", want, "': ", m));
+    return;
+  }
+  throw std::runtime_error(detail::cat("rank ", rank, ": ", what, " was not refused"));
+}
+
+template <class Comm>
+using Det = DeterministicDataParallel<nn::AnySequential<float>, Comm>;
+
+// A batch of `rows` rows from Data (the same rows on every rank; only their number matters here).
+inline std::pair<Tensor<float>, Tensor<std::int32_t>> some_rows(std::int64_t rows) {
+  Data const d;
+  Tensor<float> x(Shape{rows, 1, 8, 8});
+  Tensor<std::int32_t> y(Shape{rows});
+  std::memcpy(x.data(), d.x.data(), static_cast<std::size_t>(x.numel()) * sizeof(float));
+  std::memcpy(y.data(), d.y.data(), static_cast<std::size_t>(rows) * sizeof(std::int32_t));
+  return {x, y};
+}
+
+// Ranks whose shares of the global batch differ in rows (rank 0 has twice the others'), and a share that is not a
+// whole number of micro-batches: ShapeErrors on every rank, before any forward.
+template <class Comm>
+void unequal_rows(Comm& comm) {
+  int const r = comm.rank(), n = comm.world_size();
+  auto model = make_model(ModelKind::kMlp);
+  Det<Comm> dp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+  std::int64_t const per = 4 / n;
+  if (n > 1) {
+    auto [x, y] = some_rows(r == 0 ? 4 * per : 2 * per);
+    expect_error<ShapeError>(r, "unequal rows", "the ranks' batches differ in rows (rank 0 has",
+                             [&] { dp.micro_batches(x, y, {.step = 0}); });
+  }
+  auto [x, y] = some_rows(2 * per + 1);  // one row too many for per equal micro-batches
+  if (per > 1)
+    expect_error<ShapeError>(r, "a batch of whole micro-batches", "equal micro-batches",
+                             [&] { dp.micro_batches(x, y, {.step = 0}); });
+}
+
+// The ranks pass different steps (rank 1 one ahead): a DdpError on every rank naming the steps.
+template <class Comm>
+void mismatched_step(Comm& comm) {
+  int const r = comm.rank();
+  auto model = make_model(ModelKind::kMlp);
+  Det<Comm> dp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+  auto [x, y] = some_rows(4 / comm.world_size() * 2);
+  expect_error<DdpError>(r, "mismatched steps", "the ranks passed different steps (rank 0 step 7, rank 1 step 8",
+                         [&] { dp.micro_batches(x, y, {.step = r == 1 ? 8u : 7u}); });
+}
+
+// Dropout reseeded with the rank after construction (plain DDP's advice): a DdpError on every rank naming the
+// generator. Seeded with the rank before construction: made rank 0's, so the training is unchanged (bitwise).
+template <class Comm>
+void per_rank_dropout_seeds(Comm& comm) {
+  int const r = comm.rank();
+  Run const same{.model = ModelKind::kCnn, .steps = 2};
+  Run differing = same;
+  differing.dropout_seed_per_rank = 1000;
+  det_expect(train(comm, differing) == train(comm, same),
+             detail::cat("rank ", r, ": dropout seeded per rank at construction changed the deterministic result"));
+  if (comm.world_size() == 1) return;
+  auto model = make_model(ModelKind::kMlp);
+  Det<Comm> dp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+  for (auto const& g : nn::generators_of(model)) g.generator->seed(11 + static_cast<std::uint64_t>(r));
+  auto [x, y] = some_rows(4 / comm.world_size() * 2);
+  expect_error<DdpError>(r, "dropout reseeded per rank", "the model's random generators differ across ranks ('",
+                         [&] { dp.micro_batches(x, y, {.step = 0}); });
+}
+
+// BatchNorm in training mode updates its running statistics from each rank's own micro-batches: a DdpError on
+// every rank naming the buffers, after the step's forwards and before its reduction. In evaluation mode it trains.
+template <class Comm>
+void batch_norm_in_training(Comm& comm) {
+  int const r = comm.rank();
+  auto make = [] {
+    Generator g(5);
+    nn::AnySequential<float> m;
+    m.push_back("conv", nn::Conv2d(1, 2, 3, g)).push_back("bn", nn::BatchNorm2d(2)).push_back(nn::Flatten());
+    m.push_back("fc", nn::Linear(2 * 6 * 6, 10, g));
+    return m;
+  };
+  auto [x, y] = some_rows(4 / comm.world_size() * 2);
+  {
+    auto model = make();
+    Det<Comm> dp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+    expect_error<DdpError>(r, "BatchNorm in training mode", "the model's buffers ('bn.running_mean', 'bn.running_var'",
+                           [&] {
+                             for (auto const& mb : dp.micro_batches(x, y, {.step = 0}))
+                               backward(cross_entropy(dp(mb), mb.y));
+                           });
+  }
+  auto model = make();
+  model.set_mode(Mode::kEval);
+  Det<Comm> dp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+  for (auto const& mb : dp.micro_batches(x, y, {.step = 0})) backward(cross_entropy(dp(mb), mb.y));
+  det_expect(dp.parameters().all_grads_defined(), detail::cat("rank ", r, ": BatchNorm in eval mode did not train"));
 }
 
 }  // namespace det_cases

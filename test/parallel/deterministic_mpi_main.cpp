@@ -48,6 +48,12 @@ int main(int argc, char** argv) {
         return ref;
       });
     }
+    // Misuse: the same clear error on every rank, or made harmless.
+    unequal_rows(comm);
+    if (comm.world_size() > 1) mismatched_step(comm);
+    per_rank_dropout_seeds(comm);
+    batch_norm_in_training(comm);
+    if (comm.rank() == 0) std::printf("misuse (unequal rows, steps, per-rank dropout seeds, BatchNorm): refused\n");
     if (failures != 0) throw std::runtime_error(ddp::detail::cat(failures, " deterministic runs differ"));
   });
 }

@@ -1,4 +1,4 @@
-// DeterministicDataParallel on the threads backend: the final weights are bitwise identical for world sizes
+// Deterministic mode (DistributedDataParallel with ExactSum and MicroBatches) on the threads backend: the final weights are bitwise identical for world sizes
 // 1, 2 and 4 and bucket caps 1 KiB, 1 MiB and 25 MiB (MLP and CNN with dropout; SGD with momentum and
 // AdamW), a checkpoint taken at one world size resumes bit for bit at another, the gradients are the
 // global batch's mean gradient, and misuse is reported.
@@ -74,14 +74,19 @@ TEST_CASE("deterministic mode computes the global batch's mean gradient") {
   std::mutex m;
   ddp::spawn(2, [&](ddp::ThreadsBackend& c) {
     auto model = make();
-    DeterministicDataParallel dp(model, c, {.micro_batches = 4});
+    DeterministicDataParallel<decltype(model), ddp::ThreadsBackend> dp(model, c, {}, SizeCapped{}, ExactSum{},
+                                                                       MicroBatches{.count = 4});
     std::int64_t const share = kGlobalBatch / 2;
     Tensor<float> xs(Shape{share, 1, 8, 8});
     Tensor<std::int32_t> ys(Shape{share});
     std::memcpy(xs.data(), x.data() + c.rank() * share * 64, static_cast<std::size_t>(xs.numel()) * sizeof(float));
     std::memcpy(ys.data(), y.data() + c.rank() * share, static_cast<std::size_t>(share) * sizeof(std::int32_t));
-    double const loss =
-        dp.compute_gradients(0, xs, ys, [](Var const& o, auto const& t) { return cross_entropy(o, t); });
+    double loss = 0;
+    for (auto const& mb : dp.micro_batches(xs, ys, {.step = 0})) {
+      Var l = cross_entropy(dp(mb), mb.y);
+      backward(l);
+      loss += l.item();
+    }
     std::lock_guard lock(m);
     CHECK(std::isfinite(loss));
     auto const& g = dp.parameters().grads();
@@ -95,15 +100,17 @@ TEST_CASE("deterministic mode: a world size that does not divide the micro-batch
   CHECK_THROWS_WITH_AS(ddp::spawn(3,
                                   [](ddp::ThreadsBackend& c) {
                                     auto model = make_model(ModelKind::kMlp);
-                                    DeterministicDataParallel dp(model, c, {.micro_batches = 4});
+                                    DeterministicDataParallel<nn::AnySequential<float>, ddp::ThreadsBackend> dp(
+                                        model, c, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
                                   }),
                        doctest::Contains("the world size 3 does not divide micro_batches = 4"), ddp::ArgumentError);
   ddp::spawn(2, [](ddp::ThreadsBackend& c) {
     auto model = make_model(ModelKind::kMlp);
-    DeterministicDataParallel dp(model, c, {.micro_batches = 4});
+    DeterministicDataParallel<nn::AnySequential<float>, ddp::ThreadsBackend> dp(model, c, {}, SizeCapped{}, ExactSum{},
+                                                                                MicroBatches{.count = 4});
     Tensor<float> x(Shape{3, 1, 8, 8});  // 3 rows are not 2 equal micro-batches
     Tensor<std::int32_t> y(Shape{3});
-    CHECK_THROWS_WITH_AS(dp.compute_gradients(0, x, y, [](Var const& o, auto const& t) { return cross_entropy(o, t); }),
+    CHECK_THROWS_WITH_AS(dp.micro_batches(x, y, {.step = 0}),
                          doctest::Contains("batch has 3 rows (shape [3, 1, 8, 8]), which is not 2 equal micro-batches"),
                          ddp::ShapeError);
   });
@@ -114,13 +121,14 @@ TEST_CASE("deterministic mode: a non-finite gradient on one rank is an error nam
   try {
     ddp::spawn(2, [&](ddp::ThreadsBackend& c) {
       auto model = make_model(ModelKind::kMlp);
-      DeterministicDataParallel dp(model, c, {.micro_batches = 2});
+      DeterministicDataParallel<nn::AnySequential<float>, ddp::ThreadsBackend> dp(model, c, {}, SizeCapped{},
+                                                                                  ExactSum{}, MicroBatches{.count = 2});
       Tensor<float> x(Shape{1, 1, 8, 8});
       Tensor<std::int32_t> y(Shape{1});
       for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = c.rank() == 1 && i == 5 ? NAN : 0.5f;
       y[0] = 1;
       try {
-        dp.compute_gradients(0, x, y, [](Var const& o, auto const& t) { return cross_entropy(o, t); });
+        for (auto const& mb : dp.micro_batches(x, y, {.step = 0})) backward(cross_entropy(dp(mb), mb.y));
       } catch (ddp::DdpError const& e) {
         seen[static_cast<std::size_t>(c.rank())] = e.what();
         throw;
@@ -132,4 +140,20 @@ TEST_CASE("deterministic mode: a non-finite gradient on one rank is an error nam
     CAPTURE(s);
     CHECK(s.find("non-finite gradients (NaN or Inf) at step 0 in parameters 'fc1.weight'") != std::string::npos);
   }
+}
+
+TEST_CASE("deterministic mode refuses unequal shares and partial micro-batches on every rank (world sizes 1, 2, 4)") {
+  for (int n : {1, 2, 4}) ddp::spawn(n, [](ddp::ThreadsBackend& c) { unequal_rows(c); });
+}
+
+TEST_CASE("deterministic mode refuses ranks that pass different steps, on every rank (world sizes 2, 4)") {
+  for (int n : {2, 4}) ddp::spawn(n, [](ddp::ThreadsBackend& c) { mismatched_step(c); });
+}
+
+TEST_CASE("deterministic mode: dropout seeded per rank is made rank 0's; reseeded per rank later, refused (1, 2, 4)") {
+  for (int n : {1, 2, 4}) ddp::spawn(n, [](ddp::ThreadsBackend& c) { per_rank_dropout_seeds(c); });
+}
+
+TEST_CASE("deterministic mode refuses BatchNorm in training mode on every rank, and trains it in eval (1, 2, 4)") {
+  for (int n : {1, 2, 4}) ddp::spawn(n, [](ddp::ThreadsBackend& c) { batch_norm_in_training(c); });
 }

@@ -126,3 +126,46 @@ TEST_CASE("trainer: training reduces the loss; evaluate counts each sample once 
   CHECK(last[0] < first[0]);
   CHECK(double(counts[0].correct) / 101.0 > 0.9);  // separable blobs
 }
+
+TEST_CASE(
+    "trainer: the deterministic composition trains through the same loop, bitwise the same at world sizes 1, 2, 4") {
+  auto data = blobs(103, 1);  // 6 global batches of 16; the tail of 7 is dropped at every world size
+  std::vector<std::vector<float>> weights;
+  std::vector<double> losses;
+  for (int n : {1, 2, 4}) {
+    std::vector<std::vector<float>> w(static_cast<std::size_t>(n));
+    std::vector<double> l(static_cast<std::size_t>(n));
+    spawn(n, [&](ThreadsBackend& comm) {
+      auto m = test::make_blobs_model();
+      basic_trainer<decltype(m), ThreadsBackend, optim::AdamW, SizeCapped, ExactSum, MicroBatches> t(
+          m, comm, {.lr = 0.01}, {.seed = 3, .global_batch = 16}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+      CHECK(t.steps_per_epoch(data) == 6);
+      double loss = 0;
+      for (int e = 0; e < 2; ++e)
+        loss = t.fit_epoch(data, e, [](Var const& out, auto const& mb) { return cross_entropy(out, mb.y); }).mean_loss;
+      auto const r = static_cast<std::size_t>(comm.rank());
+      l[r] = loss;
+      for (auto const& p : t.ddp().parameters().entries())
+        w[r].insert(w[r].end(), p.var.value().data(), p.var.value().data() + p.numel);
+    });
+    for (int r = 1; r < n; ++r) CHECK(w[static_cast<std::size_t>(r)] == w[0]);
+    weights.push_back(w[0]);
+    losses.push_back(l[0]);
+  }
+  CHECK(weights[1] == weights[0]);
+  CHECK(weights[2] == weights[0]);
+  CHECK(losses[1] == losses[0]);  // the epoch's mean loss too, to the bit
+  CHECK(losses[2] == losses[0]);
+}
+
+TEST_CASE("trainer: deterministic training without a global batch, or with EpochSplit::kJoin, is refused") {
+  spawn(1, [](ThreadsBackend& comm) {
+    using T = basic_trainer<decltype(test::make_blobs_model()), ThreadsBackend, optim::SGD, SizeCapped, ExactSum,
+                            MicroBatches>;
+    auto m = test::make_blobs_model();
+    CHECK_THROWS_WITH_AS(T(m, comm, {.lr = 0.1}, {.batch_size = 8}),
+                         doctest::Contains("needs TrainerOptions::global_batch"), ArgumentError);
+    CHECK_THROWS_WITH_AS(T(m, comm, {.lr = 0.1}, {.global_batch = 8, .split = EpochSplit::kJoin}),
+                         doctest::Contains("EpochSplit::kJoin does not apply"), ArgumentError);
+  });
+}

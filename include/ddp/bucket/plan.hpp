@@ -66,6 +66,41 @@ inline BucketPlan assign_buckets(std::span<std::int64_t const> numels, std::size
   return plan;
 }
 
+// What is wrong with `plan` as a plan for parameters of `numels` elements (registration order), or "" if
+// nothing: every parameter in exactly one bucket (and bucket_of saying which), no empty bucket, each bucket's
+// parameters consecutive in reverse registration order (so its gradients are one contiguous slice of the
+// arena, which is laid out in that order), and each bucket's numel their sum. A plan from a user's
+// GradientBucketer that breaks any of these would reduce the wrong elements.
+inline std::string plan_defect(BucketPlan const& plan, std::span<std::int64_t const> numels) {
+  std::size_t const np = numels.size();
+  if (plan.bucket_of.size() != np)
+    return detail::cat("bucket_of has ", plan.bucket_of.size(), " entries for ", np, " parameters");
+  std::vector<int> seen(np, 0);
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    auto const& bucket = plan.buckets[b];
+    if (bucket.params.empty()) return detail::cat("bucket ", b, " is empty");
+    std::int64_t numel = 0;
+    for (std::size_t k = 0; k < bucket.params.size(); ++k) {
+      std::size_t const p = bucket.params[k];
+      if (p >= np) return detail::cat("bucket ", b, " names parameter ", p, " of ", np);
+      if (seen[p]++) return detail::cat("parameter ", p, " is in more than one bucket (again in bucket ", b, ")");
+      if (plan.bucket_of[p] != b)
+        return detail::cat("bucket_of[", p, "] is ", plan.bucket_of[p], " but bucket ", b, " holds parameter ", p);
+      if (k > 0 && p + 1 != bucket.params[k - 1])
+        return detail::cat("bucket ", b, " holds parameters ", bucket.params[k - 1], " and then ", p,
+                           ": a bucket's parameters must be consecutive in reverse registration order (", p + 1,
+                           " follows ", bucket.params[k - 1],
+                           "), so that its gradients are one contiguous slice; the plan has a gap there");
+      numel += numels[p];
+    }
+    if (numel != bucket.numel)
+      return detail::cat("bucket ", b, " says it holds ", bucket.numel, " elements, its parameters hold ", numel);
+  }
+  for (std::size_t p = 0; p < np; ++p)
+    if (!seen[p]) return detail::cat("parameter ", p, " is in no bucket");
+  return {};
+}
+
 // GradientBucketer: a policy that turns parameter sizes into a plan and can say what it is.
 template <class B>
 concept GradientBucketer = requires(B const& b, std::span<std::int64_t const> numels) {

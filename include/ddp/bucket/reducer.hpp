@@ -1,6 +1,7 @@
-// BucketReducer: the gradient-reduction stage of data parallelism. Told "parameter i is ready" during
-// backward and "backward is over" at its end, it launches each bucket's all-reduce in plan order as soon as
-// the bucket is complete and reports, per parameter, which ranks had a gradient.
+// BucketReducer: the averaging reduction stage of data parallelism (the AverageAllReduce policy). Told
+// "parameter i is ready" during backward and "backward is over" at its end, it launches each bucket's
+// all-reduce in plan order as soon as the bucket is complete and reports, per parameter, which ranks had a
+// gradient.
 #pragma once
 
 #include <algorithm>
@@ -11,58 +12,28 @@
 #include <string>
 #include <vector>
 
+#include "ddp/bucket/outcome.hpp"
 #include "ddp/bucket/plan.hpp"
-#include "ddp/bucket/reducer_observer.hpp"
 #include "ddp/comm/communicator.hpp"
+#include "ddp/nn/parameter_arena.hpp"
 #include "ddp/tensor/kernels.hpp"
 
 namespace ddp {
-
-// What a finished round says about each parameter (registration index), the same on every rank.
-struct ReduceOutcome {
-  std::vector<char> missing_somewhere;  // some rank had no gradient for it
-  std::vector<char> present_somewhere;  // some rank had one (else it is unused on every rank)
-  std::vector<int> non_finite_ranks;    // ranks whose own gradients held NaN/Inf (ReducerOptions::flag_non_finite)
-};
-
-namespace detail {
-// Whether n elements hold no NaN or Inf. One vectorised sum first (finite exactly when every element is, bar
-// an overflow of huge finite values); only a non-finite sum pays for the element-by-element look (on the host:
-// a device slice is copied there). Exact either way.
-template <class T, MemorySpace S>
-bool all_finite(std::int64_t n, T const* x) {
-  if (n == 0 || std::isfinite(double(Kernels<S>::sum(n, x)))) return true;
-  std::vector<T> host(static_cast<std::size_t>(n));
-  Kernels<S>::to_host(n, x, host.data());
-  return std::all_of(host.begin(), host.end(), [](T v) { return std::isfinite(v); });
-}
-}  // namespace detail
-
-// What a reducer does besides reducing.
-struct ReducerOptions {
-  ReducerObserver* observer = nullptr;  // told of launches, completions and waits (e.g. a timeline)
-  // Before launching a bucket, each rank checks its own gradients for NaN/Inf (one pass over the bucket) and
-  // says so in its status word, so ReduceOutcome::non_finite_ranks names the ranks they came from.
-  bool flag_non_finite = false;
-};
-
-// How this rank takes part in a round: with its gradients, or (it has joined: no data left, see
-// parallel/join.hpp) with zeros and flags that say "nothing here", shadowing the others' all-reduces.
-enum class Participation { kActive, kShadow };
 
 // Drives one model's buckets over a gradient buffer laid out by the plan (a bucket is a contiguous slice,
 // followed by its status words; see status_slots()). Every rank must drive the same plan.
 //
 // Status words, reduced with the gradients by the same all-reduce (kAvg), per bucket with P parameters
 // on N ranks: [P "missing here" flags][P "present here" flags][N rank slots]. A rank writes 1 in its flags
-// where they hold and, in rank slot r = its own rank, the bucket's id + 1 (negated when flag_non_finite is on
-// and its own gradients in the bucket hold a NaN or Inf); every other rank slot is 0. A shadowing rank
+// where they hold and, in rank slot r = its own rank, the bucket's id + 1 (negated when ReducerOptions::non_finite
+// asks for checks and its own gradients in the bucket hold a NaN or Inf); every other rank slot is 0. A shadowing rank
 // (Participation::kShadow) sets no flag and contributes zero gradients, so the round's sums are those of the
 // active ranks (over the same divisor, the world size). After
 // the average a flag word is zero exactly when it was zero on every rank (a sum of non-negative numbers,
 // scaled by 1/N), and each rank slot holds one rank's id / N, which ×N recovers exactly: so the
 // fingerprint check is exact for any world size and names the ranks that reduced something else.
 //
+// One rank: nothing is exchanged, and the outcome is this rank's own flags.
 // Thread safety: one thread per rank drives it (the backward's); the communicator's progress thread only
 // touches the bucket slices in flight. Determinism: it adds nothing to the gradients' arithmetic; results
 // are those of the backend's all-reduce (bitwise identical on all ranks for threads and MPI).
@@ -82,7 +53,7 @@ class BucketReducer {
         offsets_(std::move(bucket_offsets)),
         grads_(std::move(grads)),
         observer_(opts.observer),
-        flag_non_finite_(opts.flag_non_finite),
+        flag_non_finite_(opts.non_finite != NonFinite::kIgnore),
         world_(comm.world_size()),
         rank_(comm.rank()) {
     if (offsets_.size() != plan_.buckets.size())
@@ -100,6 +71,23 @@ class BucketReducer {
     outcome_.missing_somewhere.assign(np, 0);
     outcome_.present_somewhere.assign(np, 0);
     non_finite_here_.assign(static_cast<std::size_t>(world_), 0);
+  }
+
+  // Over a parameter arena laid out for this plan (status words reserved after each bucket's lowest-registered
+  // parameter: reserve()). The micro-batches of a round add into the same gradients; finish() divides their sum
+  // by `micro_batches_per_rank`, so the result is the mean gradient of the global batch.
+  BucketReducer(C& comm, BucketPlan plan, nn::ParameterArena<T, S>& arena, std::int64_t micro_batches_per_rank,
+                ReducerOptions opts = {})
+      : BucketReducer(comm, plan, offsets_in(plan, arena), arena.grads(), opts) {
+    per_rank_ = micro_batches_per_rank;
+  }
+
+  // Elements each parameter (registration order) must leave free after it in the arena: the status words of
+  // the bucket it ends.
+  static std::vector<std::int64_t> reserve(BucketPlan const& plan, std::size_t params, int world) {
+    std::vector<std::int64_t> r(params, 0);
+    for (auto const& b : plan.buckets) r[b.params.back()] = status_slots(b.params.size(), world);
+    return r;
   }
 
   BucketReducer(BucketReducer const&) = delete;
@@ -122,6 +110,10 @@ class BucketReducer {
       pending_[b] = static_cast<std::int64_t>(plan_.buckets[b].params.size());
     next_launch_ = 0;
   }
+
+  // Gradients of a micro-batch that is not the round's last stay in the buffer, and the next backward adds
+  // to them (the all-reduce of the sum then averages the ranks' sums): nothing to do.
+  void end_micro_batch() noexcept {}
 
   bool is_ready(std::size_t i) const noexcept { return ready_[i] != 0; }
   // Whether parameter i had a gradient on this rank when it was marked ready in this round.
@@ -152,15 +144,15 @@ class BucketReducer {
       launch(b, Participation::kShadow);
     }
     next_launch_ = plan_.buckets.size();
-    return finalize();
+    return finish();
   }
 
   // Backward is over and every parameter was marked ready: waits for every bucket, checks the fingerprints
   // and reads the flags. Throws DdpError, on every rank alike, when ranks reduced different buckets together.
-  ReduceOutcome const& finalize() {
+  ReduceOutcome const& finish() {
     for (std::size_t i = 0; i < ready_.size(); ++i)
       if (!ready_[i])
-        throw ArgumentError(detail::cat("BucketReducer::finalize: parameter ", i, " was never marked ready"));
+        throw ArgumentError(detail::cat("BucketReducer::finish: parameter ", i, " was never marked ready"));
     if (observer_) observer_->on_wait_begin();
     wait_all();
     if (observer_) observer_->on_wait_end();
@@ -169,6 +161,9 @@ class BucketReducer {
     outcome_.non_finite_ranks.clear();
     for (int r = 0; r < world_; ++r)
       if (non_finite_here_[static_cast<std::size_t>(r)]) outcome_.non_finite_ranks.push_back(r);
+    if (per_rank_ > 1)  // the sum of this rank's micro-batch gradients, averaged over ranks: divide by their count
+      for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
+        Kernels<S>::axpby(plan_.buckets[b].numel, T(1) / T(per_rank_), slice(b), T(0), slice(b));
     return outcome_;
   }
 
@@ -186,6 +181,12 @@ class BucketReducer {
  private:
   using work_t =
       decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<T, S>>(), ReduceOp::kAvg, CollectiveTag{}));
+
+  static std::vector<std::int64_t> offsets_in(BucketPlan const& plan, nn::ParameterArena<T, S> const& arena) {
+    std::vector<std::int64_t> offsets;
+    for (auto const& b : plan.buckets) offsets.push_back(arena.entries()[b.params.front()].offset);
+    return offsets;
+  }
 
   T* slice(std::size_t b) const noexcept { return grads_.data() + offsets_[b]; }
 
@@ -297,6 +298,7 @@ class BucketReducer {
   std::vector<std::optional<work_t>> works_;
   std::vector<T> staging_;  // one bucket's status words on the host
   std::size_t next_launch_ = 0;
+  std::int64_t per_rank_ = 1;  // micro-batches per round on this rank
   ReduceOutcome outcome_;
 };
 

@@ -154,6 +154,21 @@ class ParameterArena {
   bool all_grads_defined() const noexcept {
     return std::all_of(entries_.begin(), entries_.end(), [](Entry const& e) { return e.var.node().grad_defined; });
   }
+  // Whether parameter i (registration order) holds a gradient.
+  bool has_grad(std::size_t i) const noexcept { return entries_[i].var.node().grad_defined; }
+  // Parameter i's gradient, zeros if no backward produced one (so its slice of grads() is valid), marked
+  // defined. Returns whether it held a gradient before.
+  bool fill_missing_grad(std::size_t i) {
+    auto& n = entries_[i].var.node();
+    if (n.grad_defined) return true;
+    Kernels<S>::fill(entries_[i].numel, T(0), grads_.data() + entries_[i].offset);
+    n.grad_defined = true;
+    return false;
+  }
+  // Whether parameter i's slice of grads() counts as its gradient (false: optimizers skip it); the slice is left
+  // as it is.
+  void set_has_grad(std::size_t i, bool defined) noexcept { entries_[i].var.node().grad_defined = defined; }
+
   // Writes zeros into the gradients no backward produced, so the whole grads() buffer is valid.
   void materialize_grads() {
     lease_ = std::make_shared<char const>('\0');

@@ -217,9 +217,14 @@ void broadcast_optimizer_state(C& comm, O& opt, int root) {
 //
 // Without an optimizer: parameters and buffers are made identical at the end, optimizer state is not (as with
 // PyTorch's DDP.join); an optimizer with state (momentum, Adam) would then differ across ranks: pass it.
-template <nn::Model M, AsyncCommunicator C, GradientBucketer B, std::invocable Body>
-JoinResult join(DistributedDataParallel<M, C, B>& ddp, Body&& body, JoinOptions const& opts = {}) {
-  using D = DistributedDataParallel<M, C, B>;
+template <nn::Model M, AsyncCommunicator C, GradientBucketer B, ReductionPolicy R, BatchingPolicy Bt,
+          std::invocable Body>
+JoinResult join(DistributedDataParallel<M, C, B, R, Bt>& ddp, Body&& body, JoinOptions const& opts = {}) {
+  static_assert(!R::world_size_invariant,
+                "ddp::join: a finished rank cannot shadow an exact (deterministic) reduction, which needs every rank's "
+                "micro-batches; deterministic mode gives every rank the same number of batches (GlobalBatchSampler), "
+                "so it needs no join");
+  using D = DistributedDataParallel<M, C, B, R, Bt>;
   JoinResult r;
   {
     detail::JoinDriver<D> driver(ddp, opts);
@@ -232,8 +237,9 @@ JoinResult join(DistributedDataParallel<M, C, B>& ddp, Body&& body, JoinOptions 
 }
 
 // The same, and `optimizer`'s state also follows the last rank at the end, so training can go on in step.
-template <nn::Model M, AsyncCommunicator C, GradientBucketer B, optim::Optimizer O, std::invocable Body>
-JoinResult join(DistributedDataParallel<M, C, B>& ddp, O& optimizer, Body&& body, JoinOptions const& opts = {}) {
+template <nn::Model M, AsyncCommunicator C, GradientBucketer B, ReductionPolicy R, BatchingPolicy Bt,
+          optim::Optimizer O, std::invocable Body>
+JoinResult join(DistributedDataParallel<M, C, B, R, Bt>& ddp, O& optimizer, Body&& body, JoinOptions const& opts = {}) {
   JoinResult const r = join(ddp, std::forward<Body>(body), opts);
   if (r.uneven) detail::broadcast_optimizer_state(ddp.comm(), optimizer, r.last_rank);
   return r;

@@ -1,4 +1,5 @@
-// The parallel layer: DistributedDataParallel, its cross-rank checks, and join for uneven inputs.
+// The parallel layer: DistributedDataParallel and its policies, its cross-rank checks, deterministic mode, and
+// join for uneven inputs.
 #pragma once
 
 #include "ddp/bucket/cost_model.hpp"
@@ -6,4 +7,5 @@
 #include "ddp/parallel/deterministic.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/join.hpp"
+#include "ddp/parallel/policies.hpp"
 #include "ddp/parallel/tune_bucket_cap.hpp"

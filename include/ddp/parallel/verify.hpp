@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -80,22 +81,39 @@ void verify_parameters_match(C& comm, std::vector<ParamSignature> const& mine) {
   }
 }
 
-// Same bucket plan everywhere (a rank with a different bucket cap would all-reduce different slices).
+// A well-formed plan (plan_defect), and the same plan everywhere (a rank with a different bucket cap would
+// all-reduce different slices). One all-gather: every rank learns whether each rank's plan is well formed and
+// which plan it holds, so every rank raises the same kind of error, naming the defect and the ranks.
 template <Communicator C>
-void verify_plan_match(C& comm, BucketPlan const& plan, std::string const& policy) {
-  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a over (numel, parameter count) of each bucket; unsigned wraps
+void verify_plan(C& comm, BucketPlan const& plan, std::span<std::int64_t const> numels, std::string const& policy) {
+  std::string const defect = plan_defect(plan, numels);
+  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a over each bucket's (numel, parameters); unsigned wraps
   for (auto const& b : plan.buckets) {
     h = (h ^ static_cast<std::uint64_t>(b.numel)) * 1099511628211ULL;
-    h = (h ^ static_cast<std::uint64_t>(b.params.size())) * 1099511628211ULL;
+    for (auto const p : b.params) h = (h ^ static_cast<std::uint64_t>(p)) * 1099511628211ULL;
   }
-  std::vector<std::int64_t> mine{static_cast<std::int64_t>(plan.buckets.size()), static_cast<std::int64_t>(h)};
-  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm.world_size()));
-  host_all_gather(comm, std::span<std::int64_t const>(mine), std::span<std::int64_t>(all),
-                  CollectiveTag{"ddp.bucket_plan"});
-  for (int r = 1; r < comm.world_size(); ++r)
-    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(plan.buckets.size()), static_cast<std::int64_t>(h),
+                                 defect.empty() ? 0 : 1};
+  int const world = comm.world_size();
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(world));
+  if (world > 1)
+    host_all_gather(comm, std::span<std::int64_t const>(mine), std::span<std::int64_t>(all),
+                    CollectiveTag{"ddp.bucket_plan"});
+  else
+    all = mine;
+  std::string bad;
+  for (int r = 0; r < world; ++r)
+    if (all[3 * r + 2]) bad += detail::cat(bad.empty() ? "" : ", ", r);
+  if (!bad.empty())
+    throw ArgumentError(
+        detail::cat("DistributedDataParallel: the bucket plan of ", policy, " is malformed on rank(s) ", bad,
+                    defect.empty() ? std::string() : ": " + defect,
+                    ". Fix the GradientBucketer's plan() (bucket/plan.hpp: plan_defect says what a plan "
+                    "must satisfy), or use SizeCapped."));
+  for (int r = 1; r < world; ++r)
+    if (all[3 * r] != all[0] || all[3 * r + 1] != all[1])
       throw DdpError(detail::cat("DistributedDataParallel: the bucket plan differs across ranks (rank 0: ", all[0],
-                                 " buckets, rank ", r, ": ", all[2 * r], " buckets; this rank uses ", policy,
+                                 " buckets, rank ", r, ": ", all[3 * r], " buckets; this rank uses ", policy,
                                  "). Pass the same bucket configuration on every rank."));
 }
 

@@ -13,6 +13,7 @@
 #include <limits>
 #include <optional>
 
+#include "ddp/data/global_batch_sampler.hpp"
 #include "ddp/data/loader.hpp"
 #include "ddp/data/metrics.hpp"
 #include "ddp/data/sampler.hpp"
@@ -100,20 +101,28 @@ struct EpochResult {
 // Per-step callback: (epoch, step, steps_in_epoch, this rank's loss).
 using StepCallback = std::function<void(std::int64_t, std::int64_t, std::int64_t, double)>;
 
-// Determinism: with a deterministic communicator (threads, MPI) the run is bitwise identical across runs,
-// and a run resumed with fit_epoch(EpochStart{...}) from a checkpoint equals the uninterrupted one bitwise
+// Any composition of DistributedDataParallel (parallel/policies.hpp) trains through the same loop. A
+// world-size-invariant reduction (ExactSum: deterministic mode) takes its batches from GlobalBatchSampler (each
+// rank a contiguous share of every global batch, so TrainerOptions::global_batch is required and EpochSplit::kJoin
+// does not apply); then the weights, and the epoch's mean loss (the micro-batch losses are gathered and added in
+// global order), are bitwise the same for every world size dividing the micro-batch count.
+// Determinism otherwise: with a deterministic communicator (threads, MPI) the run is bitwise identical across
+// runs, and a run resumed with fit_epoch(EpochStart{...}) from a checkpoint equals the uninterrupted one bitwise
 // at the same world size. Not thread-safe: one trainer per rank.
-template <nn::Model M, AsyncCommunicator C, optim::Optimizer O, GradientBucketer B = SizeCapped>
+template <nn::Model M, AsyncCommunicator C, optim::Optimizer O, GradientBucketer B = SizeCapped,
+          ReductionPolicy R = AverageAllReduce, BatchingPolicy Bt = OnePass>
 class basic_trainer {
  public:
   using S = typename M::space;
   using V = Variable<typename M::value_type, S>;
+  using ddp_type = DistributedDataParallel<M, C, B, R, Bt>;
 
-  basic_trainer(M& model, C& comm, typename O::options_type opt, TrainerOptions opts = {}, B bucketer = {})
+  basic_trainer(M& model, C& comm, typename O::options_type opt, TrainerOptions opts = {}, B bucketer = {},
+                R reduction = {}, Bt batching = {})
       : comm_(&comm),
         opts_(checked(opts)),
         batch_(rank_batch(opts, comm.world_size())),
-        ddp_(model, comm, opts.ddp, std::move(bucketer)),
+        ddp_(model, comm, opts.ddp, std::move(bucketer), reduction, batching),
         opt_(ddp_.parameters(), opt) {}
 
   // One whole epoch over `data` (each rank its DistributedSampler share). loss(output, batch) -> scalar Var.
@@ -137,11 +146,8 @@ class basic_trainer {
   // DdpError on every rank naming them (EpochSplit::kPad), or the epoch runs inside ddp::join (kJoin).
   template <Dataset D, class LossFn>
   EpochResult fit_epoch(D const& data, EpochStart const& start, LossFn&& loss, StepHooks const& hooks) {
-    DistributedSampler sampler(
-        data.size(), *comm_,
-        {.shuffle = opts_.shuffle, .seed = opts_.seed, .drop_last = false, .pad = opts_.split == EpochSplit::kPad});
-    sampler.set_epoch(start.epoch);
-    DataLoader loader(data, sampler, {.batch_size = batch_, .drop_last = opts_.drop_last});
+    DataLoader loader(data, epoch_indices(data.size(), start.epoch),
+                      {.batch_size = batch_, .drop_last = invariant || opts_.drop_last});
     auto const counts = gather_batch_counts(*comm_, loader.num_batches());
     bool const even = std::all_of(counts.begin(), counts.end(), [&](std::int64_t c) { return c == counts[0]; });
     if (!even && opts_.split == EpochSplit::kPad) detail::check_even_batches(counts);
@@ -156,14 +162,24 @@ class basic_trainer {
     Counts local;
     std::vector<double> sum{0.0};
     std::vector<std::int64_t> counted{0};  // steps whose loss counts (not skipped)
+    std::vector<double> micro_losses;      // world-size-invariant reductions: every micro-batch loss, in order
     std::int64_t const skipped_before = ddp_.skipped_steps();
     auto const t0 = std::chrono::steady_clock::now();
     auto run = [&] {
       for (auto const& batch : loader.from(std::min(start.step, loader.num_batches()))) {
         if (hooks.before_step) hooks.before_step(p);
         opt_.zero_grad();
-        V l = loss(ddp_(V(to_space<S>(batch.x))), batch);
-        backward(l);
+        double lv = 0;
+        auto const parts =
+            ddp_.micro_batches(to_space<S>(batch.x), batch.y, {.step = static_cast<std::uint64_t>(p.global_step)});
+        for (auto const& mb : parts) {  // one under OnePass
+          V l = loss(ddp_(mb), mb);
+          backward(l);
+          double const item = l.item();
+          lv += item;
+          if constexpr (invariant) micro_losses.push_back(item);
+        }
+        lv /= static_cast<double>(parts.size());
         if (!ddp_.step_skipped()) {
           Timeline::Scope span(opts_.ddp.timeline, "optimizer step", "step", Timeline::kCompute);
           if (opts_.clip_grad_norm)
@@ -173,7 +189,6 @@ class basic_trainer {
         ++p.step;
         ++p.global_step;
         ++r.steps;
-        double const lv = l.item();
         if (!ddp_.step_skipped()) {
           local.add_batch(0, batch.size(), lv);
           sum[0] += lv;
@@ -190,7 +205,7 @@ class basic_trainer {
       run();
       rounds = r.steps;
     } else {
-      rounds = join(ddp_, opt_, run, opts_.join).rounds;
+      if constexpr (!invariant) rounds = join(ddp_, opt_, run, opts_.join).rounds;
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.end_step = start.step + rounds;
@@ -202,12 +217,14 @@ class basic_trainer {
     host_all_reduce(*comm_, std::span<std::int64_t>(counted), ReduceOp::kSum);
     double const mean_steps = double(counted[0]) / double(comm_->world_size());
     r.mean_loss = counted[0] ? sum[0] / mean_steps : 0.0;
+    if constexpr (invariant) exact_mean_loss(r, micro_losses);
     return r;
   }
 
   // Batches per epoch (the most any rank has): what fit_epoch's steps_in_epoch will be.
   template <Dataset D>
   std::int64_t steps_per_epoch(D const& data) const {
+    if constexpr (invariant) return data.size() / opts_.global_batch;
     DistributedSampler sampler(data.size(), *comm_, {.shuffle = false, .drop_last = false});
     std::int64_t const n = sampler.size();
     return opts_.drop_last ? n / batch_ : (n + batch_ - 1) / batch_;
@@ -226,7 +243,7 @@ class basic_trainer {
   std::int64_t batch_size() const noexcept { return batch_; }
   std::int64_t global_batch() const noexcept { return batch_ * comm_->world_size(); }
 
-  DistributedDataParallel<M, C, B>& ddp() noexcept { return ddp_; }
+  ddp_type& ddp() noexcept { return ddp_; }
   O& optimizer() noexcept { return opt_; }
   C& comm() noexcept { return *comm_; }
   // With TrainerOptions::clip_grad_norm: the total gradient norm before clipping at the last step that clipped
@@ -234,7 +251,51 @@ class basic_trainer {
   double last_grad_norm() const noexcept { return last_grad_norm_; }
 
  private:
+  static constexpr bool invariant = ddp_type::world_size_invariant;
+
+  // This rank's samples of the epoch: DistributedSampler's (padded, or for a join), or for a world-size-invariant
+  // reduction GlobalBatchSampler's contiguous shares of whole global batches.
+  std::vector<std::int64_t> epoch_indices(std::int64_t n, std::int64_t epoch) const {
+    SamplerOptions const so{
+        .shuffle = opts_.shuffle, .seed = opts_.seed, .drop_last = false, .pad = opts_.split == EpochSplit::kPad};
+    auto take = [&](auto sampler) {
+      sampler.set_epoch(epoch);
+      return std::vector<std::int64_t>(sampler.indices().begin(), sampler.indices().end());
+    };
+    if constexpr (invariant)
+      return take(GlobalBatchSampler(n, opts_.global_batch, *comm_, so));
+    else
+      return take(DistributedSampler(n, *comm_, so));
+  }
+
+  // The epoch's mean loss as the mean of every micro-batch loss of every rank, added in the global batch's order
+  // (step, then rank, then micro-batch): the same bits for every world size. One all-gather.
+  void exact_mean_loss(EpochResult& r, std::vector<double> const& mine) const {
+    int const n = comm_->world_size();
+    std::vector<double> all(mine.size() * static_cast<std::size_t>(n));
+    host_all_gather(*comm_, std::span<double const>(mine), std::span<double>(all));
+    std::size_t const per = static_cast<std::size_t>(ddp_.micro_batches_per_rank());
+    std::size_t const steps = per == 0 ? 0 : mine.size() / per;
+    double total = 0;
+    for (std::size_t s = 0; s < steps; ++s)
+      for (int rk = 0; rk < n; ++rk)
+        for (std::size_t j = 0; j < per; ++j) total += all[static_cast<std::size_t>(rk) * mine.size() + s * per + j];
+    if (steps == 0) return;
+    r.mean_loss = total / static_cast<double>(steps * per * static_cast<std::size_t>(n));
+    r.train.loss_sum = r.mean_loss * static_cast<double>(r.train.total);
+  }
+
   static TrainerOptions const& checked(TrainerOptions const& o) {
+    if constexpr (invariant) {
+      if (o.global_batch <= 0)
+        throw ArgumentError(
+            "trainer: deterministic (world-size-invariant) training needs TrainerOptions::global_batch: each step's "
+            "global batch must not depend on the world size");
+      if (o.split == EpochSplit::kJoin)
+        throw ArgumentError(
+            "trainer: EpochSplit::kJoin does not apply to deterministic training (every rank gets "
+            "whole global batches); use EpochSplit::kPad");
+    }
     if (o.clip_grad_norm && !(std::isfinite(*o.clip_grad_norm) && *o.clip_grad_norm >= 0))
       throw ArgumentError(detail::cat("trainer: clip_grad_norm must be a finite number >= 0, got ", *o.clip_grad_norm));
     return o;
@@ -255,7 +316,7 @@ class basic_trainer {
   TrainerOptions opts_;
   std::int64_t batch_;
   double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
-  DistributedDataParallel<M, C, B> ddp_;
+  ddp_type ddp_;
   O opt_;
 };
 

@@ -1,0 +1,61 @@
+// What a reduction stage reports at the end of a round, and the options every reduction stage takes: the
+// vocabulary shared by the reducers (reducer.hpp, exact_reducer.hpp) and the round stage that reads it (round.hpp).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ddp/bucket/reducer_observer.hpp"
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp {
+
+// What DDP does when the reduced gradients of a step hold a NaN or Inf. Every rank sees the same reduced result,
+// so every rank decides alike.
+enum class NonFinite {
+  kIgnore,    // no check (the default, and PyTorch's): NaN/Inf reach the optimizer. A reduction that cannot carry
+              // them (the exact sum of deterministic mode) raises instead.
+  kRaise,     // DdpError on every rank naming the parameter(s) and, where the reduction can tell, the rank(s)
+  kSkipStep,  // every rank drops the step's gradients (has_grad() false, so optimizer.step() changes nothing:
+              // no parameter, momentum or step count moves); counted by skipped_steps()
+};
+
+// How this rank takes part in a round: with its gradients, or (it has joined: no data left, see
+// parallel/join.hpp) with zeros and flags that say "nothing here", shadowing the others' collectives.
+enum class Participation { kActive, kShadow };
+
+// What a finished round says about each parameter (registration index), the same on every rank.
+struct ReduceOutcome {
+  std::vector<char> missing_somewhere;  // some rank had no gradient for it
+  std::vector<char> present_somewhere;  // some rank had one (else it is unused on every rank)
+  std::vector<char> non_finite;         // its reduced gradient holds NaN/Inf (checked unless NonFinite::kIgnore)
+  std::vector<int> non_finite_ranks;    // ranks whose own gradients held NaN/Inf, where the reduction can tell
+  bool reduced = true;                  // false: the gradients could not be reduced (non-finite values in an
+                                        // exact sum) and must not be used
+};
+
+// What a reduction stage does besides reducing.
+struct ReducerOptions {
+  ReducerObserver* observer = nullptr;  // told of launches, completions and waits (e.g. a timeline)
+  // Whether to look for NaN/Inf: each rank flags its own gradients before the reduction (so the outcome can
+  // name the ranks) and the reduced ones after it (ReduceOutcome::non_finite).
+  NonFinite non_finite = NonFinite::kIgnore;
+};
+
+namespace detail {
+// Whether n elements hold no NaN or Inf. One vectorised sum first (finite exactly when every element is, bar
+// an overflow of huge finite values); only a non-finite sum pays for the element-by-element look (on the host:
+// a device slice is copied there). Exact either way.
+template <class T, MemorySpace S>
+bool all_finite(std::int64_t n, T const* x) {
+  if (n == 0 || std::isfinite(double(Kernels<S>::sum(n, x)))) return true;
+  std::vector<T> host(static_cast<std::size_t>(n));
+  Kernels<S>::to_host(n, x, host.data());
+  for (T v : host)
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+}  // namespace detail
+
+}  // namespace ddp

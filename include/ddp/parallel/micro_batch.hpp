@@ -1,0 +1,60 @@
+// MicroBatch: one forward/backward's share of a rank's batch, as DistributedDataParallel::micro_batches() cuts
+// it: views of the inputs and targets (no copy), and the global identity of its first sample.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ddp/autograd/sample_key.hpp"
+#include "ddp/error.hpp"
+#include "ddp/tensor/tensor.hpp"
+
+namespace ddp {
+
+// Which step a batch belongs to: the training step, the same on every rank (deterministic mode keys dropout
+// masks by it and checks that every rank passes the same one).
+struct BatchStep {
+  std::uint64_t step = 0;
+};
+
+template <class X, class Y>
+struct MicroBatch {
+  X x;                 // its inputs: rows of the rank's batch
+  Y y;                 // its targets: the same rows
+  SampleKey key;       // the step, and the first row's index in the global batch
+  std::int64_t index;  // which of this rank's micro-batches of the step (0-based), in order
+  std::int64_t count;  // how many there are
+  std::int64_t size() const noexcept { return x.shape().rank() == 0 ? 0 : x.shape()[0]; }
+};
+
+namespace detail {
+// Rows [lo, lo + count) of a tensor whose first dimension indexes samples: a view, no copy.
+template <class U, MemorySpace S>
+Tensor<U, S> rows_of(Tensor<U, S> const& t, std::int64_t lo, std::int64_t count) {
+  std::vector<std::int64_t> dims;
+  for (int d = 0; d < t.shape().rank(); ++d) dims.push_back(d == 0 ? count : t.shape()[d]);
+  std::int64_t const per_row = t.shape().numel_from(1);
+  return Tensor<U, S>::view(t.owner(), const_cast<U*>(t.data()) + lo * per_row,
+                            Shape::from_range(dims.begin(), dims.end()));
+}
+
+// `pieces` micro-batches of rows/pieces rows each; the first's first sample is `first` within the global batch.
+// The caller has checked that pieces divides the rows.
+template <class X, class Y>
+std::vector<MicroBatch<X, Y>> split_rows(X const& x, Y const& y, std::int64_t pieces, std::uint64_t step,
+                                         std::int64_t first) {
+  std::int64_t const rows = x.shape().rank() == 0 ? 0 : x.shape()[0];
+  std::int64_t const m = rows / pieces;
+  std::vector<MicroBatch<X, Y>> out;
+  out.reserve(static_cast<std::size_t>(pieces));
+  for (std::int64_t j = 0; j < pieces; ++j)
+    out.push_back({.x = pieces == 1 ? x : rows_of(x, j * m, m),
+                   .y = pieces == 1 ? y : rows_of(y, j * m, m),
+                   .key = {.step = step, .first_sample = first + j * m},
+                   .index = j,
+                   .count = pieces});
+  return out;
+}
+}  // namespace detail
+
+}  // namespace ddp

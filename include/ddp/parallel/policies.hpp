@@ -1,0 +1,88 @@
+// The policies DistributedDataParallel is composed of, besides the GradientBucketer (bucket/plan.hpp):
+//  - a reduction policy: what happens to one bucket's gradients (the averaging all-reduce, or deterministic mode's
+//    exact fixed-point sum);
+//  - a batching policy: how a rank's share of a step is computed (one forward/backward, or a fixed number of
+//    micro-batches).
+// Each is a small value that names itself for logs; the reduction names the stage class that does the work.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ddp/bucket/exact_reducer.hpp"
+#include "ddp/bucket/reducer.hpp"
+#include "ddp/error.hpp"
+
+namespace ddp {
+
+// Reduction: each bucket is all-reduced with ReduceOp::kAvg as soon as backward completes it, overlapping the
+// rest of backward, in place in the gradient arena (BucketReducer). Bitwise identical on every rank when the
+// backend's all-reduce is (threads, MPI); another world size or bucket plan sums in another order.
+struct AverageAllReduce {
+  template <class T, MemorySpace S, AsyncCommunicator C>
+  using stage = BucketReducer<T, S, C>;
+  // Bytes per gradient element the bucket plan is cut for.
+  template <class T>
+  static constexpr std::size_t element_bytes = sizeof(T);
+  // Whether the reduced gradients are the same bits for every world size dividing the micro-batch count.
+  static constexpr bool world_size_invariant = false;
+  std::string name() const { return "AverageAllReduce"; }
+};
+
+// Reduction of deterministic mode: the round's micro-batch gradients are added exactly, as integers, once
+// backward is over (ExactReducer; docs/deterministic.md). Bitwise identical for every world size that divides
+// the micro-batch count, every bucket plan and every host backend; host tensors only. Inside a step, dropout
+// draws its masks from the sample's place in the global batch (SampleKeyScope) instead of a generator's stream.
+struct ExactSum {
+  template <class T, MemorySpace S, AsyncCommunicator C>
+  using stage = ExactReducer<T, S, C>;
+  template <class T>
+  static constexpr std::size_t element_bytes = sizeof(std::int64_t);  // the plan groups the int64 sums
+  static constexpr bool world_size_invariant = true;
+  std::string name() const { return "ExactSum"; }
+};
+
+template <class R>
+concept ReductionPolicy = requires(R const& r) {
+  { r.name() } -> std::convertible_to<std::string>;
+  { R::world_size_invariant } -> std::convertible_to<bool>;
+  { R::template element_bytes<float> } -> std::convertible_to<std::size_t>;
+};
+
+// Batching: one forward and backward of the rank's whole share per step (PyTorch's DDP).
+struct OnePass {
+  std::int64_t per_rank(int /*world_size*/) const noexcept { return 1; }
+  std::string name() const { return "OnePass"; }
+};
+
+// Batching: every step's global batch is `count` micro-batches of equal size, count / world_size of them on each
+// rank, each with its own forward and backward (ddp.micro_batches(...)). The reduction sees the sum of a rank's
+// micro-batch gradients and DistributedDataParallel divides by the count, so the result is the global batch's
+// mean gradient. A fixed count (not one per rank) is what keeps deterministic mode's results independent of
+// the world size; with AverageAllReduce it is gradient accumulation at a fixed micro-batch size.
+struct MicroBatches {
+  std::int64_t count = 8;
+  std::int64_t per_rank(int world_size) const {
+    if (count < 1) throw ArgumentError(detail::cat("MicroBatches: count must be at least 1, got ", count));
+    if (count % world_size != 0)
+      throw ArgumentError(detail::cat("DistributedDataParallel: the world size ", world_size,
+                                      " does not divide micro_batches = ", count,
+                                      "; choose a number of micro-batches that every world size you run divides "
+                                      "(e.g. 8 for 1, 2, 4 and 8 ranks)"));
+    return count / world_size;
+  }
+  std::string name() const { return detail::cat("MicroBatches{", count, "}"); }
+};
+
+template <class B>
+concept BatchingPolicy = requires(B const& b, int world) {
+  { b.per_rank(world) } -> std::same_as<std::int64_t>;
+  { b.name() } -> std::convertible_to<std::string>;
+};
+
+static_assert(ReductionPolicy<AverageAllReduce> && ReductionPolicy<ExactSum>);
+static_assert(BatchingPolicy<OnePass> && BatchingPolicy<MicroBatches>);
+
+}  // namespace ddp
