@@ -1,4 +1,4 @@
-// bench/cost_model: the α–β cost model (ddp/comm/alpha_beta.hpp, ddp/bucket/cost_model.hpp) against measured
+// bench/cost_model: the α–β cost model (ddp/tune/: probes, calibration, cost model) against measured
 // DDP steps. Per model: calibrate the backend (or read the cache), profile a DDP run's backward (when each
 // gradient is final, by grad hooks), choose the bucket cap from the model, then run DDP with PyTorch's 25 MiB
 // cap and with the chosen cap and print predicted against measured times, per bucket and per step. Each step is
@@ -18,9 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "ddp/bucket/cost_model.hpp"
-#include "ddp/comm/alpha_beta.hpp"
-#include "ddp/parallel/tune_bucket_cap.hpp"
+#include "ddp/tune/tune.hpp"
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
 

@@ -27,6 +27,7 @@
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
 #include "examples/common/models.hpp"
+#include "examples/common/report.hpp"
 
 #if defined(__CUDACC__)  // the fashion_mnist_cuda target: device tensors on Thrust's CUDA system, NCCL
 #include <ddp/comm/nccl.hpp>
@@ -62,28 +63,7 @@ std::string clip_note(Config const& cfg) {
   return cfg.clip_grad_norm ? detail::cat(", gradient 2-norm clipped to ", *cfg.clip_grad_norm) : std::string();
 }
 
-// A path given on the command line, relative to where the user ran `bazel run` (not the runfiles tree).
-fs::path user_path(std::string const& s) {
-  if (s.empty()) return {};
-  fs::path p(s);
-  if (char const* wd = std::getenv("BUILD_WORKING_DIRECTORY"); wd && p.is_relative()) p = fs::path(wd) / p;
-  return p;
-}
-
-using examples::make_cnn;
-using examples::make_mlp;
-using examples::Net;
-using examples::reseed_dropouts;
-
-std::string thousands(std::int64_t v) {
-  std::string const digits = std::to_string(v);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
+using namespace ddp::examples;  // flags, launch, models, report
 
 // Everything a rank prints before training.
 template <class Trainer>
@@ -111,21 +91,6 @@ void print_header(Trainer& t, Config const& cfg, std::int64_t steps_per_epoch,
               static_cast<long long>(test_set.size()), cfg.data_dir.string().c_str());
   std::printf("%s\n", t.ddp().describe().c_str());
   std::fflush(stdout);
-}
-
-// FNV-1a (64 bits) of the parameters' bytes in registration order: two runs' final weights at a glance.
-template <nn::Model M>
-std::string weights_digest(M const& model) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (auto const& p : model.named_parameters()) {
-    Tensor<float> const host = to_space<HostSpace>(p.var.value());
-    auto const* b = reinterpret_cast<unsigned char const*>(host.data());
-    for (std::size_t i = 0; i < static_cast<std::size_t>(host.numel()) * sizeof(float); ++i)
-      h = (h ^ b[i]) * 1099511628211ull;
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
 }
 
 // One rank's training once the optimizer is chosen: resume, the epochs (each a fit_epoch with hooks, an exact
@@ -273,39 +238,6 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   std::fflush(stdout);
 }
 
-// --bucket-cap-mb auto: the cost model's cap for this model, backend and layout (tune_bucket_cap: calibrate,
-// or read --calibration-cache; profile a few steps on this rank's first local batch). The model is left as it
-// was, so the run trains as one given the chosen cap on the command line.
-template <class Comm>
-SizeCapped choose_cap(Comm& comm, Net<HostSpace>& net, Config const& cfg,
-                      TensorDataset<std::int32_t> const& train_set) {
-  std::int64_t const local = cfg.global_batch / comm.world_size();
-  std::vector<std::int64_t> idx(static_cast<std::size_t>(std::min(local, train_set.size())));
-  for (std::size_t i = 0; i < idx.size(); ++i)
-    idx[i] = (static_cast<std::int64_t>(comm.rank()) * local + static_cast<std::int64_t>(i)) % train_set.size();
-  auto const batch = train_set.collate(idx);
-  TunedBucketCap const t =
-      tune_bucket_cap(net.seq, comm, [&](auto& ddp) { return cross_entropy(ddp(Var(batch.x)), batch.y); },
-                      {.calibrate = {.cache = cfg.calibration_cache}});
-  if (comm.rank() == 0) {
-    double at_default = 0;
-    std::size_t buckets = 0;
-    for (auto const& c : t.choice.tried) {
-      if (c.config.cap_bytes == kDefaultBucketCapBytes) at_default = c.prediction.step;
-      if (c.config.cap_bytes == t.choice.config.cap_bytes) buckets = c.buckets;
-    }
-    std::printf(
-        "bucket cap: auto chose %.4g MiB, %zu buckets (predicted %.3f ms per step without the update, "
-        "%.3f ms at 25 MiB; %s for %s; %s)\n",
-        double(t.choice.config.cap_bytes) / double(1 << 20), buckets, t.choice.prediction.step * 1e3, at_default * 1e3,
-        t.calibration.from_cache ? "calibration from the cache" : "calibrated", t.calibration.key.c_str(),
-        t.timing == CalibrationTiming::kBetweenSteps
-            ? (std::to_string(t.between_steps.size()) + " sizes probed again between the profiling steps").c_str()
-            : "no probe between the profiling steps: a node has more ranks than CPUs");
-  }
-  return t.bucketer();
-}
-
 // One rank's job on tensors of space S (host, or device with --device cuda): the model, its trainer (DDP with
 // the chosen bucket cap, the chosen optimizer) and train().
 template <MemorySpace S, class Comm>
@@ -317,7 +249,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
   auto const cap = static_cast<std::size_t>(cfg.bucket_cap_mb * double(1 << 20));
   SizeCapped bucketer{BucketConfig{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}};
   if constexpr (std::same_as<S, HostSpace>) {
-    if (cfg.auto_cap) bucketer = choose_cap(comm, net, cfg, train_set);
+    if (cfg.auto_cap) bucketer = auto_bucket_cap(comm, net.seq, train_set, cfg.global_batch, cfg.calibration_cache);
   }
   TrainerOptions const opts{.seed = static_cast<std::uint64_t>(cfg.seed),
                             .drop_last = false,
@@ -412,22 +344,17 @@ std::optional<Config> parse(int argc, char** argv) {
     throw ArgumentError(
         "fashion_mnist: --device cuda uses NcclBackend under mpirun (one rank per GPU); drop --backend threads");
   if (c.device == "cuda") c.backend = examples::Backend::kMpi;
-  auto positive = [&](char const* name, std::int64_t lo) {
-    std::int64_t const v = f.integer(name);
-    if (v < lo) throw ArgumentError(detail::cat("fashion_mnist: --", name, " must be at least ", lo, ", got ", v));
-    return v;
-  };
   // launch_choice took the size from mpirun for --backend mpi; --device cuda switched to MPI after it.
   c.world_size = c.backend == examples::Backend::kMpi && !f.is_set("world-size") ? 0 : chosen.world_size;
-  c.epochs = positive("epochs", 1);
-  c.global_batch = positive("batch-size", 1);
-  c.limit_train = positive("limit-train", 0);
-  c.limit_test = positive("limit-test", 0);
-  c.seed = positive("seed", 0);
-  c.checkpoint_every = positive("checkpoint-every", 0);
-  c.max_steps = positive("max-steps", 0);
+  c.epochs = f.at_least("epochs", 1);
+  c.global_batch = f.at_least("batch-size", 1);
+  c.limit_train = f.at_least("limit-train", 0);
+  c.limit_test = f.at_least("limit-test", 0);
+  c.seed = f.at_least("seed", 0);
+  c.checkpoint_every = f.at_least("checkpoint-every", 0);
+  c.max_steps = f.at_least("max-steps", 0);
   c.deterministic = f.boolean("deterministic");
-  c.micro_batches = positive("micro-batches", 1);
+  c.micro_batches = f.at_least("micro-batches", 1);
   if (c.deterministic && c.device == "cuda")
     throw ArgumentError(
         "fashion_mnist: --deterministic trains host tensors (its exact sums run on the host); drop "
@@ -441,15 +368,12 @@ std::optional<Config> parse(int argc, char** argv) {
   c.lr = f.str("lr").empty() ? (c.model == "cnn" ? 1e-3 : 2e-3) : f.real("lr");
   if (!(c.lr > 0 && c.lr < 100))
     throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
-  if (std::string const v = f.str("clip-grad-norm"); v != "off") {
-    char* end = nullptr;
-    double const x = std::strtod(v.c_str(), &end);
-    if (v.empty() || end != v.c_str() + v.size() || !(x > 0) || !std::isfinite(x))
-      throw ArgumentError(
-          detail::cat("fashion_mnist: --clip-grad-norm must be a positive number or off, got '", v, "'"));
-    c.clip_grad_norm = x;
-  }
-  c.auto_cap = f.str("bucket-cap-mb") == "auto";
+  c.clip_grad_norm = f.number_or("clip-grad-norm", "off", "a positive number");
+  if (c.clip_grad_norm && !(*c.clip_grad_norm > 0))
+    throw ArgumentError(detail::cat("fashion_mnist: --clip-grad-norm must be a positive number or off, got '",
+                                    f.str("clip-grad-norm"), "'"));
+  std::optional<double> const cap = f.number_or("bucket-cap-mb", "auto", "a number of MiB");
+  c.auto_cap = !cap;
   c.calibration_cache = user_path(f.str("calibration-cache")).string();
   if (!c.calibration_cache.empty() && !c.auto_cap)
     throw ArgumentError("fashion_mnist: --calibration-cache is for --bucket-cap-mb auto");
@@ -457,13 +381,7 @@ std::optional<Config> parse(int argc, char** argv) {
     throw ArgumentError(
         "fashion_mnist: --bucket-cap-mb auto profiles host tensors on the default DDP path; give a number with "
         "--device cuda or --deterministic");
-  if (!c.auto_cap) {
-    char* end = nullptr;
-    std::string const v = f.str("bucket-cap-mb");
-    c.bucket_cap_mb = std::strtod(v.c_str(), &end);
-    if (v.empty() || end != v.c_str() + v.size())
-      throw ArgumentError(detail::cat("fashion_mnist: --bucket-cap-mb must be a number of MiB or auto, got '", v, "'"));
-  }
+  if (cap) c.bucket_cap_mb = *cap;
   if (!(c.bucket_cap_mb >= 0 && c.bucket_cap_mb <= 4096))
     throw ArgumentError(
         detail::cat("fashion_mnist: --bucket-cap-mb must be in [0, 4096], got ", f.str("bucket-cap-mb")));
@@ -475,11 +393,7 @@ std::optional<Config> parse(int argc, char** argv) {
   c.resume = user_path(f.str("resume"));
   c.trace_dir = user_path(f.str("trace"));
   c.out_dir = user_path(f.str("out"));
-  for (auto const* d : {&c.trace_dir, &c.out_dir}) {
-    std::error_code ec;
-    if (!d->empty() && !fs::create_directories(*d, ec) && ec)
-      throw ArgumentError(detail::cat("fashion_mnist: cannot create directory ", d->string(), ": ", ec.message()));
-  }
+  for (auto const* d : {&c.trace_dir, &c.out_dir}) make_directory(*d, "fashion_mnist");
   if (!c.resume.empty() && !fs::exists(c.resume))
     throw ArgumentError(detail::cat("fashion_mnist: --resume ", c.resume.string(), " does not exist"));
   return c;

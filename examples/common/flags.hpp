@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -71,6 +72,12 @@ class Flags {
     if (errno == ERANGE) throw ArgumentError(detail::cat(program_, ": --", name, " is out of range: '", v, "'"));
     return x;
   }
+  // An integer no smaller than `lo`.
+  std::int64_t at_least(std::string const& name, std::int64_t lo) const {
+    std::int64_t const v = integer(name);
+    if (v < lo) throw ArgumentError(detail::cat(program_, ": --", name, " must be at least ", lo, ", got ", v));
+    return v;
+  }
   double real(std::string const& name) const {
     std::string const& v = get(name).value;
     char* end = nullptr;
@@ -79,6 +86,16 @@ class Flags {
       throw ArgumentError(detail::cat(program_, ": --", name, " must be a number, got '", v, "'"));
     if (!std::isfinite(x))
       throw ArgumentError(detail::cat(program_, ": --", name, " must be a finite number, got '", v, "'"));
+    return x;
+  }
+  // A finite number, or nullopt for `keyword` (e.g. "off", "auto"); `what` names what is expected in the error.
+  std::optional<double> number_or(std::string const& name, std::string const& keyword, std::string const& what) const {
+    std::string const& v = get(name).value;
+    if (v == keyword) return std::nullopt;
+    char* end = nullptr;
+    double const x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !std::isfinite(x))
+      throw ArgumentError(detail::cat(program_, ": --", name, " must be ", what, " or ", keyword, ", got '", v, "'"));
     return x;
   }
   bool boolean(std::string const& name) const {

@@ -3,7 +3,6 @@
 // ddp/comm/nccl.hpp) with their Bazel targets (//:ddp_mpi, //:ddp_nccl).
 #pragma once
 
-#include "ddp/comm/alpha_beta.hpp"
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/env.hpp"
 #include "ddp/comm/host_collectives.hpp"

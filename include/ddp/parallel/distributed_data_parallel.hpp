@@ -14,8 +14,10 @@
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter_arena.hpp"
 #include "ddp/parallel/invariance.hpp"
+#include "ddp/parallel/join_hook.hpp"
 #include "ddp/parallel/micro_batch.hpp"
 #include "ddp/parallel/policies.hpp"
+#include "ddp/parallel/replicas.hpp"
 #include "ddp/parallel/verify.hpp"
 #include "ddp/trace/timeline.hpp"
 
@@ -31,25 +33,6 @@ struct DdpOptions {
   // NaN/Inf in the reduced gradients: ignored, an error on every rank, or the step skipped on every rank.
   NonFinite non_finite = NonFinite::kIgnore;
 };
-
-namespace detail {
-// What one synchronised round under ddp::join (parallel/join.hpp) was agreed to be: where buffers come from (the
-// lowest rank that still has data) and the factor on the reduced gradients.
-struct JoinRound {
-  int buffer_root = 0;
-  double grad_scale = 1.0;
-};
-// Implemented by ddp::join: called by a round's first forward on a rank that still has data, before any of the
-// round's collectives, to agree with the other ranks on the round.
-class JoinHook {
- public:
-  virtual JoinRound on_round() = 0;
-
- protected:
-  ~JoinHook() = default;
-};
-struct JoinAccess;  // join.hpp's way in: attach a hook, shadow a round, broadcast the state
-}  // namespace detail
 
 // Wraps a model whose replicas live on the ranks of `comm`. Guarantees:
 //  - construction checks that every rank has the same parameters (names, shapes, frozen or not) and a well-formed,
@@ -100,7 +83,7 @@ class DistributedDataParallel {
     using Arena = nn::ParameterArena<T, S>;
     auto const params = Arena::trainable(model.named_parameters());
     int const world = comm.world_size();
-    if (world > 1) detail::verify_parameters_match(comm, signatures());
+    if (world > 1) detail::verify_parameters_match(comm, detail::signatures(model));
     // An arena made before wrapping (say, an optimizer's) would keep updating storage the model no longer reads
     // once this wrapper re-packs the parameters. The same on every rank (same model everywhere).
     if (auto const* p = Arena::find_packed(params))
@@ -113,14 +96,8 @@ class DistributedDataParallel {
     for (auto const& p : params) numels.push_back(p.var.numel());
     BucketPlan plan = bucketer_.plan(numels, R::template element_bytes<T>);
     detail::verify_plan(comm, plan, numels, bucketer_.name());
-    // Gradients where the communicator can all-reduce them in place (MpiBackend on one node), if it can.
-    typename Arena::GradStorage storage;
-    if constexpr (requires(C & c, std::int64_t n) {
-                    { c.template gradient_storage<T>(n) } -> std::same_as<Tensor<T, S>>;
-                  })
-      storage = [&comm](std::int64_t n) { return comm.template gradient_storage<T>(n); };
-    arena_ = Arena(params, reducer_t::reserve(plan, params.size(), world), storage);
-    if (world > 1) broadcast_state(0);  // rank 0's parameters (frozen ones too) and buffers everywhere
+    arena_ = Arena(params, reducer_t::reserve(plan, params.size(), world), detail::gradient_storage<T, S>(comm));
+    if (world > 1) detail::broadcast_state(comm, model, 0);  // rank 0's parameters and buffers everywhere
     if constexpr (R::world_size_invariant) detail::broadcast_generators(comm, nn::generators_of(model), 0);
     if (opts_.timeline) timeline_.emplace(*opts_.timeline);
     reducer_.emplace(comm, std::move(plan), arena_, per_rank_,
@@ -196,8 +173,7 @@ class DistributedDataParallel {
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
-  // Whether the last round's gradients were dropped as non-finite (NonFinite::kSkipStep), on every rank alike;
-  // its parameters are in non_finite_parameters().
+  // Whether the last round's gradients were dropped as non-finite (NonFinite::kSkipStep), on every rank alike.
   bool step_skipped() const noexcept { return round_->step_skipped(); }
   std::int64_t skipped_steps() const noexcept { return round_->skipped_steps(); }
   std::vector<std::string> const& non_finite_parameters() const noexcept { return round_->non_finite_parameters(); }
@@ -207,9 +183,8 @@ class DistributedDataParallel {
   M& module() noexcept { return *model_; }
   C& comm() noexcept { return *comm_; }
   DdpOptions const& options() const noexcept { return opts_; }
-  // Micro-batches per step on this rank, and over all ranks.
+  // Micro-batches per step on this rank.
   std::int64_t micro_batches_per_rank() const noexcept { return per_rank_; }
-  std::int64_t micro_batches_per_step() const noexcept { return per_rank_ * comm_->world_size(); }
   static constexpr bool world_size_invariant = R::world_size_invariant;
   // What was composed, for logs.
   std::string describe() const {
@@ -235,7 +210,8 @@ class DistributedDataParallel {
     if (sync && index == 0) {
       open_round(key);
     } else if (index == 0 && !join_ && opts_.broadcast_buffers && comm_->world_size() > 1) {
-      broadcast_buffers(0);  // a forward outside a round (evaluation, no_sync) sees rank 0's buffers too
+      detail::broadcast_buffers(*comm_, *model_,
+                                0);  // a forward outside a round (evaluation, no_sync) sees rank 0's buffers too
     } else if (sync && (!open_ || open_->micro_batch != index)) {
       throw ArgumentError(detail::cat("DistributedDataParallel: micro-batch ", index, " forwarded while micro-batch ",
                                       open_ ? open_->micro_batch : 0,
@@ -255,7 +231,8 @@ class DistributedDataParallel {
 
   void open_round(SampleKey const* key) {
     detail::JoinRound const agreed = join_ ? join_->on_round() : detail::JoinRound{};
-    if (opts_.broadcast_buffers && comm_->world_size() > 1) broadcast_buffers(agreed.buffer_root);
+    if (opts_.broadcast_buffers && comm_->world_size() > 1)
+      detail::broadcast_buffers(*comm_, *model_, agreed.buffer_root);
     reducer_->begin();
     open_ = Open{.step = key ? static_cast<std::int64_t>(key->step) : -1, .join = agreed};
     if constexpr (R::world_size_invariant) open_->buffers = detail::buffers_fingerprint(*model_);
@@ -289,35 +266,12 @@ class DistributedDataParallel {
                 [this](std::size_t i) { return reducer_->had_grad(i); });
   }
 
-  std::vector<detail::ParamSignature> signatures() const {
-    std::vector<detail::ParamSignature> sigs;
-    for (auto const& p : nn::ParameterArena<T, S>::unique_all(model_->named_parameters()))
-      sigs.push_back({p.name, p.var.shape(), !p.var.requires_grad()});
-    return sigs;
-  }
-  void broadcast_buffers(int root) {
-    std::int64_t i = 0;
-    for (auto& b : model_->named_buffers())
-      comm_->broadcast(SpaceSpan<T, S>(b.tensor.data(), static_cast<std::size_t>(b.tensor.numel())), root,
-                       CollectiveTag{"ddp.buffer", i++});
-  }
-  // `root`'s parameters (frozen ones too) and buffers on every rank: one broadcast per tensor.
-  void broadcast_state(int root) {
-    std::int64_t i = 0;
-    for (auto const& p : nn::ParameterArena<T, S>::unique_all(model_->named_parameters())) {
-      Tensor<T, S> const& v = p.var.node().value;
-      comm_->broadcast(SpaceSpan<T, S>(v.data(), static_cast<std::size_t>(v.numel())), root,
-                       CollectiveTag{"ddp.param", i++});
-    }
-    broadcast_buffers(root);
-  }
-
   // Join (join.hpp): while attached, a round's first forward agrees on the round with the hook first.
   void attach_join(detail::JoinHook* hook) noexcept { join_ = hook; }
   // Join: this rank has no batch; it answers the round the others agreed on (buffers from round.buffer_root,
   // then every bucket with zeros) and ends it as they do, errors included.
   void shadow_round(detail::JoinRound round) {
-    if (opts_.broadcast_buffers) broadcast_buffers(round.buffer_root);
+    if (opts_.broadcast_buffers) detail::broadcast_buffers(*comm_, *model_, round.buffer_root);
     round_->end(reducer_->shadow_round(), RoundEnd{.part = Participation::kShadow, .grad_scale = round.grad_scale},
                 [this](std::size_t i) { return reducer_->had_grad(i); });
   }

@@ -16,6 +16,7 @@
 #include "ddp/error.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/parallel/replicas.hpp"
 
 namespace ddp {
 
@@ -56,7 +57,7 @@ struct JoinAccess {
   }
   template <class D>
   static void broadcast_state(D& d, int root) {
-    d.broadcast_state(root);
+    detail::broadcast_state(d.comm(), d.module(), root);
   }
 };
 

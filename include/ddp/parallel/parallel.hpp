@@ -2,10 +2,8 @@
 // join for uneven inputs.
 #pragma once
 
-#include "ddp/bucket/cost_model.hpp"
 #include "ddp/bucket/plan.hpp"
 #include "ddp/parallel/deterministic.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/join.hpp"
 #include "ddp/parallel/policies.hpp"
-#include "ddp/parallel/tune_bucket_cap.hpp"

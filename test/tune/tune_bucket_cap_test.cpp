@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "test/parallel/tune_bucket_cap_cases.hpp"
+#include "test/tune/tune_bucket_cap_cases.hpp"
 
 using namespace ddp;
 

@@ -1,4 +1,4 @@
-// The α–β fit, the probe on the threads backend, and the calibration cache (ddp/comm/alpha_beta.hpp).
+// The α–β fit, the probe on the threads backend, and the calibration cache (ddp/tune/alpha_beta.hpp, probe.hpp, calibration.hpp).
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "ddp/comm/alpha_beta.hpp"
 #include "ddp/comm/recording.hpp"
 #include "ddp/comm/threads.hpp"
+#include "ddp/tune/tune.hpp"
 
 using namespace ddp;
 

@@ -1,22 +1,15 @@
-// The α–β cost of an all-reduce on a backend: t(bytes) = α + β·bytes, fitted to a short probe of the
-// backend itself (every rank measures, the slowest rank's time counts, every rank gets the same fit), how
-// all-reduces and compute share the machine while both run (probe_overlap), and a calibration cache so later
-// runs on the same backend and layout skip the probes.
+// The probes that calibrate the α–β model on a live backend: timed all-reduces of several sizes
+// (probe_alpha_beta; every rank measures, the slowest rank's time counts, every rank gets the same fit) and how
+// all-reduces and host compute share the machine while both run (probe_overlap). Collective.
 #pragma once
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,111 +21,9 @@
 #include "ddp/tensor/host_kernels.hpp"
 #include "ddp/tensor/kernels.hpp"
 #include "ddp/tensor/tensor.hpp"
+#include "ddp/tune/alpha_beta.hpp"
 
 namespace ddp {
-
-struct ProbeSample {
-  std::size_t bytes = 0;
-  double seconds = 0;  // median over the repetitions of the slowest rank's time
-};
-
-// How an all-reduce and compute share the machine while both run (probe_overlap): at a few all-reduce sizes,
-// each one's rate relative to running alone, in (0, 1]. Empty (the default, and what a device backend gets) is
-// the free overlap of separate cores: both rates 1. With more busy threads than cores (each rank a compute
-// thread and a progress thread; 2 or 4 ranks on this VM's 2 cores) both slow down: a small all-reduce barely
-// moves while compute runs (every rank's progress thread must be on a core at once to pass its barriers),
-// a large one takes its share of the cores (ddp/bucket/cost_model.hpp).
-struct OverlapSample {
-  std::size_t bytes = 0;
-  double compute = 1;  // compute's rate while all-reduces of `bytes` are in flight
-  double comm = 1;     // an all-reduce's rate while compute runs
-};
-struct Overlap {
-  std::vector<OverlapSample> curve{};  // sizes ascending
-  double compute_rate(std::size_t bytes) const noexcept { return at(bytes, &OverlapSample::compute); }
-  double comm_rate(std::size_t bytes) const noexcept { return at(bytes, &OverlapSample::comm); }
-
- private:
-  // Linear in log2(bytes) between samples, held past either end; 1 without samples.
-  double at(std::size_t bytes, double OverlapSample::*rate) const noexcept {
-    if (curve.empty()) return 1.0;
-    if (bytes <= curve.front().bytes) return curve.front().*rate;
-    if (bytes >= curve.back().bytes) return curve.back().*rate;
-    std::size_t k = 1;
-    while (curve[k].bytes < bytes) ++k;
-    auto const& a = curve[k - 1];
-    auto const& b = curve[k];
-    double const f = std::log2(double(bytes) / double(a.bytes)) / std::log2(double(b.bytes) / double(a.bytes));
-    return a.*rate + f * (b.*rate - a.*rate);
-  }
-};
-
-// Predicted all-reduce time of `bytes`: alpha seconds of latency plus beta seconds per byte, the line fitted
-// to a probe. Real links are not one line (in cache and out of it, eager and rendezvous protocols): where the
-// probe's own points are kept in `curve`, predict() interpolates between them (every segment its own α and
-// β), holds the smallest point's time below it and extends the last segment's slope past the largest; the
-// line stays for reports and for extrapolating to other world sizes (docs/cost_model.md).
-struct AlphaBeta {
-  double alpha = 0;                  // s
-  double beta = 0;                   // s / byte
-  std::vector<ProbeSample> curve{};  // sizes ascending; used by predict() when it has two or more points
-  Overlap overlap{};                 // measured by probe_overlap; empty (free overlap) when not measured
-  double predict(std::size_t bytes) const noexcept {
-    if (curve.size() < 2) return alpha + beta * static_cast<double>(bytes);
-    if (bytes <= curve.front().bytes) return curve.front().seconds;
-    std::size_t k = 1;
-    while (k + 1 < curve.size() && curve[k].bytes < bytes) ++k;
-    auto const& a = curve[k - 1];
-    auto const& b = curve[k];
-    double const slope = std::max(0.0, (b.seconds - a.seconds) / static_cast<double>(b.bytes - a.bytes));
-    return a.seconds + slope * static_cast<double>(bytes - a.bytes);
-  }
-  // The algorithm bandwidth the line implies for large messages (bytes / s); 0 when beta is 0.
-  double bandwidth() const noexcept { return beta > 0 ? 1.0 / beta : 0.0; }
-};
-
-// Least squares of seconds against bytes, weighted by 1/seconds² (relative errors count alike, so the small
-// messages that fix α are not drowned by the large ones that fix β). α and β are clamped at 0.
-inline AlphaBeta fit_alpha_beta(std::vector<ProbeSample> const& samples) {
-  if (samples.size() < 2)
-    throw ArgumentError(detail::cat("fit_alpha_beta: needs 2 or more samples, got ", samples.size()));
-  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (auto const& s : samples) {
-    if (!(s.seconds > 0))
-      throw ArgumentError(detail::cat("fit_alpha_beta: sample of ", s.bytes, " B has time ", s.seconds));
-    double const w = 1.0 / (s.seconds * s.seconds), x = static_cast<double>(s.bytes), y = s.seconds;
-    sw += w, sx += w * x, sy += w * y, sxx += w * x * x, sxy += w * x * y;
-  }
-  double const det = sw * sxx - sx * sx;
-  if (!(det > 0)) throw ArgumentError("fit_alpha_beta: the samples need at least two different sizes");
-  AlphaBeta m{(sxx * sy - sx * sxy) / det, (sw * sxy - sx * sy) / det};
-  if (m.beta < 0)
-    m = AlphaBeta{sy / sw, 0};  // time falls with size (noise): a constant
-  else if (m.alpha < 0)
-    m = AlphaBeta{0, sxy / sxx};  // β alone, through the origin
-  return m;
-}
-
-// The model with `samples` in place of its curve's points at the same sizes (and added where the curve has
-// none), the line refitted to the result; the overlap is kept. For a probe taken later than the calibration, in
-// the same seconds as the work it predicts (tune_bucket_cap's probe between the profiling steps): what an
-// all-reduce costs right after compute can differ from back-to-back repetitions (RESULTS, session 22: 2x at
-// 4 KiB across namespace hosts on 16 cores). No samples: the model as it is. Throws ArgumentError where the
-// result has fewer than two sizes.
-inline AlphaBeta with_probe_samples(AlphaBeta const& model, std::vector<ProbeSample> const& samples) {
-  if (samples.empty()) return model;
-  std::vector<ProbeSample> curve = samples;
-  for (auto const& c : model.curve)
-    if (std::none_of(samples.begin(), samples.end(), [&](ProbeSample const& q) { return q.bytes == c.bytes; }))
-      curve.push_back(c);
-  std::sort(curve.begin(), curve.end(), [](ProbeSample const& a, ProbeSample const& b) { return a.bytes < b.bytes; });
-  curve.erase(std::unique(curve.begin(), curve.end(),
-                          [](ProbeSample const& a, ProbeSample const& b) { return a.bytes == b.bytes; }),
-              curve.end());
-  AlphaBeta m = fit_alpha_beta(curve);
-  m.curve = std::move(curve), m.overlap = model.overlap;
-  return m;
-}
 
 struct ProbeOptions {
   // Message sizes in bytes (float elements), small to large; PyTorch's bucket sizes lie inside, and the
@@ -378,123 +269,6 @@ Overlap probe_overlap(C& comm, OverlapProbeOptions const& opts = {}) {
     }
     return out;
   }
-}
-
-// The cache: one line per key, "alpha beta n [bytes seconds]*n overlap k [bytes compute comm]*k<TAB>key"
-// (the probe's n points, and probe_overlap's k samples). Later lines win; unreadable lines are skipped, and so
-// are lines without the overlap part (written before it was measured): such a key is probed again.
-inline std::optional<AlphaBeta> load_calibration(std::string const& path, std::string const& key) {
-  std::ifstream f(path);
-  if (!f) return std::nullopt;
-  std::optional<AlphaBeta> found;
-  std::string line;
-  while (std::getline(f, line)) {
-    auto const tab = line.find('\t');
-    if (tab == std::string::npos || line.substr(tab + 1) != key) continue;
-    std::istringstream in(line.substr(0, tab));
-    AlphaBeta m;
-    std::size_t n = 0;
-    if (!(in >> m.alpha >> m.beta >> n) || m.alpha < 0 || m.beta < 0) continue;
-    bool ok = true;
-    for (std::size_t i = 0; i < n && ok; ++i) {
-      ProbeSample p;
-      ok = static_cast<bool>(in >> p.bytes >> p.seconds) && p.seconds > 0 &&
-           (m.curve.empty() || p.bytes > m.curve.back().bytes);
-      m.curve.push_back(p);
-    }
-    std::string word;
-    std::size_t k = 0;
-    ok = ok && static_cast<bool>(in >> word >> k) && word == "overlap";
-    auto const rate = [](double r) { return r > 0 && r <= 1; };
-    for (std::size_t i = 0; i < k && ok; ++i) {
-      OverlapSample o;
-      ok = static_cast<bool>(in >> o.bytes >> o.compute >> o.comm) && rate(o.compute) && rate(o.comm) &&
-           (m.overlap.curve.empty() || o.bytes > m.overlap.curve.back().bytes);
-      m.overlap.curve.push_back(o);
-    }
-    if (ok) found = m;
-  }
-  return found;
-}
-namespace detail {
-// 0 when `path` opens for appending (created if missing, as the append after a probe would), else the errno.
-inline int append_errno(std::string const& path) noexcept {
-  errno = 0;
-  std::FILE* f = std::fopen(path.c_str(), "a");
-  if (f != nullptr && std::fclose(f) == 0) return 0;
-  return errno != 0 ? errno : EIO;
-}
-}  // namespace detail
-
-inline void save_calibration(std::string const& path, std::string const& key, AlphaBeta const& m) {
-  if (int const e = detail::append_errno(path); e != 0)
-    throw IoError(detail::cat("save_calibration: cannot append to ", path, ": ", std::strerror(e)));
-  std::ofstream f(path, std::ios::app);
-  f.precision(17);
-  f << m.alpha << ' ' << m.beta << ' ' << m.curve.size();
-  for (auto const& p : m.curve) f << ' ' << p.bytes << ' ' << p.seconds;
-  f << " overlap " << m.overlap.curve.size();
-  for (auto const& o : m.overlap.curve) f << ' ' << o.bytes << ' ' << o.compute << ' ' << o.comm;
-  f << '\t' << key << '\n';
-  if (!f) throw IoError(detail::cat("save_calibration: cannot append to ", path));
-}
-
-struct CalibrateOptions {
-  std::string cache;  // file of earlier fits ("" : always probe, write nothing)
-  ProbeOptions probe{};
-  OverlapProbeOptions overlap{};
-};
-
-// Rank 0 looks the key up in the cache; every rank follows its answer (so all use one model): a cached fit
-// is broadcast, otherwise every rank probes (probe_alpha_beta, then probe_overlap) and rank 0 appends the fit
-// to the cache. A cache rank 0 cannot append to fails on every rank before the probes (IoError naming the file
-// and the reason), not after them on rank 0 alone. A cached curve that stops
-// short of the largest size asked for (opts.probe.sizes) counts as a miss: the probe runs and its line, appended
-// later, wins, so a larger model never reads an extrapolated time from an earlier, smaller calibration.
-template <AsyncCommunicator C>
-Calibration calibrate(C& comm, CalibrateOptions const& opts = {}) {
-  std::string const key = calibration_key(comm);
-  // Rank 0's find: alpha, beta, the curve's point count and (bytes, seconds) pairs, then the overlap's
-  // (bytes, compute, comm) triples.
-  std::vector<double> cached;
-  if (comm.rank() == 0 && !opts.cache.empty()) {
-    std::size_t const wanted =
-        opts.probe.sizes.empty() ? 0 : *std::max_element(opts.probe.sizes.begin(), opts.probe.sizes.end());
-    auto m = load_calibration(opts.cache, key);
-    if (m && !m->curve.empty() && m->curve.back().bytes < wanted) m.reset();
-    if (m) {
-      cached = {m->alpha, m->beta, static_cast<double>(m->curve.size())};
-      for (auto const& p : m->curve) cached.push_back(static_cast<double>(p.bytes)), cached.push_back(p.seconds);
-      for (auto const& o : m->overlap.curve)
-        cached.insert(cached.end(), {static_cast<double>(o.bytes), o.compute, o.comm});
-    }
-  }
-  // The count of cached values, or minus the errno of a cache that a probe's fit could not be appended to.
-  double size = static_cast<double>(cached.size());
-  if (comm.rank() == 0 && !opts.cache.empty() && cached.empty()) {
-    if (int const e = detail::append_errno(opts.cache); e != 0) size = -static_cast<double>(e);
-  }
-  host_broadcast(comm, std::span<double>(&size, 1), 0);
-  if (size < 0) {
-    throw IoError(detail::cat("calibrate: rank 0 cannot append to the calibration cache ", opts.cache, ": ",
-                              std::strerror(static_cast<int>(-size)), " (nothing was probed)"));
-  }
-  if (size > 0) {
-    cached.resize(static_cast<std::size_t>(size));
-    host_broadcast(comm, std::span<double>(cached), 0);
-    AlphaBeta m{cached[0], cached[1]};
-    std::size_t const points = static_cast<std::size_t>(cached[2]);
-    std::size_t i = 3;
-    for (std::size_t k = 0; k < points; ++k, i += 2)
-      m.curve.push_back({static_cast<std::size_t>(cached[i]), cached[i + 1]});
-    for (; i + 2 < cached.size(); i += 3)
-      m.overlap.curve.push_back({static_cast<std::size_t>(cached[i]), cached[i + 1], cached[i + 2]});
-    return Calibration{key, std::move(m), {}, true};
-  }
-  Calibration cal = probe_alpha_beta(comm, opts.probe);
-  cal.model.overlap = probe_overlap(comm, opts.overlap);
-  if (comm.rank() == 0 && !opts.cache.empty()) save_calibration(opts.cache, key, cal.model);
-  return cal;
 }
 
 }  // namespace ddp

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ddp/comm/mpi.hpp"
-#include "test/parallel/tune_bucket_cap_cases.hpp"
+#include "test/tune/tune_bucket_cap_cases.hpp"
 
 namespace {
 void expect(bool ok, std::string const& what) {

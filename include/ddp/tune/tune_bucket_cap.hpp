@@ -22,9 +22,7 @@
 
 #include "ddp/autograd/backward.hpp"
 #include "ddp/autograd/variable.hpp"
-#include "ddp/bucket/cost_model.hpp"
 #include "ddp/bucket/plan.hpp"
-#include "ddp/comm/alpha_beta.hpp"
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/host_collectives.hpp"
 #include "ddp/error.hpp"
@@ -32,6 +30,8 @@
 #include "ddp/nn/parameter_arena.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/tensor/kernels.hpp"
+#include "ddp/tune/calibration.hpp"
+#include "ddp/tune/cost_model.hpp"
 
 namespace ddp {
 

@@ -1,4 +1,4 @@
-// The step-time model (ddp/bucket/cost_model.hpp): predictions checked against hand-computed timelines, the
+// The step-time model (ddp/tune/cost_model.hpp): predictions checked against hand-computed timelines, the
 // cap choice on profiles whose best cap is known, and the report's contents.
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/bucket/cost_model.hpp"
+#include "ddp/tune/tune.hpp"
 
 using namespace ddp;
 

@@ -1,4 +1,4 @@
-// tune_bucket_cap (ddp/parallel/tune_bucket_cap.hpp), run by the threads test and under mpirun: one choice on
+// tune_bucket_cap (ddp/tune/tune_bucket_cap.hpp), run by the threads test and under mpirun: one choice on
 // every rank, nothing of the model changed, and a run with the chosen cap bitwise the one that never tuned.
 #pragma once
 
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ddp/ddp.hpp"
+#include "ddp/tune/tune.hpp"
 
 namespace ddp::test {
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "ddp/bucket/plan.hpp"
-#include "ddp/comm/alpha_beta.hpp"
 #include "ddp/error.hpp"
+#include "ddp/tune/calibration.hpp"
 
 namespace ddp {
 
