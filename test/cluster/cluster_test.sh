@@ -6,7 +6,7 @@
 set -uo pipefail
 # MPI between hosts goes over TCP only (cluster.sh's UCX_TLS=tcp,self). UCX's TCP transport used to hang in
 # MPI_Finalize now and then (openucx/ucx issue 8738); MpiSession's barrier and quiet period before
-# MPI_Finalize avoid it (MpiSessionOptions in include/ddp/comm/mpi_session.hpp; docs/cluster.md).
+# MPI_Finalize avoid it (MpiSessionOptions in include/ddp/comm/mpi/session.hpp; docs/cluster.md).
 export UCX_TLS=tcp,self  # the tests are about TCP between hosts, whatever the caller set
 probe="$(tools/cluster/cluster.sh --hosts 2 -- true 2>&1)"
 rc=$?

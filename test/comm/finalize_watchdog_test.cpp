@@ -1,5 +1,5 @@
-// ddp/comm/detail/finalize_watchdog.hpp: what bounds MpiSession's MPI_Finalize.
-#include "ddp/comm/detail/finalize_watchdog.hpp"
+// ddp/comm/mpi/finalize_watchdog.hpp: what bounds MpiSession's MPI_Finalize.
+#include "ddp/comm/mpi/finalize_watchdog.hpp"
 
 #include <doctest/doctest.h>
 #include <unistd.h>

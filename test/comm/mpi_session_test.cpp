@@ -1,5 +1,5 @@
-// ddp/comm/mpi_session.hpp: options are checked before MPI is touched.
-#include "ddp/comm/mpi_session.hpp"
+// ddp/comm/mpi/session.hpp: options are checked before MPI is touched.
+#include "ddp/comm/mpi/session.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,6 +1,6 @@
-// ddp/comm/detail/pmi1.hpp: the end of MPI_Finalize's PMI-1 conversation, against a fake launcher on a
+// ddp/comm/mpi/pmi1.hpp: the end of MPI_Finalize's PMI-1 conversation, against a fake launcher on a
 // socket pair.
-#include "ddp/comm/detail/pmi1.hpp"
+#include "ddp/comm/mpi/pmi1.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/socket.h>

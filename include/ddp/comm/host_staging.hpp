@@ -82,7 +82,7 @@ class HostStaging {
   template <detail::BufferLike B>
   void all_reduce(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
     auto s = checked(detail::as_space_span(buf));
-    with_host(s, true, [&](auto h) { inner_->all_reduce(h, op, tag); });
+    with_host(s, Staging::kWriteBack, [&](auto h) { inner_->all_reduce(h, op, tag); });
   }
   template <detail::BufferLike B>
   requires AsyncCommunicator<C>
@@ -103,7 +103,7 @@ class HostStaging {
   template <detail::BufferLike B>
   void broadcast(B&& buf, int root, CollectiveTag tag = {}) {
     auto s = checked(detail::as_space_span(buf));
-    with_host(s, true, [&](auto h) { inner_->broadcast(h, root, tag); });
+    with_host(s, Staging::kWriteBack, [&](auto h) { inner_->broadcast(h, root, tag); });
   }
   template <detail::BufferLike I, detail::BufferLike O>
   void all_gather(I&& in, O&& out, CollectiveTag tag = {}) {
@@ -134,10 +134,12 @@ class HostStaging {
     return s;
   }
 
+  // Whether a staged copy goes back to the device after f ran on it.
+  enum class Staging { kReadOnly, kWriteBack };
   // Runs f on a host view of s: s itself when the host can touch it, else a staged copy (copied in, and back
-  // when `write_back`).
+  // for kWriteBack).
   template <class T, class Space, class F>
-  void with_host(SpaceSpan<T, Space> s, bool write_back, F&& f) {
+  void with_host(SpaceSpan<T, Space> s, Staging staging, F&& f) {
     if constexpr (!needs_copy<Space>) {
       f(HostSpan<T>(s.data(), s.size()));
     } else {
@@ -146,14 +148,15 @@ class HostStaging {
       Kernels<Space>::to_host(static_cast<std::int64_t>(s.size()), s.data(), stage.data());
       f(HostSpan<T>(stage.data(), stage.size()));
       if constexpr (!std::is_const_v<T>)
-        if (write_back) Kernels<Space>::from_host(static_cast<std::int64_t>(s.size()), stage.data(), s.data());
+        if (staging == Staging::kWriteBack)
+          Kernels<Space>::from_host(static_cast<std::int64_t>(s.size()), stage.data(), s.data());
     }
   }
   template <class I, class O, class F>
   void pair(I&& in, O&& out, F&& f) {
     auto i = checked(detail::as_space_span(in));
     auto o = checked(detail::as_space_span(out));
-    with_host(i, false, [&](auto hi) { with_host(o, true, [&](auto ho) { f(hi, ho); }); });
+    with_host(i, Staging::kReadOnly, [&](auto hi) { with_host(o, Staging::kWriteBack, [&](auto ho) { f(hi, ho); }); });
   }
 
   C* inner_;

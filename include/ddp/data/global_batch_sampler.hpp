@@ -54,8 +54,9 @@ class GlobalBatchSampler {
 
  private:
   void rebuild() {
-    auto const order =
-        detail::epoch_order(n_, opts_.shuffle, opts_.seed, static_cast<std::uint64_t>(epoch_), "GlobalBatchSampler");
+    auto const order = detail::epoch_order(
+        n_, {.shuffle = opts_.shuffle, .seed = opts_.seed, .epoch = static_cast<std::uint64_t>(epoch_)},
+        "GlobalBatchSampler");
     std::int64_t const share = batch_ / replicas_;
     indices_.clear();
     indices_.reserve(static_cast<std::size_t>(batches() * share));

@@ -44,14 +44,20 @@ inline void check_replicas(int num_replicas, int rank, std::string_view who) {
         detail::cat(who, ": rank ", rank, " is outside [0, ", num_replicas, ") (num_replicas = ", num_replicas, ")"));
 }
 
-// 0..n-1, Fisher-Yates shuffled with Generator(seed + epoch) when `shuffle` (see DistributedSampler).
-inline std::vector<std::int64_t> epoch_order(std::int64_t n, bool shuffle, std::uint64_t seed, std::uint64_t epoch,
-                                             std::string_view who) {
-  if (shuffle && n > std::int64_t{std::numeric_limits<std::uint32_t>::max()})
+// Which order an epoch visits 0..n-1 in: as is, or Fisher-Yates shuffled with Generator(seed + epoch).
+struct EpochOrder {
+  bool shuffle = false;
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+};
+
+// 0..n-1 in the order `o` says (see DistributedSampler); `who` names the sampler in errors.
+inline std::vector<std::int64_t> epoch_order(std::int64_t n, EpochOrder const& o, std::string_view who) {
+  if (o.shuffle && n > std::int64_t{std::numeric_limits<std::uint32_t>::max()})
     throw ArgumentError(detail::cat(who, ": cannot shuffle ", n, " samples; at most 2^32 - 1 are supported"));
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), std::int64_t{0});
-  if (shuffle) Generator(seed + epoch).shuffle(order.begin(), order.end());
+  if (o.shuffle) Generator(o.seed + o.epoch).shuffle(order.begin(), order.end());
   return order;
 }
 
@@ -129,8 +135,9 @@ class DistributedSampler {
 
  private:
   void rebuild() {
-    auto const order =
-        detail::epoch_order(n_, opts_.shuffle, opts_.seed, static_cast<std::uint64_t>(epoch_), "DistributedSampler");
+    auto const order = detail::epoch_order(
+        n_, {.shuffle = opts_.shuffle, .seed = opts_.seed, .epoch = static_cast<std::uint64_t>(epoch_)},
+        "DistributedSampler");
     indices_.resize(static_cast<std::size_t>(num_samples_));
     // Position p of the padded list is order[p mod n] (padding repeats from the head); n == 0 gives no samples.
     for (std::int64_t i = 0; i < num_samples_; ++i) {
@@ -183,7 +190,7 @@ class SequentialSampler {
  public:
   explicit SequentialSampler(std::int64_t dataset_size) {
     detail::check_dataset_size(dataset_size, "SequentialSampler");
-    indices_ = detail::epoch_order(dataset_size, false, 0, 0, "SequentialSampler");
+    indices_ = detail::epoch_order(dataset_size, {}, "SequentialSampler");
   }
   std::span<std::int64_t const> indices() const noexcept { return indices_; }
   std::int64_t size() const noexcept { return static_cast<std::int64_t>(indices_.size()); }

@@ -23,9 +23,15 @@ struct AdamWOptions {
   double weight_decay = 0.01;
 };
 
-// Decoupled selects AdamW. Bias correction uses per-parameter step counts starting at 1.
-template <class T, MemorySpace S, bool Decoupled>
+// How weight decay enters the update: as an L2 term added to the gradient (Adam), or decoupled, applied to the
+// weights apart from the adaptive step (AdamW, Loshchilov and Hutter).
+enum class WeightDecay { kL2, kDecoupled };
+
+// Adam or AdamW, by `Decay`. Bias correction uses per-parameter step counts starting at 1.
+template <class T, MemorySpace S, WeightDecay Decay>
 class basic_adam {
+  static constexpr bool Decoupled = Decay == WeightDecay::kDecoupled;
+
  public:
   using value_type = T;
   using options_type = std::conditional_t<Decoupled, AdamWOptions, AdamOptions>;
@@ -81,11 +87,11 @@ class basic_adam {
 };
 
 template <class T = float, MemorySpace S = HostSpace>
-using basic_adam_l2 = basic_adam<T, S, false>;
+using basic_adam_l2 = basic_adam<T, S, WeightDecay::kL2>;
 template <class T = float, MemorySpace S = HostSpace>
-using basic_adamw = basic_adam<T, S, true>;
-using Adam = basic_adam<float, HostSpace, false>;
-using AdamW = basic_adam<float, HostSpace, true>;
+using basic_adamw = basic_adam<T, S, WeightDecay::kDecoupled>;
+using Adam = basic_adam<float, HostSpace, WeightDecay::kL2>;
+using AdamW = basic_adam<float, HostSpace, WeightDecay::kDecoupled>;
 static_assert(Optimizer<Adam> && Optimizer<AdamW>);
 
 }  // namespace ddp::optim

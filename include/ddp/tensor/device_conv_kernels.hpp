@@ -51,7 +51,7 @@ inline cudnnHandle_t cudnn_handle() {
 // non-tensor-op (no TF32) ones whose workspace fits kMaxWorkspace. The heuristics time nothing, so the choice
 // depends only on the GPU, the cuDNN version and the geometry: a run reproduces bitwise on the same GPU and
 // sizes, as with fixed algorithms (ALGO_1 for the filter gradient took half the GPU time of the main job's CNN
-// at batch 256 on an H100; bench/RESULTS.md, issue 10).
+// at batch 256 on an H100; bench/RESULTS.md).
 template <class T>
 class CudnnConv {
  public:

@@ -21,9 +21,9 @@ struct ProbeSample {
 // How an all-reduce and compute share the machine while both run (probe_overlap): at a few all-reduce sizes,
 // each one's rate relative to running alone, in (0, 1]. Empty (the default, and what a device backend gets) is
 // the free overlap of separate cores: both rates 1. With more busy threads than cores (each rank a compute
-// thread and a progress thread; 2 or 4 ranks on this VM's 2 cores) both slow down: a small all-reduce barely
+// thread and a progress thread, say 4 ranks on 2 cores) both slow down: a small all-reduce barely
 // moves while compute runs (every rank's progress thread must be on a core at once to pass its barriers),
-// a large one takes its share of the cores (ddp/bucket/cost_model.hpp).
+// a large one takes its share of the cores (ddp/tune/cost_model.hpp).
 struct OverlapSample {
   std::size_t bytes = 0;
   double compute = 1;  // compute's rate while all-reduces of `bytes` are in flight
@@ -98,8 +98,8 @@ inline AlphaBeta fit_alpha_beta(std::vector<ProbeSample> const& samples) {
 // The model with `samples` in place of its curve's points at the same sizes (and added where the curve has
 // none), the line refitted to the result; the overlap is kept. For a probe taken later than the calibration, in
 // the same seconds as the work it predicts (tune_bucket_cap's probe between the profiling steps): what an
-// all-reduce costs right after compute can differ from back-to-back repetitions (RESULTS, session 22: 2x at
-// 4 KiB across namespace hosts on 16 cores). No samples: the model as it is. Throws ArgumentError where the
+// all-reduce costs right after compute can differ from back-to-back repetitions (bench/RESULTS.md, cost model:
+// twice as much for a small all-reduce across hosts). No samples: the model as it is. Throws ArgumentError where the
 // result has fewer than two sizes.
 inline AlphaBeta with_probe_samples(AlphaBeta const& model, std::vector<ProbeSample> const& samples) {
   if (samples.empty()) return model;

@@ -1,5 +1,5 @@
 // The step-time model of overlapped bucketed all-reduce: from a backward profile (when each gradient becomes
-// ready) and an α–β model of the backend (ddp/comm/alpha_beta.hpp), when each bucket's all-reduce starts and
+// ready) and an α–β model of the backend (ddp/tune/alpha_beta.hpp), when each bucket's all-reduce starts and
 // ends, how much communication is left exposed after backward, and the step time; the bucket cap that
 // minimises it; and a report of predicted against measured times.
 #pragma once

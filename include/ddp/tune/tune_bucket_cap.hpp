@@ -1,7 +1,7 @@
 // tune_bucket_cap: the bucket cap chosen by the cost model for a real model on a real communicator. Calibrates
-// the backend (ddp/comm/alpha_beta.hpp: a probe, or the cached fit), profiles a few DDP steps of the model at
+// the backend (ddp/tune/calibration.hpp: a probe, or the cached fit), profiles a few DDP steps of the model at
 // PyTorch's cap (when each gradient is ready, in the job's view: the slowest rank's), and returns the cap with
-// the least predicted step (choose_bucket_cap, ddp/bucket/cost_model.hpp), which the caller then builds its
+// the least predicted step (choose_bucket_cap, ddp/tune/cost_model.hpp), which the caller then builds its
 // DDP or trainer with (TunedBucketCap::bucketer()). By default, where no node has more ranks than CPUs, the
 // model it predicts with also holds a probe taken between the profiling steps (CalibrationTiming). PyTorch
 // rebuilds its buckets from the first iteration's gradient order; this chooses their size as well, from what
@@ -41,16 +41,15 @@ enum class CalibrationTiming {
   // ranks_on_node(); a backend that cannot say counts as one rank per node): then kStartUp. Every rank resolves
   // it the same way (TunedBucketCap::timing says to what).
   kAuto,
-  // calibrate() alone, before the profiling steps (or the cache): back-to-back repetitions. With more ranks
-  // than cores (4 on 2) the probe below over-predicted a small model by 23-52% (bench/RESULTS.md, session 17)
-  // and 27-56% (session 23); this held there in 14 of 16 runs (session 23), and in every run of session 17.
+  // calibrate() alone, before the profiling steps (or the cache): back-to-back repetitions. Where ranks
+  // outnumber cores, a probe between steps times the ranks' contention for CPUs, not the network, and
+  // over-predicts small models (bench/RESULTS.md, cost model).
   kStartUp,
   // Also, before every profiling step, one timed all-reduce of each of the calibration's sizes up to the first
   // that holds all the model's gradients (no bucket is larger); their medians (the slowest rank's) replace the
   // calibration's points at those sizes (with_probe_samples). An all-reduce right after compute can cost more
-  // than back to back: 2x at 4 KiB across namespace hosts on a 16-core host, where the same probe in
-  // bench/cost_model predicted the steps within 20% in 68 of 68 runs and the start-up calibration in 51
-  // (bench/RESULTS.md, session 22; 51 of 51 against 48 in session 23). Costs one all-reduce of each size per
+  // than back to back (twice as much for a small one across hosts), and this probe predicts such steps more
+  // often within 20% than the start-up calibration (bench/RESULTS.md, cost model). Costs one all-reduce of each size per
   // profiling step: well under a millisecond for a small model, ~85 MB for one past 64 MiB.
   kBetweenSteps,
 };

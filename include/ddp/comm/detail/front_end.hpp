@@ -79,7 +79,11 @@ class CollectiveFrontEnd {
   void all_reduce(B&& buf, ReduceOp op, CollectiveTag tag = {}) {
     auto s = as_space_span(buf);
     if constexpr (accepts_inout<decltype(s)>()) {
-      trace(CollectiveKind::kAllReduce, s.size(), dtype_of<elem_t<decltype(s)>>, op, -1, tag, false);
+      trace({.op = CollectiveKind::kAllReduce,
+             .count = s.size(),
+             .dtype = dtype_of<elem_t<decltype(s)>>,
+             .reduce = op,
+             .tag = tag});
       run_enter_hook(CollectiveKind::kAllReduce, tag);
       self().run_all_reduce(to_transport(s), op, tag);
     }
@@ -91,7 +95,12 @@ class CollectiveFrontEnd {
     auto s = as_space_span(buf);
     if constexpr (accepts_inout<decltype(s)>()) {
       using T = elem_t<decltype(s)>;
-      trace(CollectiveKind::kAllReduce, s.size(), dtype_of<T>, op, -1, tag, true);
+      trace({.op = CollectiveKind::kAllReduce,
+             .count = s.size(),
+             .dtype = dtype_of<T>,
+             .reduce = op,
+             .tag = tag,
+             .async = true});
       Backend& b = self();
       if constexpr (requires { b.run_all_reduce_async(to_transport(s), op, tag); }) {
         return b.run_all_reduce_async(to_transport(s), op, tag);
@@ -106,7 +115,11 @@ class CollectiveFrontEnd {
   void broadcast(B&& buf, int root, CollectiveTag tag = {}) {
     auto s = as_space_span(buf);
     if constexpr (accepts_inout<decltype(s)>()) {
-      trace(CollectiveKind::kBroadcast, s.size(), dtype_of<elem_t<decltype(s)>>, ReduceOp::kSum, root, tag, false);
+      trace({.op = CollectiveKind::kBroadcast,
+             .count = s.size(),
+             .dtype = dtype_of<elem_t<decltype(s)>>,
+             .root = root,
+             .tag = tag});
       check_root(root, CollectiveKind::kBroadcast);
       run_enter_hook(CollectiveKind::kBroadcast, tag);
       self().run_broadcast(to_transport(s), root, tag);
@@ -118,7 +131,10 @@ class CollectiveFrontEnd {
   void all_gather(I&& in, O&& out, CollectiveTag tag = {}) {
     if constexpr (accepts_pair<I, O>()) {
       auto [src, dst] = span_pair(in, out);
-      trace(CollectiveKind::kAllGather, src.size(), dtype_of<elem_t<decltype(dst)>>, ReduceOp::kSum, -1, tag, false);
+      trace({.op = CollectiveKind::kAllGather,
+             .count = src.size(),
+             .dtype = dtype_of<elem_t<decltype(dst)>>,
+             .tag = tag});
       check_size(dst.size(), src.size() * world(), CollectiveKind::kAllGather, "out", "world_size * in.size()");
       run_enter_hook(CollectiveKind::kAllGather, tag);
       self().run_all_gather(to_transport(src), to_transport(dst), tag);
@@ -130,7 +146,11 @@ class CollectiveFrontEnd {
   void reduce_scatter(I&& in, O&& out, ReduceOp op, CollectiveTag tag = {}) {
     if constexpr (accepts_pair<I, O>()) {
       auto [src, dst] = span_pair(in, out);
-      trace(CollectiveKind::kReduceScatter, src.size(), dtype_of<elem_t<decltype(dst)>>, op, -1, tag, false);
+      trace({.op = CollectiveKind::kReduceScatter,
+             .count = src.size(),
+             .dtype = dtype_of<elem_t<decltype(dst)>>,
+             .reduce = op,
+             .tag = tag});
       check_size(src.size(), dst.size() * world(), CollectiveKind::kReduceScatter, "in", "world_size * out.size()");
       run_enter_hook(CollectiveKind::kReduceScatter, tag);
       self().run_reduce_scatter(to_transport(src), to_transport(dst), op, tag);
@@ -142,7 +162,11 @@ class CollectiveFrontEnd {
   void gather(I&& in, O&& out, int root, CollectiveTag tag = {}) {
     if constexpr (accepts_pair<I, O>()) {
       auto [src, dst] = span_pair(in, out);
-      trace(CollectiveKind::kGather, src.size(), dtype_of<elem_t<decltype(dst)>>, ReduceOp::kSum, root, tag, false);
+      trace({.op = CollectiveKind::kGather,
+             .count = src.size(),
+             .dtype = dtype_of<elem_t<decltype(dst)>>,
+             .root = root,
+             .tag = tag});
       check_root(root, CollectiveKind::kGather);
       if (self().rank() == root) {
         check_size(dst.size(), src.size() * world(), CollectiveKind::kGather, "out", "world_size * in.size()");
@@ -157,7 +181,11 @@ class CollectiveFrontEnd {
   void scatter(I&& in, O&& out, int root, CollectiveTag tag = {}) {
     if constexpr (accepts_pair<I, O>()) {
       auto [src, dst] = span_pair(in, out);
-      trace(CollectiveKind::kScatter, dst.size(), dtype_of<elem_t<decltype(dst)>>, ReduceOp::kSum, root, tag, false);
+      trace({.op = CollectiveKind::kScatter,
+             .count = dst.size(),
+             .dtype = dtype_of<elem_t<decltype(dst)>>,
+             .root = root,
+             .tag = tag});
       check_root(root, CollectiveKind::kScatter);
       if (self().rank() == root) {
         check_size(src.size(), dst.size() * world(), CollectiveKind::kScatter, "in", "world_size * out.size()");
@@ -168,7 +196,7 @@ class CollectiveFrontEnd {
   }
 
   void barrier(CollectiveTag tag = {}) {
-    trace(CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1, tag, false);
+    trace({.op = CollectiveKind::kBarrier, .count = 0, .dtype = Dtype::kInt32, .tag = tag});
     run_enter_hook(CollectiveKind::kBarrier, tag);
     self().run_barrier(tag);
   }
@@ -228,9 +256,11 @@ class CollectiveFrontEnd {
     if constexpr (requires { b.enter(kind, tag); }) b.enter(kind, tag);
   }
 
-  void trace(CollectiveKind kind, std::size_t count, Dtype dt, ReduceOp op, int root, CollectiveTag tag,
-             bool async) const noexcept {
-    if (tracer_.enabled()) tracer_(CollectiveRecord{self().rank(), kind, count, dt, op, root, tag, async});
+  // Hands `r` (its rank filled in) to the tracer, when tracing is on.
+  void trace(CollectiveRecord r) const noexcept {
+    if (!tracer_.enabled()) return;
+    r.rank = self().rank();
+    tracer_(r);
   }
 
   void check_root(int root, CollectiveKind kind) const {

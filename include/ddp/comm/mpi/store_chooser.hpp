@@ -1,8 +1,8 @@
 // Which stores NodeAllReduce writes its shared window (and, in place, the peers' buffers) with, per rank: plain
 // or streaming (non-temporal). The faster one depends on where the ranks' cores are: sharing a cache, plain
 // stores hand lines over through it; in other cache domains every plain store first fetches back the line a
-// peer read (bench/RESULTS.md: on this project's VM the hypervisor moves between the two every few minutes, and
-// the wrong choice costs 1.3x one way and 4x the other). The choice changes only how bytes get into the window,
+// peer read (a VM's vCPUs can move between the two while a job runs, and the wrong choice is costly either way:
+// bench/RESULTS.md). The choice changes only how bytes get into the window,
 // never the bytes, so every rank may decide for itself: kAdaptive keeps each mode's rate per size class (a power
 // of two: in-cache and out-of-cache sizes differ) and takes the faster. A mode's rate is the higher of its last
 // two measurements: a call that a preemption or a late peer slowed down does not flip the choice (timing noise
@@ -30,6 +30,9 @@ enum class WindowStores { kAdaptive, kStreaming, kPlain };
 
 namespace detail {
 
+// The stores one all-reduce writes with (StoreChooser's choice for it).
+enum class Stores { kPlain, kStreaming };
+
 class StoreChooser {
  public:
   static constexpr std::uint64_t kFirst = 2;
@@ -37,8 +40,29 @@ class StoreChooser {
 
   StoreChooser(WindowStores mode, std::size_t min_bytes) noexcept : mode_(mode), min_bytes_(min_bytes) {}
 
-  // Whether an all-reduce of `bytes` streams.
-  bool stream(std::size_t bytes) noexcept {
+  // The stores an all-reduce of `bytes` writes with.
+  Stores choose(std::size_t bytes) noexcept { return choose_streaming(bytes) ? Stores::kStreaming : Stores::kPlain; }
+  // The rate (bytes per second) an all-reduce of `bytes` written with `stores` reached. Counted only if the
+  // class's previous call took the same mode.
+  void record(Stores stores, std::size_t bytes, double seconds) noexcept {
+    if (mode_ != WindowStores::kAdaptive || bytes < min_bytes_ || seconds <= 0) return;
+    Class& c = cls(bytes);
+    int const mode = index(stores);
+    if (c.last == mode) {
+      auto& r = c.rates[mode];
+      r[0] = r[1];
+      r[1] = static_cast<double>(bytes) / seconds;
+    }
+    c.last = mode;
+  }
+  // The rate a mode is judged by: the higher of its last two measurements (0 before the first).
+  double rate(Stores stores, std::size_t bytes) const noexcept {
+    return classes_[static_cast<std::size_t>(std::bit_width(bytes))].rate(index(stores));
+  }
+
+ private:
+  static int index(Stores s) noexcept { return s == Stores::kStreaming ? 1 : 0; }
+  bool choose_streaming(std::size_t bytes) noexcept {
     if (bytes < min_bytes_ || mode_ == WindowStores::kPlain) return false;
     if (mode_ == WindowStores::kStreaming) return true;
     Class& c = cls(bytes);
@@ -52,25 +76,6 @@ class StoreChooser {
     c.interval = std::min(2 * c.interval, kLongest);  // reset above if the try changes the choice
     return !best;
   }
-  // The rate (bytes per second) an all-reduce of `bytes` that streamed (or not) reached. Counted only if the
-  // class's previous call took the same mode.
-  void record(bool streamed, std::size_t bytes, double seconds) noexcept {
-    if (mode_ != WindowStores::kAdaptive || bytes < min_bytes_ || seconds <= 0) return;
-    Class& c = cls(bytes);
-    int const mode = streamed ? 1 : 0;
-    if (c.last == mode) {
-      auto& r = c.rates[mode];
-      r[0] = r[1];
-      r[1] = static_cast<double>(bytes) / seconds;
-    }
-    c.last = mode;
-  }
-  // The rate a mode is judged by: the higher of its last two measurements (0 before the first).
-  double rate(bool streamed, std::size_t bytes) const noexcept {
-    return classes_[static_cast<std::size_t>(std::bit_width(bytes))].rate(streamed ? 1 : 0);
-  }
-
- private:
   struct Class {
     double rates[2][2] = {{0, 0}, {0, 0}};  // plain, streaming: the last two measured bytes per second
     double rate(int mode) const noexcept { return std::max(rates[mode][0], rates[mode][1]); }

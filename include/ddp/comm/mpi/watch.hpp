@@ -19,7 +19,7 @@
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/detail/wait.hpp"
-#include "ddp/comm/mpi_session.hpp"
+#include "ddp/comm/mpi/session.hpp"
 #include "ddp/comm/trace.hpp"
 #include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"

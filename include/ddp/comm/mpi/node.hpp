@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"
-#include "ddp/comm/detail/mpi_types.hpp"
-#include "ddp/comm/detail/mpi_watch.hpp"
 #include "ddp/comm/detail/reduce.hpp"
-#include "ddp/comm/detail/store_chooser.hpp"
 #include "ddp/comm/detail/wait.hpp"
+#include "ddp/comm/mpi/store_chooser.hpp"
+#include "ddp/comm/mpi/types.hpp"
+#include "ddp/comm/mpi/watch.hpp"
 #include "ddp/error.hpp"
 #include "ddp/tensor/stream_copy.hpp"
 
@@ -56,14 +56,10 @@ struct MpiNodeOptions {
   // peers' cached copies of those lines without fetching them first; kAdaptive, each rank takes whichever its
   // recent all-reduces ran faster with (detail::StoreChooser). A peer read each line of an area in the round
   // before, so a plain store fetches it back across cores: cheap where the ranks share a cache, slow where they
-  // do not. On this project's 2-vCPU VM the hypervisor moves the vCPUs between one L3 domain and two (cache-line
-  // round trip 55 ns or 350 ns, from minute to minute): from 16 MiB up plain stores ran at 1.5-1.9 GB/s in the
-  // second case against 3.4-6.7 streaming, and at 7.5-9.8 in the first against 5.5-6.9 (bench/RESULTS.md).
-  // The same holds from 64 KiB: in the second case kAdaptive ran 64 KiB-1 MiB at 1.6-4.4x plain stores (1.9-3.8x
-  // raw MPI_Allreduce, where plain stores were 0.8-1.3x), and within noise of plain in the first. In place,
-  // in the second case: 15.9-18.5 GB/s at 4 MiB against 4.8-6.5 plain (6.4-7.6x raw against 2.0-2.6x); in the
-  // first, streaming in place runs at a fifth of plain stores' rate and is only tried. Smaller all-reduces
-  // always use plain stores (latency-bound: the window's lines stay in cache).
+  // do not. Which wins depends on how the host maps the ranks' cores to caches, and that can change while a
+  // job runs (a VM's vCPUs moved between cache domains), so kAdaptive measures instead of guessing; both
+  // cases' rates are in bench/RESULTS.md (shared-memory all-reduce). Smaller all-reduces always use plain
+  // stores (latency-bound: the window's lines stay in cache).
   WindowStores window_stores = WindowStores::kAdaptive;
   std::size_t streaming_bytes = std::size_t{1} << 16;
   // Where MpiBackend::gradient_storage puts a gradient buffer (DistributedDataParallel asks for one): kShared,
@@ -190,7 +186,7 @@ class NodeAllReduce {
     std::size_t const chunk = std::max(line, chunk_bytes_ / sizeof(T) / line * line);
     int const mine = local_rank_ < stripes_ ? local_rank_ : -1;
     ReduceOp const node_op = nodes_ > 1 && op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-    bool const stream = stores_.stream(bytes);  // this rank's choice: the bytes are the same either way
+    Stores const stores = stores_.choose(bytes);  // this rank's choice: the bytes are the same either way
     std::size_t off = 0;
     bool first = true;
     std::chrono::steady_clock::time_point since{};
@@ -201,9 +197,9 @@ class NodeAllReduce {
       for (int k = 0; k < stripes_; ++k) {  // copy in every slice but the one this rank reduces
         if (k == mine) continue;
         auto const [lo, hi] = slice(m, line, k);
-        copy_to_window(area<T>(local_rank_, half) + lo, own + lo, hi - lo, stream);
+        copy_to_window(area<T>(local_rank_, half) + lo, own + lo, hi - lo, stores);
       }
-      if (stream) stream_fence();
+      if (stores == Stores::kStreaming) stream_fence();
       arrive(call);
       if (first) verify(call, op_seq), since = std::chrono::steady_clock::now();
       first = false;
@@ -213,10 +209,10 @@ class NodeAllReduce {
           srcs[static_cast<std::size_t>(k)] = k == local_rank_ ? own + lo : area<T>(k, half) + lo;
         }
         T* const result = area<T>(local_rank_, half) + lo;
-        if (nodes_ == 1 && stream) {
+        if (nodes_ == 1 && stores == Stores::kStreaming) {
           T* dst = own + lo;  // reduce in this rank's own buffer, then stream the slice into the window
           reduce_blocks<T>(srcs.data(), local_n_, &dst, 1, hi - lo, op);
-          copy_to_window(result, dst, hi - lo, stream);
+          copy_to_window(result, dst, hi - lo, stores);
           stream_fence();
         } else if (nodes_ == 1) {
           T* dsts[2] = {result, own + lo};
@@ -237,7 +233,7 @@ class NodeAllReduce {
       off += m;
     } while (off < count);
     // The rate from the first barrier on (entry skew between the ranks left out), for kAdaptive.
-    stores_.record(stream, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
+    stores_.record(stores, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
   }
 
   // Whether shared_block gives memory that all_reduce reduces in place: every layout but one rank per node
@@ -347,7 +343,7 @@ class NodeAllReduce {
     }
     auto const since = std::chrono::steady_clock::now();
     std::size_t const bytes = count * sizeof(T);
-    bool const stream = in_place_stores_.stream(bytes);  // this rank's choice: the bytes are the same either way
+    Stores const stores = in_place_stores_.choose(bytes);  // this rank's choice: the bytes are the same either way
     auto const [lo, hi] = slice(count, 64 / sizeof(T), local_rank_);
     auto& srcs = pointers<T>();
     auto& dsts = targets<T>();
@@ -355,14 +351,14 @@ class NodeAllReduce {
       srcs[static_cast<std::size_t>(k)] = buffer(k) + lo;
       dsts[static_cast<std::size_t>(k)] = buffer(k) + lo;
     }
-    if (stream) {
+    if (stores == Stores::kStreaming) {
       std::swap(dsts[0], dsts[static_cast<std::size_t>(local_rank_)]);  // this rank's buffer first
       reduce_blocks_streaming<T>(srcs.data(), local_n_, dsts.data(), local_n_, hi - lo, op);
     } else {
       reduce_blocks<T>(srcs.data(), local_n_, dsts.data(), local_n_, hi - lo, op);
     }
     arrive(call);
-    in_place_stores_.record(stream, bytes,
+    in_place_stores_.record(stores, bytes,
                             std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
   }
 
@@ -526,8 +522,8 @@ class NodeAllReduce {
     if (m != 0 && dst != src) std::memcpy(dst, src, m * sizeof(T));
   }
   template <class T>
-  static void copy_to_window(T* dst, T const* src, std::size_t m, bool stream) noexcept {
-    if (stream)
+  static void copy_to_window(T* dst, T const* src, std::size_t m, Stores stores) noexcept {
+    if (stores == Stores::kStreaming)
       stream_copy(dst, src, m * sizeof(T));
     else
       copy(dst, src, m);

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "ddp/comm/detail/describe.hpp"
-#include "ddp/comm/detail/finalize_watchdog.hpp"
-#include "ddp/comm/detail/pmi1.hpp"
 #include "ddp/comm/env.hpp"
+#include "ddp/comm/mpi/finalize_watchdog.hpp"
+#include "ddp/comm/mpi/pmi1.hpp"
 #include "ddp/error.hpp"
 
 namespace ddp {
@@ -72,19 +72,17 @@ inline void abort_if_exiting_mid_run() noexcept {
 // How MpiSession ends MPI in a job of more than one rank. MPICH's UCX transport closes every connection in
 // MPI_Finalize and waits for each close to be flushed; over TCP a flush needs the peer's answer (UCX sends it
 // an empty put and waits for the ack). A rank whose own closes are done goes on to the launcher's barrier and
-// answers no more, so a peer still closing can wait forever (openucx/ucx issue 8738; here up to 1 run in 4 of
-// a plain all-reduce program across namespace hosts, bench/RESULTS.md). On one node it happens too whenever
-// UCX reaches a peer over TCP: MPICH opens UCX connections for ddp's shared windows, and UCX takes TCP for
-// them when it cannot use cross-memory attach (seen with a UCX without its CMA module and with
-// UCX_TLS=tcp,self; likely in containers that forbid process_vm_readv): then 11 of 12 runs of
-// bench/comm/allreduce hung at exit on one node.
+// answers no more, so a peer still closing can wait forever (openucx/ucx#8738; bench/RESULTS.md has how
+// often). On one node it happens too whenever UCX reaches a peer over TCP: MPICH opens UCX connections for
+// ddp's shared windows, and UCX takes TCP for them when it cannot use cross-memory attach (a UCX without its
+// CMA module, UCX_TLS=tcp,self, or a container that forbids process_vm_readv).
 // Two measures, for every job of more than one rank:
 //  - `finalize_quiet`: the destructor meets all ranks in a barrier on a communicator of its own, then every
 //    rank stays out of MPI this long before MPI_Finalize, so no rank is still inside an MPI call, answering,
 //    when a peer starts closing. This removed most hangs, not all under CPU contention.
 //  - `finalize_timeout`: a rank whose MPI_Finalize has not returned by then, and is not simply waiting in
 //    the launcher's barrier (a read on $PMI_FD), says so and ends as MPI_Finalize would have: under Hydra it
-//    sends the launcher the barrier and finalize MPICH still owed (PMI-1 on $PMI_FD, detail/pmi1.hpp), so
+//    sends the launcher the barrier and finalize MPICH still owed (PMI-1 on $PMI_FD, mpi/pmi1.hpp), so
 //    the barrier completes for the other ranks and the job ends cleanly; then it exits with the program's
 //    status (every rank had passed the barrier before: the job's work is done). 0: wait without limit.
 struct MpiSessionOptions {
@@ -218,7 +216,7 @@ class MpiSession {
           if (pmi && detail::thread_blocked_in_read(tid, *pmi)) return false;  // in the launcher's barrier
           std::fprintf(stderr,
                        "ddp: rank %d of %d: MPI_Finalize has not returned after %lld ms, although every rank had "
-                       "finished its work (UCX over TCP waits for a peer that already left: openucx/ucx issue 8738); "
+                       "finished its work (UCX over TCP waits for a peer that already left: openucx/ucx#8738); "
                        "ending it with the launcher and exiting with status %d (MpiSessionOptions::finalize_timeout)\n",
                        rank, size, static_cast<long long>(limit.count()), status);
           std::fflush(stderr);

@@ -1,0 +1,383 @@
+// NcclBackend: collectives on CUDA device buffers through NCCL, on the backend's own stream, ordered with
+// the compute stream by events; the ncclUniqueId is bootstrapped over MPI. Depend on //:ddp_nccl.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/detail/front_end.hpp"
+#include "ddp/comm/mpi/session.hpp"
+#include "ddp/comm/mpi/watch.hpp"
+#include "ddp/comm/trace.hpp"
+#include "ddp/comm/watch.hpp"
+#include "ddp/error.hpp"
+#include "ddp/tensor/device_buffer.hpp"
+
+namespace ddp {
+
+struct NcclOptions {
+  // CUDA device of this rank; -1: the node-local rank (from MPI) modulo the device count.
+  int device = -1;
+  // The stream that produces and consumes the buffers (nullptr: the legacy default stream). Every
+  // collective waits for work already queued on it, and work queued on it afterwards waits for the result.
+  cudaStream_t compute_stream = nullptr;
+  // Async handles in flight before events are reused (a reused event only makes an old handle wait longer).
+  std::size_t max_in_flight = 256;
+  // The deadline of every host wait on a collective (NcclWork::wait, barrier), and its stall warning
+  // (default: $DDP_TIMEOUT seconds, else 10 minutes). On expiry the communicator is aborted (ncclCommAbort).
+  TimeoutOptions timeout{};
+  TraceOptions trace{};
+};
+
+namespace detail {
+template <CommElement T>
+inline ncclDataType_t nccl_type() noexcept {
+  if constexpr (std::same_as<T, float>)
+    return ncclFloat32;
+  else if constexpr (std::same_as<T, double>)
+    return ncclFloat64;
+  else if constexpr (std::same_as<T, std::int32_t>)
+    return ncclInt32;
+  else
+    return ncclInt64;
+}
+inline ncclRedOp_t nccl_op(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;  // scaled inside NCCL's reduction
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+}  // namespace detail
+
+class NcclBackend;
+
+// all_reduce_async's handle: an event recorded on the NCCL stream after the collective. wait() blocks the
+// host until it completed (and so does all earlier work of this backend) and reports NCCL's async errors.
+class NcclWork {
+ public:
+  NcclWork() = default;
+  NcclWork(NcclBackend* owner, cudaEvent_t event, detail::CallRecord const& call) noexcept
+      : owner_(owner), event_(event), call_(call) {}
+  inline void wait() const;
+  inline bool test() const;
+
+ private:
+  NcclBackend* owner_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+  detail::CallRecord call_{};
+};
+
+// Collectives are stream-ordered, as in NCCL: they return once enqueued; later work on the compute stream
+// (and synchronous copies on the legacy default stream) sees the result. barrier() and NcclWork::wait()
+// block the host. Results of kSum/kAvg follow NCCL's algorithms: identical on every rank, deterministic for
+// a fixed topology and message size (NCCL's own guarantee). One thread at a time issues collectives.
+// No hangs: the host waits poll under NcclOptions::timeout, answering and asking peers over MPI what they
+// wait for; a wait past the deadline aborts the communicator (ncclCommAbort, so kernels stuck on absent
+// peers end) and throws a CommError naming the collective and the ranks; the job then ends (mpi_main).
+class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
+ public:
+  using accepted_spaces = SpaceList<DeviceSpace>;
+  static constexpr std::string_view backend_name = "nccl";  // for logs: which backend was composed
+  using work_type = NcclWork;
+
+  // Collective over MPI_COMM_WORLD: rank 0 creates the ncclUniqueId and broadcasts it with MPI.
+  explicit NcclBackend(MpiSession const& session, NcclOptions const& opts = {})
+      : CollectiveFrontEnd(opts.trace),
+        session_(&session),
+        rank_(session.rank()),
+        n_(session.world_size()),
+        compute_(opts.compute_stream) {
+    try {
+      watch_ =
+          std::make_unique<detail::MpiWatch>(MPI_COMM_WORLD, detail::resolve(opts.timeout, backend_name), backend_name);
+      init(session, opts);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  NcclBackend(NcclBackend const&) = delete;
+  NcclBackend& operator=(NcclBackend const&) = delete;
+  ~NcclBackend() { release(); }
+
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return n_; }
+  int device() const noexcept { return device_; }
+  cudaStream_t stream() const noexcept { return stream_; }
+
+  // The collectives come from CollectiveFrontEnd; all_reduce_async returns an NcclWork (an event on the
+  // NCCL stream). barrier() blocks the host until every rank arrived and all earlier collectives of this
+  // backend finished. Below: the transport.
+
+  // Throws if NCCL reported an asynchronous error (a peer failed, a network error).
+  void check_async(char const* op, CollectiveTag tag) const {
+    if (comm_ == nullptr) {
+      throw CommError(detail::cat("ddp nccl: ", op, detail::tag_suffix(tag), " on rank ", rank_, " of ", n_,
+                                  ": the communicator was aborted after an earlier collective failed"),
+                      rank_);
+    }
+    ncclResult_t async = ncclSuccess;
+    nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    if (async != ncclSuccess) nccl(async, op, tag);
+  }
+
+  // Blocks until `event` (recorded after collective `call`) completed, under the deadline; see the class.
+  void wait_event(cudaEvent_t event, detail::CallRecord const& call) {
+    try {
+      watch_->wait_until(
+          [&] {
+            cudaError_t const rc = cudaEventQuery(event);
+            if (rc == cudaErrorNotReady) {
+              check_async(name(call.collective()).data(), call.tag());
+              return false;
+            }
+            cuda(rc, "cudaEventQuery");
+            check_async(name(call.collective()).data(), call.tag());
+            return true;
+          },
+          call);
+    } catch (...) {
+      abort_comm();
+      throw;
+    }
+  }
+
+ private:
+  void init(MpiSession const& session, NcclOptions const& opts) {
+    int devices = 0;
+    cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount (no usable CUDA device/driver?)");
+    if (devices == 0) throw CommError(detail::cat("ddp nccl: rank ", rank_, " sees no CUDA device"), rank_);
+    device_ = opts.device >= 0 ? opts.device : session.local_rank() % devices;
+    cuda(cudaSetDevice(device_), "cudaSetDevice");
+    ncclUniqueId id{};
+    if (rank_ == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (int rc = MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD); rc != MPI_SUCCESS) {
+      throw CommError(detail::cat("ddp nccl: rank ", rank_,
+                                  ": MPI_Bcast of the ncclUniqueId failed: ", detail::mpi_error_string(rc)),
+                      rank_);
+    }
+    nccl(ncclCommInitRank(&comm_, n_, id, rank_), "ncclCommInitRank");
+    cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
+    cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda(cudaEventCreateWithFlags(&barrier_, cudaEventDisableTiming), "cudaEventCreate");
+    events_.resize(std::max<std::size_t>(opts.max_in_flight, 1));
+    for (auto& e : events_) cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    scratch_ = DeviceBuffer<std::int32_t>(1);
+  }
+  // Ends every kernel of this communicator (they may wait forever for absent peers) and poisons the backend.
+  void abort_comm() noexcept {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    aborted_ = true;
+    session_->note_failure();
+    if (watch_) watch_->abandon();
+  }
+
+  void release() noexcept {
+    if (!aborted_ && stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    for (auto e : events_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (barrier_ != nullptr) cudaEventDestroy(barrier_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    comm_ = nullptr;
+    stream_ = nullptr;
+    ready_ = nullptr;
+    barrier_ = nullptr;
+    events_.clear();
+  }
+
+  friend class detail::CollectiveFrontEnd<NcclBackend>;
+
+  template <class S>
+  static constexpr void check_space() {
+    static_assert(std::same_as<typename S::space, DeviceSpace>,
+                  "NcclBackend needs device memory (a DeviceSpan), but this buffer is host memory: put it in a "
+                  "DeviceBuffer (ddp/tensor/device_buffer.hpp), or use ThreadsBackend / MpiBackend for host "
+                  "buffers");
+  }
+
+  // NCCL's reduction op for `op`. On one rank an average is the sum (x / 1 == x exactly): NCCL before 2.29.7
+  // runs one-rank averages through its oneRankReduce kernel, which leaves the last count % blocks elements
+  // unwritten (NVIDIA/nccl#1950). Seen on an H100 with NCCL 2.28.9, 2026-11-24: an out-of-place
+  // reduce_scatter kAvg of 3001 doubles kept the output's old value at index 3000. Sum on one rank is a copy.
+  ncclRedOp_t op_for(ReduceOp op) const noexcept {
+    return n_ == 1 && op == ReduceOp::kAvg ? ncclSum : detail::nccl_op(op);
+  }
+
+  template <class T>
+  void run_all_reduce(DeviceSpan<T> buf, ReduceOp op, CollectiveTag tag) {
+    enqueue(
+        [&] {
+          return ncclAllReduce(buf.data(), buf.data(), buf.size(), detail::nccl_type<T>(), op_for(op), comm_, stream_);
+        },
+        "all_reduce", tag);
+  }
+
+  template <class T>
+  NcclWork run_all_reduce_async(DeviceSpan<T> buf, ReduceOp op, CollectiveTag tag) {
+    run_all_reduce(buf, op, tag);
+    cudaEvent_t const e = events_[next_event_++ % events_.size()];
+    cuda(cudaEventRecord(e, stream_), "cudaEventRecord");
+    return NcclWork(this, e,
+                    detail::CallRecord::make(calls_, CollectiveKind::kAllReduce, buf.size(), dtype_of<T>, op, -1, tag));
+  }
+
+  template <class T>
+  void run_broadcast(DeviceSpan<T> buf, int root, CollectiveTag tag) {
+    enqueue(
+        [&] { return ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl_type<T>(), root, comm_, stream_); },
+        "broadcast", tag);
+  }
+
+  template <class T>
+  void run_all_gather(DeviceSpan<T const> src, DeviceSpan<T> dst, CollectiveTag tag) {
+    enqueue([&] { return ncclAllGather(src.data(), dst.data(), src.size(), detail::nccl_type<T>(), comm_, stream_); },
+            "all_gather", tag);
+  }
+
+  template <class T>
+  void run_reduce_scatter(DeviceSpan<T const> src, DeviceSpan<T> dst, ReduceOp op, CollectiveTag tag) {
+    enqueue(
+        [&] {
+          return ncclReduceScatter(src.data(), dst.data(), dst.size(), detail::nccl_type<T>(), op_for(op), comm_,
+                                   stream_);
+        },
+        "reduce_scatter", tag);
+  }
+
+  // NCCL has no gather/scatter: grouped point-to-point. The root exchanges block k (m elements at offset
+  // k * m of its whole buffer) with rank k and copies its own block on the stream.
+  template <class T>
+  void run_gather(DeviceSpan<T const> src, DeviceSpan<T> dst, int root, CollectiveTag tag) {
+    std::size_t const m = src.size();
+    grouped("gather", tag, [&](int k) {
+      if (rank_ != root)
+        return k == root ? ncclSend(src.data(), m, detail::nccl_type<T>(), root, comm_, stream_) : ncclSuccess;
+      return k == root ? device_copy(dst.data() + k * m, src.data(), m)
+                       : ncclRecv(dst.data() + k * m, m, detail::nccl_type<T>(), k, comm_, stream_);
+    });
+  }
+
+  template <class T>
+  void run_scatter(DeviceSpan<T const> src, DeviceSpan<T> dst, int root, CollectiveTag tag) {
+    std::size_t const m = dst.size();
+    grouped("scatter", tag, [&](int k) {
+      if (rank_ != root)
+        return k == root ? ncclRecv(dst.data(), m, detail::nccl_type<T>(), root, comm_, stream_) : ncclSuccess;
+      return k == root ? device_copy(dst.data(), src.data() + k * m, m)
+                       : ncclSend(src.data() + k * m, m, detail::nccl_type<T>(), k, comm_, stream_);
+    });
+  }
+
+  // One NCCL group of point-to-point calls: step(k) for every rank k, stopping at the first error.
+  template <class Step>
+  void grouped(char const* op, CollectiveTag tag, Step&& step) {
+    enqueue(
+        [&] {
+          ncclResult_t rc = ncclGroupStart();
+          for (int k = 0; k < n_ && rc == ncclSuccess; ++k) rc = step(k);
+          ncclResult_t const end = ncclGroupEnd();
+          return rc != ncclSuccess ? rc : end;
+        },
+        op, tag);
+  }
+
+  template <class T>
+  ncclResult_t device_copy(T* to, T const* from, std::size_t m) {
+    if (m == 0 || to == from) return ncclSuccess;
+    return cudaMemcpyAsync(to, from, m * sizeof(T), cudaMemcpyDeviceToDevice, stream_) == cudaSuccess
+               ? ncclSuccess
+               : ncclUnhandledCudaError;
+  }
+
+  void run_barrier(CollectiveTag tag) {
+    enqueue([&] { return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclInt32, ncclSum, comm_, stream_); },
+            "barrier", tag);
+    cuda(cudaEventRecord(barrier_, stream_), "cudaEventRecord(barrier)");
+    wait_event(barrier_,
+               detail::CallRecord::make(calls_, CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1, tag));
+  }
+
+  // Orders the collective after the compute stream's queued work, and later compute work after it.
+  template <class Launch>
+  void enqueue(Launch&& launch, char const* op, CollectiveTag tag) {
+    check_async(op, tag);  // fails at once after an abort
+    ++calls_;
+    cuda(cudaEventRecord(ready_, compute_), "cudaEventRecord(compute)");
+    cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    nccl(launch(), op, tag);
+    cuda(cudaEventRecord(ready_, stream_), "cudaEventRecord(nccl)");
+    cuda(cudaStreamWaitEvent(compute_, ready_, 0), "cudaStreamWaitEvent(compute)");
+  }
+
+  void cuda(cudaError_t rc, char const* call) const {
+    if (rc != cudaSuccess) {
+      throw CommError(detail::cat("ddp nccl: rank ", rank_, ": ", call, " failed: ", cudaGetErrorName(rc), " (",
+                                  cudaGetErrorString(rc), ")"),
+                      rank_);
+    }
+  }
+  void nccl(ncclResult_t rc, char const* op, CollectiveTag tag = {}) const {
+    if (rc == ncclSuccess) return;
+    char const* last = comm_ != nullptr ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
+    throw CommError(detail::cat("ddp nccl: ", op, detail::tag_suffix(tag), " on rank ", rank_, " of ", n_, " failed: ",
+                                ncclGetErrorString(rc), (last && *last) ? detail::cat(" (", last, ")") : std::string()),
+                    rank_);
+  }
+
+  friend class NcclWork;
+
+  MpiSession const* session_;
+  int rank_;
+  int n_;
+  int device_ = 0;
+  cudaStream_t compute_;
+  std::unique_ptr<detail::MpiWatch> watch_;  // deadlines, and peers' questions over MPI
+  std::uint64_t calls_ = 0;                  // collectives enqueued (their sequence numbers)
+  bool aborted_ = false;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  cudaEvent_t barrier_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+  std::size_t next_event_ = 0;
+  DeviceBuffer<std::int32_t> scratch_;
+};
+
+static_assert(Communicator<NcclBackend>);
+static_assert(AsyncCommunicator<NcclBackend>);
+
+inline void NcclWork::wait() const {
+  if (owner_ == nullptr) return;
+  owner_->wait_event(event_, call_);
+}
+inline bool NcclWork::test() const {
+  if (owner_ == nullptr) return true;
+  cudaError_t const rc = cudaEventQuery(event_);
+  if (rc == cudaErrorNotReady) return false;
+  owner_->cuda(rc, "cudaEventQuery");
+  return true;
+}
+
+}  // namespace ddp
