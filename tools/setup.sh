@@ -15,6 +15,7 @@ PKGS=(
   clang-14             # tools/fuzz.sh builds the fuzzers with clang++-14
   libfuzzer-14-dev     # tools/fuzz.sh: libFuzzer for clang++-14 -fsanitize=fuzzer (the IDX and checkpoint fuzzers)
   cmake                # the CMake package test (test/cmake): add_subdirectory and find_package consumers
+  iproute2             # test/cluster: network namespaces and veth links (ip netns) for the cluster tests
 )
 
 missing=()

@@ -241,6 +241,23 @@ TEST_CASE("calibrate: a cache that cannot be appended to fails on every rank bef
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("overlap_rates: the rates probe_overlap clamps, from hand-computed timelines") {
+  // GEMMs 1 s alone, 2 s beside 20 all-reduces of 0.1 s each that ended 0.5 s after them: compute ran at half
+  // speed, and the all-reduces did 2 - 0.5 = 1.5 s of their 2 s of work in the compute's 2 s.
+  auto const half = ddp::detail::overlap_rates(1.0, 0.1, 2.0, 2.5, 20);
+  CHECK(half.compute == doctest::Approx(0.5));
+  CHECK(half.comm == doctest::Approx(0.75));
+  // Every all-reduce done within the compute, which did not slow down: both rates 1.
+  auto const unhindered = ddp::detail::overlap_rates(1.0, 0.05, 1.0, 1.0, 20);
+  CHECK(unhindered.compute == doctest::Approx(1.0));
+  CHECK(unhindered.comm == doctest::Approx(1.0));
+  // Noise: compute faster beside the all-reduces than alone, and more work left after it than there was. These
+  // are the values outside (0, 1] that probe_overlap clamps.
+  auto const noisy = ddp::detail::overlap_rates(1.0, 0.01, 0.8, 1.3, 20);
+  CHECK(noisy.compute == doctest::Approx(1.25));
+  CHECK(noisy.comm == doctest::Approx((0.2 - 0.5) / 0.8));
+}
+
 TEST_CASE("probe_overlap: a sample per size, rates in (0, 1], the same on every rank; one rank and bad options") {
   std::vector<Overlap> got(2);
   spawn(2, [&](ThreadsBackend& comm) {

@@ -171,9 +171,13 @@ class basic_max_pool2d : public Module<T, S> {
   std::int64_t kernel_, stride_;
 };
 
-// Dropout with its own seeded generator: the same seed gives the same masks on every platform.
-// In DDP, seed each rank differently (e.g. seed + rank) unless identical masks are wanted. The generator is
-// named "generator" (named_generators), so a checkpoint continues its sequence.
+// Dropout with its own seeded generator: the same seed gives the same masks on every platform. The generator
+// is named "generator" (named_generators), so a checkpoint continues its sequence.
+// In DDP with the default batching (OnePass), each rank drops out its own samples: seed each rank differently
+// (e.g. seed + rank) so the ranks' masks differ, as one process over the whole batch would draw them. In
+// deterministic mode (ExactSum) do not: there the masks are keyed by each sample's place in the global batch,
+// and the constructor makes every rank's generator rank 0's (a generator reseeded per rank afterwards is refused
+// at the next step), so the masks are the same for every world size.
 template <class T = float, MemorySpace S = HostSpace>
 class basic_dropout : public Module<T, S> {
  public:

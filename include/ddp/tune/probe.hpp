@@ -42,6 +42,22 @@ struct Calibration {
 };
 
 namespace detail {
+// One repetition of probe_overlap at one size, in the slowest rank's seconds: `compute_alone` for the GEMMs
+// alone, `comm_alone` for one all-reduce alone, then both together: `compute_together` until the GEMMs ended,
+// `total_together` until the last of `calls` all-reduces ended. The rates before they are clamped to (0, 1]:
+// compute's, alone against together; the all-reduces', the work they did while compute ran (their time alone,
+// less what ran after the compute) against the compute's time. Noise can put either outside (0, 1].
+struct OverlapRates {
+  double compute = 1;
+  double comm = 1;
+};
+inline OverlapRates overlap_rates(double compute_alone, double comm_alone, double compute_together,
+                                  double total_together, double calls) noexcept {
+  double const work = calls * comm_alone;
+  double const after = total_together - compute_together;
+  return {compute_alone / compute_together, (work - after) / compute_together};
+}
+
 inline double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -259,10 +275,9 @@ Overlap probe_overlap(C& comm, OverlapProbeOptions const& opts = {}) {
           calls *= 2;
           continue;
         }
-        double const work = static_cast<double>(calls) * r[1];  // the all-reduces' time alone
-        double const after = r[3] - r[2];                       // ran alone after the compute ended
-        compute_rate.push_back(std::clamp(r[0] / r[2], 0.01, 1.0));
-        comm_rate.push_back(std::clamp((work - after) / r[2], 0.01, 1.0));
+        detail::OverlapRates const raw = detail::overlap_rates(r[0], r[1], r[2], r[3], static_cast<double>(calls));
+        compute_rate.push_back(std::clamp(raw.compute, 0.01, 1.0));
+        comm_rate.push_back(std::clamp(raw.comm, 0.01, 1.0));
         ++rep;
       }
       out.curve.push_back({n * sizeof(float), detail::median_of(compute_rate), detail::median_of(comm_rate)});
