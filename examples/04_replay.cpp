@@ -89,7 +89,9 @@ Outcome replay_rank(Comm& comm, fixture::Fixture const& f, fixture::RunInfo cons
         f.name().c_str(), run.name.c_str(), run.world_size, run.ddp ? "DDP" : "plain",
         std::same_as<S, HostSpace> ? "host" : "device", c.max_abs_diff, c.max_abs_final, c.max_abs_change, c.tol_weight,
         c.tol_change, out.max_loss_diff, c.tol_weight,
-        !c.ok() ? "MISMATCH (weights)" : !losses_ok ? "MISMATCH (losses)" : "OK");
+        !c.ok()      ? "MISMATCH (weights)"
+        : !losses_ok ? "MISMATCH (losses)"
+                     : "OK");
   }
   host_broadcast(comm, std::span<double>(summary), 0);
   out.max_abs_diff = summary[0];

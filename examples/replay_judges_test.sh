@@ -14,7 +14,7 @@ run() {  # run DIR EXPECTED_EXIT EXPECTED_TEXT
 }
 run "$fixture" 0 "-> OK"
 
-cp -r "$fixture" "$tmp/losses"
+cp -rL "$fixture" "$tmp/losses"
 chmod -R u+w "$tmp/losses"
 awk '/"ws2": \{/ { run = 1 } run && /"losses_per_rank"/ { found = 1 }
      found && !done && /^ *-?[0-9]/ { sub(/-?[0-9.e+-]+/, sprintf("%.17g", $1 + 1e-3)); done = 1 } { print }' \
@@ -22,7 +22,7 @@ awk '/"ws2": \{/ { run = 1 } run && /"losses_per_rank"/ { found = 1 }
 ! cmp -s "$fixture/meta.json" "$tmp/losses/meta.json" || { echo "replay_judges_test: the loss was not changed" >&2; exit 1; }
 run "$tmp/losses" 1 "MISMATCH (losses)"
 
-cp -r "$fixture" "$tmp/weights"
+cp -rL "$fixture" "$tmp/weights"
 chmod -R u+w "$tmp/weights"
 printf '\x00\x00\x80\x3f' | dd of="$tmp/weights/final_ws2.bin" bs=4 count=1 conv=notrunc status=none  # 1.0f
 run "$tmp/weights" 1 "MISMATCH (weights)"

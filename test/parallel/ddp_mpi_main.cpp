@@ -10,13 +10,15 @@ int main(int argc, char** argv) {
   try {
     ddp::MpiBackend comm(session);
     double const eq = ddp::test::equivalence(comm, 16, 20);
-    ddp::test::expect(eq <= 1e-6, "equivalence: relative max difference " + std::to_string(eq));
+    ddp::test::expect(eq <= ddp::test::kEquivalenceTolerance,
+                      "equivalence: relative max difference " + std::to_string(eq));
     double const eq_small = ddp::test::equivalence(comm, 16, 20, {.cap_bytes = 0, .first_cap_bytes = 0});
-    ddp::test::expect(eq_small <= 1e-6, "equivalence (one bucket per parameter): " + std::to_string(eq_small));
+    ddp::test::expect(eq_small <= ddp::test::kEquivalenceTolerance,
+                      "equivalence (one bucket per parameter): " + std::to_string(eq_small));
     ddp::test::shape_mismatch(comm);
     ddp::test::unused_parameter(comm);
     double const ns = ddp::test::no_sync_accumulation(comm);
-    ddp::test::expect(ns <= 1e-6, "no_sync accumulation differs by " + std::to_string(ns));
+    ddp::test::expect(ns <= ddp::test::kEquivalenceTolerance, "no_sync accumulation differs by " + std::to_string(ns));
     ddp::test::buffer_broadcast(comm);
     for (bool find_unused : {false, true}) {
       double const ub = ddp::test::unrelated_backward(comm, {.find_unused_parameters = find_unused});

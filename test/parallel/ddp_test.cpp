@@ -16,7 +16,7 @@ TEST_CASE("N ranks on B/N equal one process on B after 20 SGD-momentum steps") {
       CAPTURE(cfg.cap_bytes);
       std::vector<double> rel(n);
       spawn(n, [&](ThreadsBackend& comm) { rel[comm.rank()] = test::equivalence(comm, 16, 20, cfg); });
-      for (double d : rel) CHECK(d <= 1e-6);
+      for (double d : rel) CHECK(d <= test::kEquivalenceTolerance);
     }
   }
 }
@@ -33,7 +33,7 @@ TEST_CASE("no_sync: k accumulated micro-batches then one synced step equal one b
   for (int n : {1, 2, 4}) {
     std::vector<double> d(n);
     spawn(n, [&](ThreadsBackend& comm) { d[comm.rank()] = test::no_sync_accumulation(comm); });
-    for (double x : d) CHECK(x <= 1e-6);
+    for (double x : d) CHECK(x <= test::kEquivalenceTolerance);
   }
 }
 
