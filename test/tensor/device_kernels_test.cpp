@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ddp/ddp.hpp"
@@ -532,5 +533,124 @@ TEST_CASE_TEMPLATE("optimizer updates (SGD variants, Adam, AdamW) equal the host
       expect_close("adam w", hw, down(dw), ulps<T>(8));
       expect_close("adam m", hm, down(dm), exact<T>());
       expect_close("adam v", hv, down(dv), exact<T>());
+    }
+}
+
+namespace {
+
+// |got − want| ≤ tol · bound for every element, with want and bound computed in double by the naive loops below
+// (bound: Σ|a·b| over the element's products, the scale of a dot product's rounding error).
+template <class T>
+void expect_within_reference(std::string const& what, std::vector<T> const& got, std::vector<double> const& want,
+                             std::vector<double> const& bound, double tol) {
+  INFO(what);
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    double const e = std::abs(double(got[i]) - want[i]) / std::max(bound[i], 1e-300);
+    if (!(e <= worst)) worst = e, at = i;
+  }
+  CHECK_MESSAGE(worst <= tol, what << ": element " << at << " device " << double(got[at]) << " reference " << want[at]
+                                   << " (error/bound " << worst << ", tolerance " << tol << ")");
+}
+
+// The direct convolution in double: x (N, C, H, W), w (O, C, k, k), y (N, O, OH, OW); `abs` sums |x·w| instead.
+// gx and gw are its adjoints for a given gy.
+struct NaiveConv {
+  ConvGeometry g;
+  template <class F>
+  void each(F&& f) const {  // f(x index, w index, y index) for every product of the convolution
+    for (i64 n = 0; n < g.N; ++n)
+      for (i64 o = 0; o < g.O; ++o)
+        for (i64 i = 0; i < g.OH(); ++i)
+          for (i64 j = 0; j < g.OW(); ++j)
+            for (i64 c = 0; c < g.C; ++c)
+              for (i64 p = 0; p < g.k; ++p)
+                for (i64 q = 0; q < g.k; ++q) {
+                  i64 const h = i * g.stride + p - g.pad, v = j * g.stride + q - g.pad;
+                  if (h < 0 || h >= g.H || v < 0 || v >= g.W) continue;
+                  f(((n * g.C + c) * g.H + h) * g.W + v, ((o * g.C + c) * g.k + p) * g.k + q,
+                    ((n * g.O + o) * g.OH() + i) * g.OW() + j);
+                }
+  }
+};
+
+}  // namespace
+
+// On Thrust's CPU system the device GEMM and convolution are the host kernels, so the tests above compare them
+// with themselves; these compare them with an independent reference, naive loops in double, on every system.
+TEST_CASE_TEMPLATE("gemm against a naive double reference, every transpose, beta 0 and 1", T, float, double) {
+  Generator g(17);
+  struct Case {
+    i64 M, N, K;
+  };
+  for (Case c : {Case{3, 4, 5}, Case{2, 300, 200}, Case{64, 96, 128}, Case{120, 80, 3}}) {
+    auto A = random<T>(c.M * c.K, g), B = random<T>(c.K * c.N, g), C0 = random<T>(c.M * c.N, g);
+    for (Trans ta : {Trans::kNo, Trans::kYes})
+      for (Trans tb : {Trans::kNo, Trans::kYes})
+        for (T beta : {T(0), T(1)}) {
+          double const alpha = 0.5;
+          std::vector<double> want(static_cast<std::size_t>(c.M * c.N)), bound(want.size());
+          for (i64 m = 0; m < c.M; ++m)
+            for (i64 n = 0; n < c.N; ++n) {
+              double s = 0, a = 0;
+              for (i64 k = 0; k < c.K; ++k) {
+                double const x = double(A[static_cast<std::size_t>(ta == Trans::kNo ? m * c.K + k : k * c.M + m)]);
+                double const y = double(B[static_cast<std::size_t>(tb == Trans::kNo ? k * c.N + n : n * c.K + k)]);
+                s += x * y, a += std::abs(x * y);
+              }
+              auto const e = static_cast<std::size_t>(m * c.N + n);
+              want[e] = alpha * s + double(beta) * double(C0[e]);
+              bound[e] = alpha * a + std::abs(double(beta) * double(C0[e]));
+            }
+          auto hc = C0;
+          if (beta == T(0)) std::fill(hc.begin(), hc.end(), std::numeric_limits<T>::quiet_NaN());
+          auto dc = up(hc);
+          D::gemm(ta, tb, c.M, c.N, c.K, T(alpha), up(A).data(), up(B).data(), beta, dc.data());
+          // A dot product of K terms rounds by at most about K ulps of Σ|a·b| (plus the scaling and beta's add).
+          double const tol = double(c.K + 4) * double(std::numeric_limits<T>::epsilon());
+          expect_within_reference(
+              detail::cat("gemm ", c.M, "x", c.N, "x", c.K, " ta ", int(ta), " tb ", int(tb), " beta ", double(beta)),
+              down(dc), want, bound, tol);
+        }
+  }
+}
+
+TEST_CASE_TEMPLATE("conv2d forward and backward against a naive double reference", T, float, double) {
+  Generator g(19);
+  // Winograd's transforms round more than a direct sum (3x3, stride 1, >= 8 channels takes it on the host; cuDNN
+  // picks its own): a looser bound than a GEMM's (float measured up to 1.1e-6 on the CPU system, Winograd's gx),
+  // the one the GPU test above holds cuDNN to, far below what a wrong index or a missing term gives.
+  double const tol = sizeof(T) == 4 ? 1e-5 : 1e-12;
+  for (ConvGeometry geo : {ConvGeometry{.N = 2, .C = 3, .H = 7, .W = 6, .O = 4, .k = 3, .stride = 2, .pad = 1},
+                           ConvGeometry{.N = 2, .C = 8, .H = 10, .W = 9, .O = 8, .k = 3},
+                           ConvGeometry{.N = 1, .C = 1, .H = 28, .W = 28, .O = 5, .k = 5, .pad = 2}})
+    for (ConvAlgorithm algo : {ConvAlgorithm::kAuto, ConvAlgorithm::kIm2col}) {
+      geo.algorithm = algo;
+      std::string const label = detail::cat("conv2d C", geo.C, " O", geo.O, " k", geo.k, " s", geo.stride, " p",
+                                            geo.pad, " algorithm ", int(algo));
+      i64 const nx = geo.N * geo.C * geo.H * geo.W, nw = geo.O * geo.C * geo.k * geo.k, ny = geo.N * geo.O * geo.L();
+      auto x = random<T>(nx, g), w = random<T>(nw, g), gy = random<T>(ny, g);
+      std::vector<double> y(static_cast<std::size_t>(ny)), by(y.size()), gx(static_cast<std::size_t>(nx)),
+          bgx(gx.size()), gw(static_cast<std::size_t>(nw)), bgw(gw.size());
+      auto const X = [&](i64 i) { return double(x[static_cast<std::size_t>(i)]); };
+      auto const Wt = [&](i64 i) { return double(w[static_cast<std::size_t>(i)]); };
+      auto const GY = [&](i64 i) { return double(gy[static_cast<std::size_t>(i)]); };
+      NaiveConv{geo}.each([&](i64 xi, i64 wi, i64 yi) {
+        auto const [ux, uw, uy] =
+            std::tuple{static_cast<std::size_t>(xi), static_cast<std::size_t>(wi), static_cast<std::size_t>(yi)};
+        y[uy] += X(xi) * Wt(wi), by[uy] += std::abs(X(xi) * Wt(wi));
+        gx[ux] += GY(yi) * Wt(wi), bgx[ux] += std::abs(GY(yi) * Wt(wi));
+        gw[uw] += GY(yi) * X(xi), bgw[uw] += std::abs(GY(yi) * X(xi));
+      });
+      auto dx = up(x), dw = up(w), dgy = up(gy);
+      Tensor<T, DeviceSpace> dy(Shape{ny}), dgx(Shape{nx}), dgw(Shape{nw});
+      D::conv2d_fwd(geo, dx.data(), dw.data(), static_cast<T const*>(nullptr), dy.data());
+      D::conv2d_bwd(geo, dx.data(), dw.data(), dy.data(), dgy.data(), T(0), dgx.data(), T(0), dgw.data(), T(0),
+                    static_cast<T*>(nullptr));
+      expect_within_reference(label + " fwd", down(dy), y, by, tol);
+      expect_within_reference(label + " gx", down(dgx), gx, bgx, tol);
+      expect_within_reference(label + " gw", down(dgw), gw, bgw, tol);
     }
 }
