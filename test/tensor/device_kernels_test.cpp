@@ -11,7 +11,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "ddp/ddp.hpp"
@@ -561,6 +560,7 @@ struct NaiveConv {
   ConvGeometry g;
   template <class F>
   void each(F&& f) const {  // f(x index, w index, y index) for every product of the convolution
+    auto const at = [](i64 i) { return static_cast<std::size_t>(i); };
     for (i64 n = 0; n < g.N; ++n)
       for (i64 o = 0; o < g.O; ++o)
         for (i64 i = 0; i < g.OH(); ++i)
@@ -570,8 +570,8 @@ struct NaiveConv {
                 for (i64 q = 0; q < g.k; ++q) {
                   i64 const h = i * g.stride + p - g.pad, v = j * g.stride + q - g.pad;
                   if (h < 0 || h >= g.H || v < 0 || v >= g.W) continue;
-                  f(((n * g.C + c) * g.H + h) * g.W + v, ((o * g.C + c) * g.k + p) * g.k + q,
-                    ((n * g.O + o) * g.OH() + i) * g.OW() + j);
+                  f(at(((n * g.C + c) * g.H + h) * g.W + v), at(((o * g.C + c) * g.k + p) * g.k + q),
+                    at(((n * g.O + o) * g.OH() + i) * g.OW() + j));
                 }
   }
 };
@@ -634,15 +634,11 @@ TEST_CASE_TEMPLATE("conv2d forward and backward against a naive double reference
       auto x = random<T>(nx, g), w = random<T>(nw, g), gy = random<T>(ny, g);
       std::vector<double> y(static_cast<std::size_t>(ny)), by(y.size()), gx(static_cast<std::size_t>(nx)),
           bgx(gx.size()), gw(static_cast<std::size_t>(nw)), bgw(gw.size());
-      auto const X = [&](i64 i) { return double(x[static_cast<std::size_t>(i)]); };
-      auto const Wt = [&](i64 i) { return double(w[static_cast<std::size_t>(i)]); };
-      auto const GY = [&](i64 i) { return double(gy[static_cast<std::size_t>(i)]); };
-      NaiveConv{geo}.each([&](i64 xi, i64 wi, i64 yi) {
-        auto const [ux, uw, uy] =
-            std::tuple{static_cast<std::size_t>(xi), static_cast<std::size_t>(wi), static_cast<std::size_t>(yi)};
-        y[uy] += X(xi) * Wt(wi), by[uy] += std::abs(X(xi) * Wt(wi));
-        gx[ux] += GY(yi) * Wt(wi), bgx[ux] += std::abs(GY(yi) * Wt(wi));
-        gw[uw] += GY(yi) * X(xi), bgw[uw] += std::abs(GY(yi) * X(xi));
+      NaiveConv{geo}.each([&](std::size_t xi, std::size_t wi, std::size_t yi) {
+        double const a = double(x[xi]), b = double(w[wi]), d = double(gy[yi]);
+        y[yi] += a * b, by[yi] += std::abs(a * b);
+        gx[xi] += d * b, bgx[xi] += std::abs(d * b);
+        gw[wi] += d * a, bgw[wi] += std::abs(d * a);
       });
       auto dx = up(x), dw = up(w), dgy = up(gy);
       Tensor<T, DeviceSpace> dy(Shape{ny}), dgx(Shape{nx}), dgw(Shape{nw});
