@@ -4,7 +4,9 @@ cuda_library(name, srcs = [*.cu, *.cpp], hdrs, deps, copts, cuda_archs) compiles
 source with nvcc (host compiler = the C++ toolchain's gcc/g++) into a PIC object and
 wraps the objects in a cc_library that also depends on @cuda//:cudart, so cc_binary /
 cc_test targets can depend on it like on any cc_library. A .cpp source is compiled as
-CUDA (-x cu): the same file g++ builds for Thrust's CPU system runs on the GPU.
+CUDA (-x cu): the same file g++ builds for Thrust's CPU system runs on the GPU. On a machine
+without the toolkit (tools/cuda_repo.bzl) both targets are incompatible: `bazel build //...`
+skips them and everything that depends on them.
 
 DDP_NVCC_COPTS: what ddp's device code needs from nvcc (constexpr host functions in
 device code, Eigen kept host-only, optimised host code).
@@ -12,6 +14,7 @@ device code, Eigen kept host-only, optimised host code).
 
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
+load("@cuda//:defs.bzl", _CUDA_ONLY = "CUDA_ONLY", _NVCC = "NVCC")
 
 DDP_NVCC_COPTS = [
     "-O3",
@@ -25,7 +28,10 @@ DDP_NVCC_COPTS = [
 # and g++ at -O3 on the host side was about half of each test unit's nvcc time.
 DDP_NVCC_TEST_COPTS = ["-O1" if c == "-O3" else c for c in DDP_NVCC_COPTS]
 
-NVCC = "/usr/local/cuda/bin/nvcc"
+NVCC = _NVCC
+
+# target_compatible_with for a target that needs the toolkit without depending on @cuda (tools/cuda_repo.bzl).
+CUDA_ONLY = _CUDA_ONLY
 
 def _cuda_objects_impl(ctx):
     cc_toolchain = find_cpp_toolchain(ctx)
@@ -100,6 +106,9 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], defines = [], cud
         objs_kwargs["cuda_archs"] = cuda_archs
     if "testonly" in kwargs:
         objs_kwargs["testonly"] = kwargs["testonly"]
+
+    # Without the toolkit (tools/cuda_repo.bzl) both are incompatible, and so is everything that depends on them.
+    kwargs["target_compatible_with"] = kwargs.get("target_compatible_with", []) + CUDA_ONLY
     cuda_objects(
         name = name + "_objs",
         srcs = srcs,
@@ -107,6 +116,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], defines = [], cud
         deps = deps + ["@cuda//:cuda_headers", "@cuda//:cccl"],
         copts = copts,
         defines = defines,
+        target_compatible_with = kwargs["target_compatible_with"],
         **objs_kwargs
     )
     native.cc_library(

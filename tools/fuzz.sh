@@ -6,7 +6,9 @@
 # replays it with gcc). After a crash the target is restarted for the time left (at most 5 restarts).
 #
 # usage: tools/fuzz.sh [SECONDS per target, default 60] [TARGET...]   (targets: idx checkpoint)
-# env:   CXX (default clang++-14), FUZZ_OUT (work dir, default /tmp/ddp-fuzz)
+# env:   CXX (default clang++-14), FUZZ_OUT (work dir, default /tmp/ddp-fuzz), FUZZ_REGRESSIONS (where crashing
+#        inputs are copied, default test/fuzz/regressions; //test/fuzz:*_fuzz_test points it outside the tree)
+# exit:  0 when no target crashed, 1 when one did (its inputs are kept), 2 on bad usage or a failed build.
 # needs: clang-14 and libfuzzer-14-dev (tools/setup.sh installs both)
 set -euo pipefail
 
@@ -23,6 +25,7 @@ command -v "$cxx" >/dev/null || { echo "fuzz.sh: $cxx not found (apt-get install
 mkdir -p "$out"
 
 summary=()
+crashed=0
 for t in "${targets[@]}"; do
   src="$root/test/fuzz/${t}_fuzz.cpp"
   [ -f "$src" ] || { echo "fuzz.sh: unknown target '$t' (no $src)" >&2; exit 2; }
@@ -30,11 +33,11 @@ for t in "${targets[@]}"; do
   echo "== $t: building $bin"
   "$cxx" -std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
     -fno-sanitize-recover=undefined -I"$root/include" -I"$root" -isystem /usr/include/eigen3 \
-    "$src" -lz -o "$bin"
+    "$src" -lz -o "$bin" || { echo "fuzz.sh: building $t failed" >&2; exit 2; }
 
   corpus="$out/corpus/$t"   # grows with what the fuzzer finds; the seeds in the tree stay as they are
   crashes="$out/crashes/$t"
-  regress="$root/test/fuzz/regressions/$t"
+  regress="${FUZZ_REGRESSIONS:-$root/test/fuzz/regressions}/$t"
   rm -rf "$crashes"
   mkdir -p "$corpus" "$crashes" "$regress"
   log="$out/$t.log"
@@ -69,8 +72,9 @@ for t in "${targets[@]}"; do
     [ -f "$f" ] || continue
     found=$((found + 1))
     cp -n "$f" "$regress/" || true
-    echo "== $t: CRASH input kept as test/fuzz/regressions/$t/$(basename "$f")"
+    echo "== $t: CRASH input kept as $regress/$(basename "$f")"
   done
+  [ "$found" -eq 0 ] || crashed=1
   line="$t: ${secs}s, $execs executions, cov: $cov, ft: $ft, corpus: $corp, crashing inputs: $found (log: $log)"
   summary+=("$line")
   echo "== $line"
@@ -79,3 +83,7 @@ done
 echo
 echo "fuzz.sh summary ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $("$cxx" --version | head -1)):"
 for s in "${summary[@]}"; do echo "  $s"; done
+if [ "$crashed" -ne 0 ]; then
+  echo "fuzz.sh: crashing inputs found; fix the parser, then commit them under test/fuzz/regressions/<target>/"
+  exit 1
+fi

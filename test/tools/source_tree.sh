@@ -7,7 +7,7 @@ source_tree_root() {
   while [ "$root" != / ] && [ ! -f "$root/include/ddp/ddp.hpp" ]; do root="$(dirname "$root")"; done
   [ -f "$root/include/ddp/ddp.hpp" ] || { echo "FAIL: no include/ddp/ddp.hpp above $real"; exit 1; }
 }
-# ddp's headers on -I (Bazel's `includes` makes them -isystem, which hides their warnings); Eigen, MPICH and
-# CUDA (Thrust, NCCL) on -isystem, where Debian and tools/setup.sh put them. Relative to the root.
-source_tree_includes=(-I include -I . -isystem /usr/include/eigen3 -isystem /usr/include/x86_64-linux-gnu/mpich
-                      -isystem /usr/local/cuda/include/cccl -isystem /usr/local/cuda/include)
+# ddp's headers on -I (Bazel's `includes` makes them -isystem, which hides their warnings); Eigen and MPICH on
+# -isystem, where Debian puts them (Thrust and CUDA: the caller adds @cuda's directories, tools/cuda_repo.bzl).
+# Relative to the root.
+source_tree_includes=(-I include -I . -isystem /usr/include/eigen3 -isystem /usr/include/x86_64-linux-gnu/mpich)
