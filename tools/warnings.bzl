@@ -2,7 +2,7 @@
 
 GCC's common warnings, with ddp's headers on -I (Bazel's `includes` makes them -isystem, which hides their
 warnings; -Iinclude is searched first) and third-party headers still on -isystem: what a careful user's -Werror
-build sees. The examples (host, device on Thrust's CPU system, MPI), the nn tests (device training) and the NCCL
+build sees. The examples (host, device on Thrust's CPU system, MPI), the nn and device tests and the NCCL
 backend compiled by g++ are built with it, so a warning in a header fails the build itself, with no second
 compile. -Wuninitialized stays a warning, not an error: GCC 12.1-12.2's AVX-512 intrinsics make their
 "undefined" vectors by self-initialisation (`__m512 __Y = __Y;` in avx512fintrin.h, GCC bug 105593), which
