@@ -105,6 +105,10 @@ struct Node {
 };
 
 namespace detail {
+[[noreturn]] [[gnu::noinline, gnu::cold]] inline void throw_undefined_variable() {
+  throw ArgumentError("use of an undefined (default-constructed) ddp::Variable");
+}
+
 template <class T, MemorySpace S, class F>
 struct FnNode final : Node<T, S> {
   std::optional<F> fn;
@@ -166,8 +170,10 @@ class Variable {
   std::shared_ptr<node_type> const& node_ptr() const noexcept { return node_; }
 
  private:
+  // Inlined everywhere (it guards every accessor); the throw lives out of line.
   node_type& checked() const {
-    if (!node_) throw ArgumentError("use of an undefined (default-constructed) ddp::Variable");
+    if (!node_) [[unlikely]]
+      detail::throw_undefined_variable();
     return *node_;
   }
   std::shared_ptr<node_type> node_;

@@ -49,6 +49,7 @@ class ExactReducer {
     sums_.assign(n, 0);
     words_.assign(4 * np, 0);
     ready_.assign(np, 0);
+    unready_ = np;
     had_.assign(np, 0);
     // |q| <= 2^bits for each of V terms, so the sum stays within int64: V * 2^bits <= 2^62.
     bits_ = 62 - static_cast<int>(std::bit_width(static_cast<std::uint64_t>(micro_batches_ - 1)));
@@ -65,15 +66,18 @@ class ExactReducer {
     std::fill(words_.begin(), words_.begin() + static_cast<std::ptrdiff_t>(np), kFloorExponent);
     std::fill(words_.begin() + static_cast<std::ptrdiff_t>(np), words_.end(), 0);
     std::fill(ready_.begin(), ready_.end(), 0);
+    unready_ = ready_.size();
     std::fill(had_.begin(), had_.end(), 0);
     held_count_ = 0;
   }
 
   bool is_ready(std::size_t i) const noexcept { return ready_[i] != 0; }
+  bool all_ready() const noexcept { return unready_ == 0; }
   bool had_grad(std::size_t i) const noexcept { return had_[i] != 0; }
 
   // The last micro-batch's gradient of parameter i is final (its own, or zeros the caller wrote).
   void mark_ready(std::size_t i, bool has_grad) {
+    if (!ready_[i]) --unready_;
     ready_[i] = 1;
     had_[i] |= has_grad ? 1 : 0;
   }
@@ -218,6 +222,7 @@ class ExactReducer {
   std::vector<std::int64_t> sums_;   // the exact sums, laid out as the arena
   std::vector<std::int64_t> words_;  // per parameter: exponent, non-finite, missing here, present here
   std::vector<char> ready_, had_;
+  std::size_t unready_ = 0;  // parameters not yet marked ready in this round
   ReduceOutcome outcome_;
 };
 

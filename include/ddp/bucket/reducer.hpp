@@ -33,7 +33,9 @@ namespace ddp {
 // scaled by 1/N), and each rank slot holds one rank's id / N, which ×N recovers exactly: so the
 // fingerprint check is exact for any world size and names the ranks that reduced something else.
 //
-// One rank: nothing is exchanged, and the outcome is this rank's own flags.
+// One rank: nothing is exchanged or launched; mark_ready() writes the outcome (this rank's own flags) as it goes,
+// and begin()/finish() skip the bucket bookkeeping, which would otherwise cost a 10-10-5 model's one-rank step
+// about 0.1 us (bench/RESULTS.md, "The one-rank step").
 // Thread safety: one thread per rank drives it (the backward's); the communicator's progress thread only
 // touches the bucket slices in flight. Determinism: it adds nothing to the gradients' arithmetic; results
 // are those of the backend's all-reduce (bitwise identical on all ranks for threads and MPI).
@@ -63,6 +65,7 @@ class BucketReducer {
     std::size_t widest = 0;
     for (auto const& b : plan_.buckets) widest = std::max(widest, b.params.size());
     ready_.assign(np, 0);
+    unready_ = np;
     has_grad_.assign(np, 0);
     pending_.assign(nb, 0);
     works_.resize(nb);
@@ -103,9 +106,11 @@ class BucketReducer {
   // Starts a round: every parameter pending. Anything a previous, unfinished round launched completes first
   // (its errors were or will be reported by the collective that raised them), so no buffer is reused in flight.
   void begin() {
-    abandon();
     std::fill(ready_.begin(), ready_.end(), 0);
     std::fill(has_grad_.begin(), has_grad_.end(), 0);
+    unready_ = ready_.size();
+    if (world_ == 1) return;  // nothing is launched on one rank (see mark_ready)
+    abandon();
     for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
       pending_[b] = static_cast<std::int64_t>(plan_.buckets[b].params.size());
     next_launch_ = 0;
@@ -116,6 +121,8 @@ class BucketReducer {
   void end_micro_batch() noexcept {}
 
   bool is_ready(std::size_t i) const noexcept { return ready_[i] != 0; }
+  // Whether every parameter was marked ready in this round.
+  bool all_ready() const noexcept { return unready_ == 0; }
   // Whether parameter i had a gradient on this rank when it was marked ready in this round.
   bool had_grad(std::size_t i) const noexcept { return has_grad_[i] != 0; }
 
@@ -123,9 +130,15 @@ class BucketReducer {
   // every bucket that is now complete, in plan order. Once per parameter per round.
   void mark_ready(std::size_t i, bool has_grad) {
     if (ready_[i]) throw ArgumentError(detail::cat("BucketReducer: parameter ", i, " marked ready twice in one round"));
-    if (observer_) poll();
     ready_[i] = 1;
+    --unready_;
     has_grad_[i] = has_grad ? 1 : 0;
+    if (world_ == 1) {  // nothing to exchange: the outcome is this rank's own flags, known now
+      outcome_.missing_somewhere[i] = !has_grad;
+      outcome_.present_somewhere[i] = has_grad;
+      return;
+    }
+    if (observer_) poll();
     if (--pending_[plan_.bucket_of[i]] != 0) return;
     while (next_launch_ < plan_.buckets.size() && pending_[next_launch_] == 0)
       launch(next_launch_++, Participation::kActive);
@@ -138,6 +151,11 @@ class BucketReducer {
   ReduceOutcome const& shadow_round() {
     begin();
     std::fill(ready_.begin(), ready_.end(), 1);
+    unready_ = 0;
+    if (world_ == 1) {  // nobody answers: every parameter reads as missing
+      std::fill(outcome_.missing_somewhere.begin(), outcome_.missing_somewhere.end(), 1);
+      std::fill(outcome_.present_somewhere.begin(), outcome_.present_somewhere.end(), 0);
+    }
     for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
       Kernels<S>::fill(plan_.buckets[b].numel, T(0), slice(b));
       pending_[b] = 0;
@@ -150,17 +168,20 @@ class BucketReducer {
   // Backward is over and every parameter was marked ready: waits for every bucket, checks the fingerprints
   // and reads the flags. Throws DdpError, on every rank alike, when ranks reduced different buckets together.
   ReduceOutcome const& finish() {
-    for (std::size_t i = 0; i < ready_.size(); ++i)
-      if (!ready_[i])
-        throw ArgumentError(detail::cat("BucketReducer::finish: parameter ", i, " was never marked ready"));
-    if (observer_) observer_->on_wait_begin();
-    wait_all();
-    if (observer_) observer_->on_wait_end();
-    std::fill(non_finite_here_.begin(), non_finite_here_.end(), 0);
-    for (std::size_t b = 0; b < plan_.buckets.size(); ++b) decode(b);
-    outcome_.non_finite_ranks.clear();
-    for (int r = 0; r < world_; ++r)
-      if (non_finite_here_[static_cast<std::size_t>(r)]) outcome_.non_finite_ranks.push_back(r);
+    if (unready_ != 0)
+      for (std::size_t i = 0; i < ready_.size(); ++i)
+        if (!ready_[i])
+          throw ArgumentError(detail::cat("BucketReducer::finish: parameter ", i, " was never marked ready"));
+    if (world_ > 1) {  // one rank: mark_ready() wrote the outcome, nothing is in flight
+      if (observer_) observer_->on_wait_begin();
+      wait_all();
+      if (observer_) observer_->on_wait_end();
+      std::fill(non_finite_here_.begin(), non_finite_here_.end(), 0);
+      for (std::size_t b = 0; b < plan_.buckets.size(); ++b) decode(b);
+      outcome_.non_finite_ranks.clear();
+      for (int r = 0; r < world_; ++r)
+        if (non_finite_here_[static_cast<std::size_t>(r)]) outcome_.non_finite_ranks.push_back(r);
+    }
     if (per_rank_ > 1)  // the sum of this rank's micro-batch gradients, averaged over ranks: divide by their count
       for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
         Kernels<S>::axpby(plan_.buckets[b].numel, T(1) / T(per_rank_), slice(b), T(0), slice(b));
@@ -191,7 +212,7 @@ class BucketReducer {
   T* slice(std::size_t b) const noexcept { return grads_.data() + offsets_[b]; }
 
   void launch(std::size_t b, Participation part) {
-    if (world_ == 1) return;  // nothing to exchange: decode() reads this rank's own flags
+    if (world_ == 1) return;  // nothing to exchange
     auto const& bucket = plan_.buckets[b];
     std::size_t const p = bucket.params.size();
     std::int64_t const nst = status_slots(p, world_);
@@ -252,13 +273,6 @@ class BucketReducer {
   void decode(std::size_t b) {
     auto const& bucket = plan_.buckets[b];
     std::size_t const p = bucket.params.size();
-    if (world_ == 1) {  // one rank: the "reduced" flags are its own (no status words were written)
-      for (auto const i : bucket.params) {
-        outcome_.missing_somewhere[i] = !has_grad_[i];
-        outcome_.present_somewhere[i] = has_grad_[i];
-      }
-      return;
-    }
     std::int64_t const nst = status_slots(p, world_);
     Kernels<S>::to_host(nst, slice(b) + bucket.numel, staging_.data());
     std::string others;
@@ -298,6 +312,7 @@ class BucketReducer {
   std::vector<std::optional<work_t>> works_;
   std::vector<T> staging_;  // one bucket's status words on the host
   std::size_t next_launch_ = 0;
+  std::size_t unready_ = 0;    // parameters not yet marked ready in this round
   std::int64_t per_rank_ = 1;  // micro-batches per round on this rank
   ReduceOutcome outcome_;
 };

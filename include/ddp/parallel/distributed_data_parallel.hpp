@@ -220,12 +220,17 @@ class DistributedDataParallel {
     std::optional<SampleKeyScope> keyed;  // dropout keyed by the sample, not a generator's stream (policies.hpp)
     if constexpr (R::world_size_invariant)
       if (key) keyed.emplace(*key);
-    auto const t0 = Timeline::clock::now();
-    V y = model_->forward(x);
-    if (timeline_) timeline_->forward(t0, Timeline::clock::now());
+    V y = timeline_ ? timed_forward(x) : model_->forward(x);
     if constexpr (R::world_size_invariant)
       if (sync && index + 1 == per_rank_)
         detail::check_buffers_unchanged(*comm_, *model_, detail::buffers_fingerprint(*model_) != open_->buffers);
+    return y;
+  }
+
+  V timed_forward(V const& x) {
+    auto const t0 = Timeline::clock::now();
+    V y = model_->forward(x);
+    timeline_->forward(t0, Timeline::clock::now());
     return y;
   }
 
@@ -248,7 +253,7 @@ class DistributedDataParallel {
       if (!post_backward_queued(&d)) queue_post_backward(&d, [&d] { d.end_backward(); });
     }
     if (d.open_->micro_batch + 1 < d.per_rank_ || d.reducer_->is_ready(i)) return;  // not the last, or retain_graph
-    d.reducer_->mark_ready(i, d.round_->fill_missing(i));
+    d.reducer_->mark_ready(i, n.grad_defined || d.round_->fill_missing(i));
   }
 
   void end_backward() {
@@ -260,8 +265,9 @@ class DistributedDataParallel {
     }
     Open const round = *open_;
     open_.reset();
-    for (std::size_t i = 0; i < arena_.count(); ++i)  // parameters this backward did not reach
-      if (!reducer_->is_ready(i)) reducer_->mark_ready(i, round_->fill_missing(i));
+    if (!reducer_->all_ready())
+      for (std::size_t i = 0; i < arena_.count(); ++i)  // parameters this backward did not reach
+        if (!reducer_->is_ready(i)) reducer_->mark_ready(i, round_->fill_missing(i));
     round_->end(reducer_->finish(), RoundEnd{.grad_scale = round.join.grad_scale, .step = round.step},
                 [this](std::size_t i) { return reducer_->had_grad(i); });
   }
