@@ -210,8 +210,8 @@ class DistributedDataParallel {
     if (sync && index == 0) {
       open_round(key);
     } else if (index == 0 && !join_ && opts_.broadcast_buffers && comm_->world_size() > 1) {
-      detail::broadcast_buffers(*comm_, *model_,
-                                0);  // a forward outside a round (evaluation, no_sync) sees rank 0's buffers too
+      // A forward outside a round (evaluation, no_sync) sees rank 0's buffers too.
+      detail::broadcast_buffers(*comm_, *model_, 0);
     } else if (sync && (!open_ || open_->micro_batch != index)) {
       throw ArgumentError(detail::cat("DistributedDataParallel: micro-batch ", index, " forwarded while micro-batch ",
                                       open_ ? open_->micro_batch : 0,
@@ -220,17 +220,12 @@ class DistributedDataParallel {
     std::optional<SampleKeyScope> keyed;  // dropout keyed by the sample, not a generator's stream (policies.hpp)
     if constexpr (R::world_size_invariant)
       if (key) keyed.emplace(*key);
-    V y = timeline_ ? timed_forward(x) : model_->forward(x);
+    auto const t0 = timeline_ ? Timeline::clock::now() : Timeline::clock::time_point{};
+    V y = model_->forward(x);
+    if (timeline_) timeline_->forward(t0, Timeline::clock::now());
     if constexpr (R::world_size_invariant)
       if (sync && index + 1 == per_rank_)
         detail::check_buffers_unchanged(*comm_, *model_, detail::buffers_fingerprint(*model_) != open_->buffers);
-    return y;
-  }
-
-  V timed_forward(V const& x) {
-    auto const t0 = Timeline::clock::now();
-    V y = model_->forward(x);
-    timeline_->forward(t0, Timeline::clock::now());
     return y;
   }
 
