@@ -39,6 +39,8 @@ using F32 = ddp::test::Case<Threads, float>;
 using F64 = ddp::test::Case<Threads, double>;
 using I32 = ddp::test::Case<Threads, std::int32_t>;
 using I64 = ddp::test::Case<Threads, std::int64_t>;
+using BF16 = ddp::test::Case<Threads, ddp::bfloat16>;
+using F16 = ddp::test::Case<Threads, ddp::float16>;
 
 }  // namespace
 
@@ -46,14 +48,16 @@ TYPE_TO_STRING(F32);
 TYPE_TO_STRING(F64);
 TYPE_TO_STRING(I32);
 TYPE_TO_STRING(I64);
+TYPE_TO_STRING(BF16);
+TYPE_TO_STRING(F16);
 
 namespace ddp::test {
-TEST_CASE_TEMPLATE_INVOKE(all_reduce_suite, F32, F64, I32, I64);
-TEST_CASE_TEMPLATE_INVOKE(broadcast_suite, F32, F64, I32, I64);
-TEST_CASE_TEMPLATE_INVOKE(gather_suite, F32, F64, I32, I64);
-TEST_CASE_TEMPLATE_INVOKE(reduce_scatter_suite, F32, F64, I32, I64);
-TEST_CASE_TEMPLATE_INVOKE(async_suite, F32, F64, I32, I64);
-TEST_CASE_TEMPLATE_INVOKE(errors_suite, F32, F64, I32, I64);
+TEST_CASE_TEMPLATE_INVOKE(all_reduce_suite, F32, F64, I32, I64, BF16, F16);
+TEST_CASE_TEMPLATE_INVOKE(broadcast_suite, F32, F64, I32, I64, BF16, F16);
+TEST_CASE_TEMPLATE_INVOKE(gather_suite, F32, F64, I32, I64, BF16, F16);
+TEST_CASE_TEMPLATE_INVOKE(reduce_scatter_suite, F32, F64, I32, I64, BF16, F16);
+TEST_CASE_TEMPLATE_INVOKE(async_suite, F32, F64, I32, I64, BF16, F16);
+TEST_CASE_TEMPLATE_INVOKE(errors_suite, F32, F64, I32, I64, BF16, F16);
 }  // namespace ddp::test
 
 namespace {
@@ -64,6 +68,7 @@ bool contains(std::string const& s, std::string const& part) { return s.find(par
 
 static_assert(ddp::Communicator<ddp::ThreadsBackend>);
 static_assert(ddp::AsyncCommunicator<ddp::ThreadsBackend>);
+static_assert(ddp::HalfCommunicator<ddp::ThreadsBackend>);
 static_assert(ddp::AsyncCommunicator<ddp::Recording<ddp::ThreadsBackend>>);
 static_assert(!ddp::Communicator<int>);
 static_assert(!ddp::detail::BufferLike<int>);

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "ddp/tensor/half.hpp"
 #include "ddp/tensor/memory_space.hpp"
 #include "ddp/tensor/space_span.hpp"
 
@@ -34,18 +35,23 @@ constexpr std::string_view name(ReduceOp op) noexcept {
   return "?";
 }
 
-// Element types collectives move: exactly float, double, int32 and int64 (what MPI and NCCL share).
-enum class Dtype { kFloat32, kFloat64, kInt32, kInt64 };
+// Element types collectives move: float, double, int32 and int64 (what MPI and NCCL share), and the 16-bit floats
+// bfloat16 and float16 (tensor/half.hpp) that compressed gradient buckets travel in. How a backend adds 16-bit
+// floats: the threads backend and MPI's shared-memory all-reduce sum every rank's values in float and round once;
+// MPI_Allreduce (across nodes, or with NodeAllReduce::kMpi) and NCCL add pairwise, rounding after each addition.
+enum class Dtype { kFloat32, kFloat64, kInt32, kInt64, kBFloat16, kFloat16 };
 
 template <class T>
-concept CommElement =
-    std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t>;
+concept CommElement = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> ||
+    std::same_as<T, std::int64_t> || HalfFloat<T>;
 
 template <CommElement T>
 inline constexpr Dtype dtype_of = std::same_as<T, float>          ? Dtype::kFloat32
                                   : std::same_as<T, double>       ? Dtype::kFloat64
                                   : std::same_as<T, std::int32_t> ? Dtype::kInt32
-                                                                  : Dtype::kInt64;
+                                  : std::same_as<T, std::int64_t> ? Dtype::kInt64
+                                  : std::same_as<T, bfloat16>     ? Dtype::kBFloat16
+                                                                  : Dtype::kFloat16;
 
 constexpr std::string_view name(Dtype t) noexcept {
   switch (t) {
@@ -57,6 +63,10 @@ constexpr std::string_view name(Dtype t) noexcept {
       return "int32";
     case Dtype::kInt64:
       return "int64";
+    case Dtype::kBFloat16:
+      return "bfloat16";
+    case Dtype::kFloat16:
+      return "float16";
   }
   return "?";
 }
@@ -144,9 +154,9 @@ concept AsyncCollectivesFor = requires(C& c, SpaceSpan<T, native_space_t<C>> buf
 
 }  // namespace detail
 
-// A backend: rank()/world_size() plus the collectives below for float, double, int32 and int64 spans of
-// its accepted memory space. Collective calls are blocking and must be issued in the same order, with the
-// same counts and roots, on every rank.
+// A backend: rank()/world_size() plus the collectives below for float, double, int32 and int64 spans of its
+// accepted memory space (ddp's backends also take bfloat16 and float16: HalfCommunicator). Collective calls are
+// blocking and must be issued in the same order, with the same counts and roots, on every rank.
 //   all_reduce(buf, op)          in place; buf has the same size on every rank
 //   broadcast(buf, root)         in place; root's contents to every rank
 //   all_gather(in, out)          out.size() == world_size * in.size(); rank r's block at offset r * in.size()
@@ -171,6 +181,13 @@ template <class C>
 concept AsyncCommunicator =
     Communicator<C> && detail::AsyncCollectivesFor<C, float> && detail::AsyncCollectivesFor<C, double> &&
     detail::AsyncCollectivesFor<C, std::int32_t> && detail::AsyncCollectivesFor<C, std::int64_t>;
+
+// An AsyncCommunicator that also moves the 16-bit floats (compressed gradient buckets): every ddp backend, through
+// the shared front end (comm/detail/front_end.hpp).
+template <class C>
+concept HalfCommunicator =
+    AsyncCommunicator<C> && detail::CollectivesFor<C, bfloat16> && detail::CollectivesFor<C, float16> &&
+    detail::AsyncCollectivesFor<C, bfloat16> && detail::AsyncCollectivesFor<C, float16>;
 
 namespace detail {
 

@@ -43,6 +43,10 @@ struct AllReduceExecutor {
         return run(static_cast<std::int32_t*>(r.data));
       case Dtype::kInt64:
         return run(static_cast<std::int64_t*>(r.data));
+      case Dtype::kBFloat16:
+        return run(static_cast<bfloat16*>(r.data));
+      case Dtype::kFloat16:
+        return run(static_cast<float16*>(r.data));
     }
   }
 };

@@ -13,22 +13,33 @@
 
 namespace ddp::detail {
 
+// The element-wise operations. On 16-bit floats (H) they compute in float and round: apply() once per pair (what
+// MPI's user operations do), and the reduce_piece overload below once per element for all ranks at once.
 struct PlusOp {
   template <class T>
   static T apply(T a, T b) noexcept {
-    return a + b;
+    if constexpr (HalfFloat<T>)
+      return T(float(a) + float(b));
+    else
+      return a + b;
   }
 };
 struct MaxOp {
   template <class T>
   static T apply(T a, T b) noexcept {
-    return a < b ? b : a;
+    if constexpr (HalfFloat<T>)
+      return float(a) < float(b) ? b : a;
+    else
+      return a < b ? b : a;
   }
 };
 struct MinOp {
   template <class T>
   static T apply(T a, T b) noexcept {
-    return b < a ? b : a;
+    if constexpr (HalfFloat<T>)
+      return float(b) < float(a) ? b : a;
+    else
+      return b < a ? b : a;
   }
 };
 
@@ -46,7 +57,10 @@ inline void combine_into(T* __restrict acc, T const* __restrict b, std::size_t m
 }
 template <class T>
 inline void average(T* __restrict acc, std::size_t m, int world) noexcept {
-  if constexpr (std::is_floating_point_v<T>) {
+  if constexpr (HalfFloat<T>) {
+    float const inv = 1.0f / static_cast<float>(world);
+    for (std::size_t i = 0; i < m; ++i) acc[i] = T(float(acc[i]) * inv);
+  } else if constexpr (std::is_floating_point_v<T>) {
     T const inv = T(1) / static_cast<T>(world);
     for (std::size_t i = 0; i < m; ++i) acc[i] *= inv;
   } else {
@@ -85,6 +99,38 @@ inline void reduce_piece(T* __restrict out, T const* const* srcs, int nsrc, std:
     for (int k = 2; k < nsrc; ++k) combine_into<Op>(out, srcs[k] + off, m);
   }
   if constexpr (kAvg) average(out, m, nsrc);
+}
+
+// 16-bit floats: every rank's value is added in float, in rank order, and the result (kAvg: scaled) rounded once.
+template <class Op, bool kAvg, HalfFloat H>
+inline void reduce_piece(H* __restrict out, H const* const* srcs, int nsrc, std::size_t off, std::size_t m) noexcept {
+  constexpr std::size_t kPart = 256;
+  float acc[kPart];
+  float const inv = 1.0f / static_cast<float>(nsrc);
+  for (std::size_t p = 0; p < m; p += kPart) {
+    std::size_t const q = std::min(kPart, m - p);
+    H const* const s0 = srcs[0] + off + p;
+    for (std::size_t i = 0; i < q; ++i) acc[i] = float(s0[i]);
+    for (int k = 1; k < nsrc; ++k) {
+      H const* const sk = srcs[k] + off + p;
+      for (std::size_t i = 0; i < q; ++i) acc[i] = Op::apply(acc[i], float(sk[i]));
+    }
+    if constexpr (kAvg)
+      for (std::size_t i = 0; i < q; ++i) acc[i] *= inv;
+    for (std::size_t i = 0; i < q; ++i) out[p + i] = H(acc[i]);
+  }
+}
+template <class Op, bool kAvg, HalfFloat H>
+inline void reduce_pair_inplace(H* __restrict a, H* __restrict b, std::size_t count) noexcept {
+  H const* const srcs[2] = {a, b};
+  constexpr std::size_t kPart = 256;
+  H v[kPart];
+  for (std::size_t off = 0; off < count; off += kPart) {
+    std::size_t const m = std::min(kPart, count - off);
+    reduce_piece<Op, kAvg>(v, srcs, 2, off, m);
+    std::memcpy(a + off, v, m * sizeof(H));
+    std::memcpy(b + off, v, m * sizeof(H));
+  }
 }
 
 template <class Op, bool kAvg, class T>

@@ -77,7 +77,7 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
     MPI_Comm_size(comm_, &n_);
     watch_ = std::make_unique<detail::MpiWatch>(comm_, std::move(deadlines), backend_name);
     if (opts.node.all_reduce == NodeAllReduce::kSharedMemory && n_ > 1) {
-      node_ = std::make_unique<detail::NodeAllReduce>(comm_, opts.node, *watch_);
+      node_ = std::make_unique<detail::NodeAllReduce>(comm_, opts.node, *watch_, half_ops_);
     }
     gradient_storage_ = opts.node.gradient_storage;
   }
@@ -250,7 +250,7 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
       std::size_t const m = std::min(kMaxChunk, buf.size() - off);
       run(call, "all_reduce", tag, [&](MPI_Request* r) {
         return MPI_Iallreduce(MPI_IN_PLACE, buf.data() + off, static_cast<int>(m), detail::mpi_type<T>(),
-                              detail::mpi_op(op), comm_, r);
+                              half_ops_.op<T>(op), comm_, r);
       });
       off += m;
     } while (off < buf.size());
@@ -287,7 +287,7 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
     int const m = block(dst.size(), CollectiveKind::kReduceScatter);
     auto const call = record(CollectiveKind::kReduceScatter, src.size(), dtype_of<T>, op, -1, tag);
     run(call, "reduce_scatter", tag, [&](MPI_Request* r) {
-      return MPI_Ireduce_scatter_block(src.data(), dst.data(), m, detail::mpi_type<T>(), detail::mpi_op(op), comm_, r);
+      return MPI_Ireduce_scatter_block(src.data(), dst.data(), m, detail::mpi_type<T>(), half_ops_.op<T>(op), comm_, r);
     });
     if (op == ReduceOp::kAvg) detail::average(dst.data(), dst.size(), n_);
   }
@@ -346,6 +346,7 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   std::atomic<bool> broken_{false};
   int unwinding_at_start_ = std::uncaught_exceptions();  // more in the destructor: destroyed by unwinding
   std::unique_ptr<detail::MpiWatch> watch_;
+  detail::MpiHalfOps half_ops_;                                  // bfloat16/float16 reductions (before node_)
   std::unique_ptr<detail::NodeAllReduce> node_;                  // null: every all_reduce is MPI_Iallreduce on comm_
   GradientStorage gradient_storage_ = GradientStorage::kShared;  // MpiNodeOptions::gradient_storage
   detail::AllReduceQueue<MpiBackend> queue_;

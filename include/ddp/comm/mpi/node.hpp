@@ -87,7 +87,8 @@ class NodeAllReduce {
  public:
   // Collective over `comm` (the backend's communicator). Throws CommError on every rank if any rank could
   // not set up its window (the ranks agree on the outcome first).
-  NodeAllReduce(MPI_Comm comm, MpiNodeOptions const& opts, MpiWatch& watch) : watch_(&watch) {
+  NodeAllReduce(MPI_Comm comm, MpiNodeOptions const& opts, MpiWatch& watch, MpiHalfOps const& half_ops)
+      : watch_(&watch), half_ops_(&half_ops) {
     MPI_Comm_rank(comm, &rank_);
     MPI_Comm_size(comm, &n_);
     if (opts.ranks_per_node < 0) {
@@ -427,7 +428,8 @@ class NodeAllReduce {
   template <class T>
   void across_nodes(T* buf, std::size_t m, ReduceOp op, CallRecord const& call) {
     MPI_Request req = MPI_REQUEST_NULL;
-    int const rc = MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(m), mpi_type<T>(), mpi_op(op), cross_, &req);
+    int const rc =
+        MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(m), mpi_type<T>(), half_ops_->op<T>(op), cross_, &req);
     if (rc != MPI_SUCCESS) {
       throw CommError(cat("ddp mpi: ", describe(call), " on rank ", rank_, " of ", n_,
                           " failed across nodes: ", mpi_error_string(rc)),
@@ -540,6 +542,7 @@ class NodeAllReduce {
   }
 
   MpiWatch* watch_;
+  MpiHalfOps const* half_ops_;
   int rank_ = 0;
   int n_ = 1;
   int local_rank_ = 0;
@@ -556,9 +559,10 @@ class NodeAllReduce {
   std::vector<std::byte*> segments_;  // by local rank, each on a cache line
   std::vector<int> node_ranks_;       // the node's ranks, by local rank, as ranks of the backend's communicator
   std::tuple<std::vector<float const*>, std::vector<double const*>, std::vector<std::int32_t const*>,
-             std::vector<std::int64_t const*>>
+             std::vector<std::int64_t const*>, std::vector<bfloat16 const*>, std::vector<float16 const*>>
       ptrs_;
-  std::tuple<std::vector<float*>, std::vector<double*>, std::vector<std::int32_t*>, std::vector<std::int64_t*>>
+  std::tuple<std::vector<float*>, std::vector<double*>, std::vector<std::int32_t*>, std::vector<std::int64_t*>,
+             std::vector<bfloat16*>, std::vector<float16*>>
       targets_;
   std::vector<SharedBlock> blocks_;               // shared_block's, in the order the ranks made them
   std::uint64_t ops_ = 0;                         // all-reduces through this path (the parity of the published call)

@@ -49,8 +49,12 @@ inline ncclDataType_t nccl_type() noexcept {
     return ncclFloat64;
   else if constexpr (std::same_as<T, std::int32_t>)
     return ncclInt32;
-  else
+  else if constexpr (std::same_as<T, std::int64_t>)
     return ncclInt64;
+  else if constexpr (std::same_as<T, bfloat16>)
+    return ncclBfloat16;  // same bits as __nv_bfloat16
+  else
+    return ncclFloat16;  // same bits as __half
 }
 inline ncclRedOp_t nccl_op(ReduceOp op) noexcept {
   switch (op) {

@@ -47,7 +47,7 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
         rank_(rank),
         n_(group_->world_size()),
         ptrs_(std::vector<float*>(n_), std::vector<double*>(n_), std::vector<std::int32_t*>(n_),
-              std::vector<std::int64_t*>(n_)),
+              std::vector<std::int64_t*>(n_), std::vector<bfloat16*>(n_), std::vector<float16*>(n_)),
         queue_(group_->options().queue_capacity, group_->policy(), detail::AllReduceExecutor<ThreadsBackend>{this}) {
     if (rank < 0 || rank >= n_) {
       throw ArgumentError(detail::cat("ThreadsBackend: rank ", rank, " is outside the group of ", n_));
@@ -270,7 +270,9 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   std::uint64_t ops_ = 0;        // collectives this rank has issued (their sequence numbers, from 1)
   std::uint64_t seq_ = 0;        // barriers this rank has entered
   std::uint64_t published_ = 0;  // the barrier whose publication slot was written last
-  std::tuple<std::vector<float*>, std::vector<double*>, std::vector<std::int32_t*>, std::vector<std::int64_t*>> ptrs_;
+  std::tuple<std::vector<float*>, std::vector<double*>, std::vector<std::int32_t*>, std::vector<std::int64_t*>,
+             std::vector<bfloat16*>, std::vector<float16*>>
+      ptrs_;
   detail::AllReduceQueue<ThreadsBackend> queue_;
 };
 
