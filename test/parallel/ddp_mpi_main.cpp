@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "ddp/comm/mpi.hpp"
+#include "test/parallel/compressed_cases.hpp"
 #include "test/parallel/ddp_cases.hpp"
 
 int main(int argc, char** argv) {
@@ -29,6 +30,17 @@ int main(int argc, char** argv) {
     ddp::test::frozen_and_hooks(comm);
     ddp::test::bucket_fingerprint(comm);
     ddp::test::plan_with_gap(comm);
+    // Buckets compressed to 16-bit floats: MPI's shared-memory all-reduce adds in float and rounds once, as the
+    // threads backend does, so the exact check holds here too.
+    for (ddp::BucketConfig cfg : {ddp::BucketConfig{}, ddp::BucketConfig{.cap_bytes = 256, .first_cap_bytes = 64}}) {
+      ddp::test::compressed_gradients_exact<ddp::bfloat16>(comm, cfg);
+      ddp::test::compressed_gradients_exact<ddp::float16>(comm, cfg);
+    }
+    double const bf = ddp::test::compressed_training(comm, ddp::Bf16AllReduce{});
+    double const fp = ddp::test::compressed_training(comm, ddp::Fp16AllReduce{});
+    ddp::test::expect(bf <= 2e-3 && fp <= 4e-4, "compressed training drifted from float: bf16 " + std::to_string(bf) +
+                                                    ", fp16 " + std::to_string(fp));
+    ddp::test::fp16_overflow_is_reported(comm);
     auto recs = ddp::test::collective_order(comm, {.cap_bytes = 1024, .first_cap_bytes = 256});
     // Every rank's sequence must equal rank 0's: compare a fingerprint.
     std::uint64_t h = 0;  // unsigned: the hash wraps by design

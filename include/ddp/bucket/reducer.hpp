@@ -1,7 +1,7 @@
-// BucketReducer: the averaging reduction stage of data parallelism (the AverageAllReduce policy). Told
-// "parameter i is ready" during backward and "backward is over" at its end, it launches each bucket's
-// all-reduce in plan order as soon as the bucket is complete and reports, per parameter, which ranks had a
-// gradient.
+// BucketReducer: the averaging reduction stage of data parallelism (the AverageAllReduce and CompressedAllReduce
+// policies). Told "parameter i is ready" during backward and "backward is over" at its end, it launches each
+// bucket's all-reduce in plan order as soon as the bucket is complete and reports, per parameter, which ranks had
+// a gradient. W is the type buckets travel in (bucket/wire.hpp): the gradients' own, or a 16-bit float.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 
 #include "ddp/bucket/outcome.hpp"
 #include "ddp/bucket/plan.hpp"
+#include "ddp/bucket/wire.hpp"
 #include "ddp/comm/communicator.hpp"
 #include "ddp/nn/parameter_arena.hpp"
 #include "ddp/tensor/kernels.hpp"
@@ -39,8 +40,12 @@ namespace ddp {
 // Thread safety: one thread per rank drives it (the backward's); the communicator's progress thread only
 // touches the bucket slices in flight. Determinism: it adds nothing to the gradients' arithmetic; results
 // are those of the backend's all-reduce (bitwise identical on all ranks for threads and MPI).
-template <class T, MemorySpace S, AsyncCommunicator C>
+template <class T, MemorySpace S, AsyncCommunicator C, class W = T>
 class BucketReducer {
+  static_assert(std::same_as<W, T> || HalfCommunicator<C>,
+                "BucketReducer: buckets that travel as bfloat16/float16 need a backend that moves them "
+                "(HalfCommunicator: ThreadsBackend, MpiBackend, NcclBackend)");
+
  public:
   // Status words stored after a bucket of `params` parameters, on `world` ranks.
   static constexpr std::int64_t status_slots(std::size_t params, int world) noexcept {
@@ -57,7 +62,8 @@ class BucketReducer {
         observer_(opts.observer),
         flag_non_finite_(opts.non_finite != NonFinite::kIgnore),
         world_(comm.world_size()),
-        rank_(comm.rank()) {
+        rank_(comm.rank()),
+        wire_(slice_numels(plan_, world_), world_) {
     if (offsets_.size() != plan_.buckets.size())
       throw ArgumentError(
           detail::cat("BucketReducer: ", offsets_.size(), " bucket offsets for ", plan_.buckets.size(), " buckets"));
@@ -201,7 +207,13 @@ class BucketReducer {
 
  private:
   using work_t =
-      decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<T, S>>(), ReduceOp::kAvg, CollectiveTag{}));
+      decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<W, S>>(), ReduceOp::kAvg, CollectiveTag{}));
+
+  static std::vector<std::int64_t> slice_numels(BucketPlan const& plan, int world) {
+    std::vector<std::int64_t> n;
+    for (auto const& b : plan.buckets) n.push_back(b.numel + status_slots(b.params.size(), world));
+    return n;
+  }
 
   static std::vector<std::int64_t> offsets_in(BucketPlan const& plan, nn::ParameterArena<T, S> const& arena) {
     std::vector<std::int64_t> offsets;
@@ -224,22 +236,30 @@ class BucketReducer {
     }
     bool const bad = active && flag_non_finite_ && !detail::all_finite<T, S>(bucket.numel, slice(b));
     for (int r = 0; r < world_; ++r)
-      staging_[2 * p + static_cast<std::size_t>(r)] = r == rank_ ? (bad ? -T(b + 1) : T(b + 1)) : T(0);
+      staging_[2 * p + static_cast<std::size_t>(r)] = r == rank_ ? (bad ? -T(id(b)) : T(id(b))) : T(0);
     Kernels<S>::from_host(nst, staging_.data(), slice(b) + bucket.numel);
     completed_[b] = 0;
     if (observer_) observer_->on_launch(b);
-    SpaceSpan<T, S> const span(slice(b), static_cast<std::size_t>(bucket.numel + nst));
+    auto const span = wire_.pack(b, slice(b), bucket.numel, bucket.numel + nst);
     CollectiveTag const tag{"bucket", static_cast<std::int64_t>(b)};
     if (b + 1 == plan_.buckets.size()) {
       // The last bucket completes when backward is (all but) over: nothing is left to overlap with, so it
       // is reduced on this thread, saving the hand-off to the progress thread and back. Issue order is
       // kept: the earlier buckets finish first.
       wait_all();
-      comm_->all_reduce(span, ReduceOp::kAvg, tag);
+      comm_->all_reduce(span, wire_t::op, tag);
+      unpack(b);
       note_complete(b);
       return;
     }
-    works_[b].emplace(comm_->all_reduce_async(span, ReduceOp::kAvg, tag));
+    works_[b].emplace(comm_->all_reduce_async(span, wire_t::op, tag));
+  }
+
+  // Bucket b's id in its status words (exact in W).
+  std::int64_t id(std::size_t b) const noexcept { return static_cast<std::int64_t>(b) % wire_t::id_modulus + 1; }
+  void unpack(std::size_t b) {
+    auto const& bucket = plan_.buckets[b];
+    wire_.unpack(b, slice(b), bucket.numel, bucket.numel + status_slots(bucket.params.size(), world_));
   }
 
   // Waits for every launched bucket in order; rethrows the first failure after all have finished.
@@ -250,6 +270,7 @@ class BucketReducer {
       if (!w) continue;
       try {
         w->wait();
+        if (!err) unpack(b);
       } catch (...) {
         if (!err) err = std::current_exception();
       }
@@ -277,14 +298,14 @@ class BucketReducer {
     Kernels<S>::to_host(nst, slice(b) + bucket.numel, staging_.data());
     std::string others;
     for (int r = 0; r < world_; ++r) {
-      double id = double(staging_[2 * p + static_cast<std::size_t>(r)]) * world_;
-      if (id < 0) {  // rank r's own gradients in this bucket held a NaN or Inf
+      double got = double(staging_[2 * p + static_cast<std::size_t>(r)]) * world_;
+      if (got < 0) {  // rank r's own gradients in this bucket held a NaN or Inf
         non_finite_here_[static_cast<std::size_t>(r)] = 1;
-        id = -id;
+        got = -got;
       }
-      if (std::abs(id - double(b + 1)) < 0.25) continue;  // recovered ids are within 1e-6 of an integer
-      double const k = std::nearbyint(id) - 1;
-      bool const bucket_like = std::abs(id - (k + 1)) < 0.25 && k >= 0 && k < double(plan_.buckets.size());
+      if (std::abs(got - double(id(b))) < 0.25) continue;  // recovered ids are within 1e-6 of an integer
+      double const k = std::nearbyint(got) - 1;            // modulo wire_t::id_modulus
+      bool const bucket_like = std::abs(got - (k + 1)) < 0.25 && k >= 0 && k < double(plan_.buckets.size());
       others += detail::cat(
           others.empty() ? "" : ", ", "rank ", r, " (",
           bucket_like ? detail::cat("bucket ", static_cast<std::int64_t>(k)) : std::string("not a bucket"), ")");
@@ -307,6 +328,8 @@ class BucketReducer {
   ReducerObserver* observer_;
   bool flag_non_finite_;
   int world_, rank_;
+  using wire_t = BucketWire<T, W, S>;
+  wire_t wire_;
   std::vector<char> ready_, has_grad_, completed_, non_finite_here_;
   std::vector<std::int64_t> pending_;
   std::vector<std::optional<work_t>> works_;

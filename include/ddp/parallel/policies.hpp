@@ -1,6 +1,6 @@
 // The policies DistributedDataParallel is composed of, besides the GradientBucketer (bucket/plan.hpp):
-//  - a reduction policy: what happens to one bucket's gradients (the averaging all-reduce, or deterministic mode's
-//    exact fixed-point sum);
+//  - a reduction policy: what happens to one bucket's gradients (the averaging all-reduce, the same with buckets
+//    compressed to 16-bit floats, or deterministic mode's exact fixed-point sum);
 //  - a batching policy: how a rank's share of a step is computed (one forward/backward, or a fixed number of
 //    micro-batches).
 // Each is a small value that names itself for logs; the reduction names the stage class that does the work.
@@ -30,6 +30,24 @@ struct AverageAllReduce {
   static constexpr bool world_size_invariant = false;
   std::string name() const { return "AverageAllReduce"; }
 };
+
+// Reduction: AverageAllReduce with each bucket cast to a 16-bit float on the wire (H = bfloat16 or float16;
+// bucket/wire.hpp), half the bytes of float gradients: gradients scaled by 1/world, cast, summed, cast back. How
+// the backends add (comm/communicator.hpp): threads and MPI's shared-memory all-reduce in float, rounded once;
+// MPI_Allreduce and NCCL pairwise in H. The optimizer sees float gradients rounded to H's precision (bfloat16:
+// 8 bits, float16: 11 bits, and float16 saturates to Inf past 65504 * world: NonFinite catches it). PyTorch's
+// fp16_compress_hook / bf16_compress_hook. Not world-size-invariant.
+template <HalfFloat H>
+struct CompressedAllReduce {
+  template <class T, MemorySpace S, AsyncCommunicator C>
+  using stage = BucketReducer<T, S, C, H>;
+  template <class T>
+  static constexpr std::size_t element_bytes = sizeof(T);  // the cap counts gradient bytes, as PyTorch's
+  static constexpr bool world_size_invariant = false;
+  std::string name() const { return detail::cat("CompressedAllReduce<", H::name, ">"); }
+};
+using Bf16AllReduce = CompressedAllReduce<bfloat16>;
+using Fp16AllReduce = CompressedAllReduce<float16>;
 
 // Reduction of deterministic mode: the round's micro-batch gradients are added exactly, as integers, once
 // backward is over (ExactReducer; docs/deterministic.md). Bitwise identical for every world size that divides
@@ -82,7 +100,7 @@ concept BatchingPolicy = requires(B const& b, int world) {
   { b.name() } -> std::convertible_to<std::string>;
 };
 
-static_assert(ReductionPolicy<AverageAllReduce> && ReductionPolicy<ExactSum>);
+static_assert(ReductionPolicy<AverageAllReduce> && ReductionPolicy<ExactSum> && ReductionPolicy<Bf16AllReduce>);
 static_assert(BatchingPolicy<OnePass> && BatchingPolicy<MicroBatches>);
 
 }  // namespace ddp

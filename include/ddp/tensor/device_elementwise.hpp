@@ -7,6 +7,7 @@
 
 #include "ddp/tensor/device_allocator.hpp"
 #include "ddp/tensor/device_launch.hpp"
+#include "ddp/tensor/half.hpp"
 
 namespace ddp {
 
@@ -16,6 +17,13 @@ struct Fill {
   T v;
   T* y;
   DDP_HOST_DEVICE void operator()(i64 i) const { y[i] = v; }
+};
+template <class From, class To>
+struct Cast {
+  From const* x;
+  To* y;
+  float scale;
+  DDP_HOST_DEVICE void operator()(i64 i) const { y[i] = To(static_cast<float>(x[i]) * scale); }
 };
 template <class T>
 struct Copy {
@@ -239,6 +247,11 @@ struct DeviceElementwiseKernels {
   template <class T>
   static void copy(i64 n, T const* x, T* y) {
     if (x != y) detail::device_for(n, detail::dev::Copy<T>{x, y});
+  }
+  // y = To(float(x) * scale) (host_kernels.hpp)
+  template <class From, class To>
+  static void cast(i64 n, float scale, From const* x, To* y) {
+    detail::device_for(n, detail::dev::Cast<From, To>{x, y, scale});
   }
   // y = a * x + b * y  (b == 0 never reads y)
   template <class T>

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 
+#include "ddp/tensor/half.hpp"
 #include "ddp/tensor/host_conv_kernels.hpp"
 #include "ddp/tensor/host_optim_kernels.hpp"
 #include "ddp/tensor/kernels.hpp"
@@ -237,6 +238,11 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
   template <class T>
   static void copy(i64 n, T const* x, T* y) {
     if (n && x != y) std::memcpy(y, x, sizeof(T) * n);
+  }
+  // y = To(float(x) * scale): the casts to and from the 16-bit floats (one rounding into To).
+  template <class From, class To>
+  static void cast(i64 n, float scale, From const* x, To* y) {
+    for (i64 i = 0; i < n; ++i) y[i] = To(static_cast<float>(x[i]) * scale);
   }
   // y = a * x + b * y  (b == 0 never reads y)
   template <class T>
