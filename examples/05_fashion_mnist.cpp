@@ -27,6 +27,7 @@
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
 #include "examples/common/models.hpp"
+#include "examples/common/reduction.hpp"
 #include "examples/common/report.hpp"
 
 #if defined(__CUDACC__)  // the fashion_mnist_cuda target: device tensors on Thrust's CUDA system, NCCL
@@ -49,8 +50,7 @@ struct Config {
   MpiNodeOptions node{};     // --mpi-allreduce
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
                max_steps = 0;
-  bool deterministic = false;  // --deterministic: ExactSum + MicroBatches, bitwise the same for any world size
-  std::int64_t micro_batches = 8;
+  examples::ReductionChoice reduction{};  // --deterministic, --micro-batches, --comm-hook
   double lr = 1e-3, bucket_cap_mb = 25;
   std::optional<double> clip_grad_norm;  // --clip-grad-norm: nn::clip_grad_norm before each optimizer step
   bool auto_cap = false;                 // --bucket-cap-mb auto: tune_bucket_cap chooses it before training
@@ -85,7 +85,8 @@ void print_header(Trainer& t, Config const& cfg, std::int64_t steps_per_epoch,
               clip_note(cfg).c_str());
   if constexpr (Trainer::ddp_type::world_size_invariant)
     std::printf("deterministic: %lld micro-batches of %lld per global batch, %lld on each rank\n",
-                static_cast<long long>(cfg.micro_batches), static_cast<long long>(cfg.global_batch / cfg.micro_batches),
+                static_cast<long long>(cfg.reduction.micro_batches),
+                static_cast<long long>(cfg.global_batch / cfg.reduction.micro_batches),
                 static_cast<long long>(t.ddp().micro_batches_per_rank()));
   std::printf("data: %lld train / %lld test images from %s\n", static_cast<long long>(train_set.size()),
               static_cast<long long>(test_set.size()), cfg.data_dir.string().c_str());
@@ -126,6 +127,15 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
                   static_cast<long long>(pos.global_step));
   }
   schedule.restore(pos.scheduler_epoch);
+  auto at = [&](std::int64_t epoch, std::int64_t step, std::int64_t global_step) {
+    return TrainPosition{.epoch = epoch,
+                         .step = step,
+                         .global_step = global_step,
+                         .scheduler_epoch = schedule.counter(),
+                         .world_size = world,
+                         .global_batch = cfg.global_batch,
+                         .seed = cfg.seed};
+  };
   auto save = [&](TrainPosition const& p) {
     save_checkpoint(cfg.checkpoint, comm, t.ddp().module(), opt, p, log.csv());
   };
@@ -144,7 +154,7 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
         .before_step =
             [&](StepPosition const& p) {
               // Deterministic mode keys the masks by each sample's place in the global batch instead.
-              if (!cfg.deterministic) reseed_dropouts(net, cfg.seed, rank, p.epoch, p.step);
+              if (!cfg.reduction.deterministic) reseed_dropouts(net, cfg.seed, rank, p.epoch, p.step);
               schedule.start_step(p.global_step);
             },
         .after_step =
@@ -153,13 +163,7 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
               bool const stop = cfg.max_steps > 0 && p.global_step >= cfg.max_steps;
               bool const periodic = cfg.checkpoint_every > 0 && p.global_step % cfg.checkpoint_every == 0;
               if (!cfg.checkpoint.empty() && (periodic || stop) && p.step < p.steps_in_epoch)  // mid-epoch
-                save(TrainPosition{.epoch = p.epoch,
-                                   .step = p.step,
-                                   .global_step = p.global_step,
-                                   .scheduler_epoch = schedule.counter(),
-                                   .world_size = world,
-                                   .global_batch = cfg.global_batch,
-                                   .seed = cfg.seed});
+                save(at(p.epoch, p.step, p.global_step));
               return stop ? StepControl::kStop : StepControl::kContinue;
             }};
     EpochResult const r = t.fit_epoch(
@@ -192,13 +196,7 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
       std::fflush(stdout);
     }
     schedule.end_epoch(epoch + 1);
-    pos = {.epoch = epoch + 1,
-           .step = 0,
-           .global_step = pos.global_step,
-           .scheduler_epoch = schedule.counter(),
-           .world_size = world,
-           .global_batch = cfg.global_batch,
-           .seed = cfg.seed};
+    pos = at(epoch + 1, 0, pos.global_step);
     if (!cfg.checkpoint.empty()) {
       save(pos);
       if (leader)
@@ -232,9 +230,9 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   else if (!stopped)
     std::printf("nothing to train: the checkpoint is already at epoch %lld of %lld\n",
                 static_cast<long long>(pos.epoch), static_cast<long long>(cfg.epochs));
-  if (cfg.deterministic)
+  if (cfg.reduction.deterministic)
     std::printf("weights: %s (FNV-1a 64 of the final parameters; the same for every world size dividing %lld)\n",
-                weights_digest(net.seq).c_str(), static_cast<long long>(cfg.micro_batches));
+                weights_digest(net.seq).c_str(), static_cast<long long>(cfg.reduction.micro_batches));
   std::fflush(stdout);
 }
 
@@ -256,30 +254,25 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                             .ddp = {.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
                             .global_batch = cfg.global_batch,
                             .clip_grad_norm = cfg.clip_grad_norm};
-  // The one training loop, for either composition: averaging all-reduce in one pass, or deterministic mode.
+  // The one training loop, for every composition the flags choose (examples/common/reduction.hpp).
   auto go = [&]<optim::Optimizer O, class R, class Bt>(std::type_identity<O>, typename O::options_type const& o,
                                                        R reduction, Bt batching) {
     basic_trainer<nn::AnySequential<float, S>, Comm, O, SizeCapped, R, Bt> t(net.seq, comm, o, opts, bucketer,
                                                                              reduction, batching);
     train(t, net, timeline, cfg, train_set, test_set);
   };
-  auto with = [&](auto reduction, auto batching) {
+  if (cfg.reduction.deterministic)  // one counter stream per dropout layer, the same on every rank: masks are
+    for (std::size_t k = 0; k < net.dropouts.size(); ++k)  // keyed by the sample
+      net.dropouts[k].generator().seed(static_cast<std::uint64_t>(cfg.seed), examples::mix(k + 1));
+  // The device build instantiates the default composition only (parse() rejects the others with --device cuda).
+  with_reduction<std::same_as<S, HostSpace>>(cfg.reduction, [&](auto reduction, auto batching) {
     if (cfg.optimizer == "adamw")
       go(std::type_identity<optim::basic_adamw<float, S>>{}, {.lr = cfg.lr}, reduction, batching);
     else if (cfg.optimizer == "adam")
       go(std::type_identity<optim::basic_adam_l2<float, S>>{}, {.lr = cfg.lr}, reduction, batching);
     else
       go(std::type_identity<optim::basic_sgd<float, S>>{}, {.lr = cfg.lr, .momentum = 0.9}, reduction, batching);
-  };
-  if constexpr (std::same_as<S, HostSpace>) {
-    if (cfg.deterministic) {
-      // One counter stream per dropout layer, the same on every rank: masks are keyed by the sample.
-      for (std::size_t k = 0; k < net.dropouts.size(); ++k)
-        net.dropouts[k].generator().seed(static_cast<std::uint64_t>(cfg.seed), examples::mix(k + 1));
-      return with(ExactSum{}, MicroBatches{.count = cfg.micro_batches});
-    }
-  }
-  with(AverageAllReduce{}, OnePass{});
+  });
 }
 
 // Parses and checks the flags; throws ArgumentError. Returns nullopt after --help.
@@ -319,11 +312,8 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("trace", "", "write a Chrome/Perfetto timeline per rank into this directory (trace_rank<r>.json)")
       .add("out", "", "write metrics.csv and metrics.svg (loss and accuracy per epoch) into this directory")
       .add("limit-train", "0", "use only the first N training images (0: all 60000)")
-      .add("limit-test", "0", "use only the first N test images (0: all 10000)")
-      .add("deterministic", "false",
-           "bitwise-identical training for every world size dividing --micro-batches (prints a digest of the "
-           "final weights)")
-      .add("micro-batches", "8", "with --deterministic: micro-batches per global batch (a multiple of the world size)");
+      .add("limit-test", "0", "use only the first N test images (0: all 10000)");
+  examples::add_reduction_flags(f);
   if (!f.parse(argc, argv)) return std::nullopt;
   Config c;
   c.model = f.choice("model", {"cnn", "mlp"});
@@ -353,18 +343,12 @@ std::optional<Config> parse(int argc, char** argv) {
   c.seed = f.at_least("seed", 0);
   c.checkpoint_every = f.at_least("checkpoint-every", 0);
   c.max_steps = f.at_least("max-steps", 0);
-  c.deterministic = f.boolean("deterministic");
-  c.micro_batches = f.at_least("micro-batches", 1);
-  if (c.deterministic && c.device == "cuda")
-    throw ArgumentError(
-        "fashion_mnist: --deterministic trains host tensors (its exact sums run on the host); drop "
-        "--device cuda");
-  // Under mpirun the world size is known only at launch: DistributedDataParallel checks it there, on every rank.
-  bool const world_divides = c.backend != examples::Backend::kThreads || c.micro_batches % c.world_size == 0;
-  if (c.deterministic && (!world_divides || c.global_batch % c.micro_batches != 0))
-    throw ArgumentError(detail::cat("fashion_mnist: --deterministic needs the world size (", c.world_size,
-                                    ") to divide --micro-batches (", c.micro_batches,
-                                    ") and --micro-batches to divide --batch-size (", c.global_batch, ")"));
+  c.reduction =
+      examples::reduction_choice(f, c.backend == examples::Backend::kThreads ? c.world_size : 0, c.global_batch);
+  if (c.device == "cuda" && (c.reduction.deterministic || c.reduction.comm_hook != "none"))
+    throw ArgumentError(detail::cat(
+        "fashion_mnist: ", c.reduction.deterministic ? "--deterministic" : "--comm-hook " + c.reduction.comm_hook,
+        " runs on host tensors in this program; drop it with --device cuda"));
   c.lr = f.str("lr").empty() ? (c.model == "cnn" ? 1e-3 : 2e-3) : f.real("lr");
   if (!(c.lr > 0 && c.lr < 100))
     throw ArgumentError(detail::cat("fashion_mnist: --lr must be in (0, 100), got ", f.str("lr")));
@@ -377,7 +361,7 @@ std::optional<Config> parse(int argc, char** argv) {
   c.calibration_cache = user_path(f.str("calibration-cache")).string();
   if (!c.calibration_cache.empty() && !c.auto_cap)
     throw ArgumentError("fashion_mnist: --calibration-cache is for --bucket-cap-mb auto");
-  if (c.auto_cap && (c.device == "cuda" || c.deterministic))
+  if (c.auto_cap && (c.device == "cuda" || c.reduction.deterministic))
     throw ArgumentError(
         "fashion_mnist: --bucket-cap-mb auto profiles host tensors on the default DDP path; give a number with "
         "--device cuda or --deterministic");

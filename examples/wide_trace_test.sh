@@ -6,7 +6,7 @@ bin="$1"
 steps=2
 out=$(DDP_TRACE_COLLECTIVES=1 timeout 120 "$bin" --steps "$steps" --hidden 2000 --bucket-cap-mb 1 2>&1)
 echo "$out" | grep -v '^ddp-trace' || true
-buckets=$(echo "$out" | sed -n 's/.* in \([0-9]*\) buckets$/\1/p')
+buckets=$(echo "$out" | sed -n 's/.* in \([0-9]*\) buckets\(, [0-9]* bytes a step\)\{0,1\}$/\1/p')
 params=$(echo "$out" | sed -n 's/.*: \([0-9]*\) parameters (.*/\1/p')
 [ -n "$buckets" ] && [ -n "$params" ] || { echo "FAIL: could not read the bucket/parameter counts"; exit 1; }
 fail=0

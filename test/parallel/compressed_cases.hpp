@@ -12,13 +12,20 @@
 
 namespace ddp::test {
 
-// One step: every rank's DDP gradient must equal, bit for bit, what the wire promises: each rank's own gradient
-// g_r scaled by 1/world and rounded to H, summed over ranks in rank order in float, rounded to H once (threads and
-// MPI's shared-memory all-reduce), back to float. The own gradients come from a plain copy of the model on the
-// same rows, gathered over the communicator. The bucket all-reduces must travel as H: the recorded collectives
-// carry H's dtype, and their element counts are the buckets' (half the bytes of float).
+// How the backend adds 16-bit floats (comm/communicator.hpp).
+enum class HalfSum {
+  kFloatOnce,  // every rank's share in float, rounded once: threads, MPI's shared-memory all-reduce on one node
+  kPairwise,   // rounded after each addition, in the backend's order: MPI_Allreduce across nodes, NCCL
+};
+
+// One step: every rank's DDP gradient must equal what the wire promises: each rank's own gradient g_r scaled by
+// 1/world and rounded to H, summed over ranks, rounded to H, back to float. kFloatOnce: bit for bit the float sum
+// in rank order rounded once. kPairwise: within one rounding of H per addition of that value (the order is the
+// backend's). The own gradients come from a plain copy of the model on the same rows, gathered over the
+// communicator. The bucket all-reduces must travel as H: the recorded collectives carry H's dtype, and their
+// element counts are the buckets' (half the bytes of float).
 template <HalfFloat H, AsyncCommunicator C>
-void compressed_gradients_exact(C& inner, BucketConfig buckets) {
+void compressed_gradients_exact(C& inner, BucketConfig buckets, HalfSum sum = HalfSum::kFloatOnce) {
   Recording<C> comm(inner);
   int const n = comm.world_size(), r = comm.rank();
   auto data = make_data(4 * n, 8, 4, 7);
@@ -49,11 +56,20 @@ void compressed_gradients_exact(C& inner, BucketConfig buckets) {
   std::size_t k = 0;
   for (auto const& e : ddp.parameters().entries()) {
     for (std::int64_t i = 0; i < e.numel; ++i, ++k) {
-      float acc = 0;
-      for (int q = 0; q < n; ++q) acc += float(H(all[static_cast<std::size_t>(q) * mine.size() + k] * inv));
+      float acc = 0, mag = 0;
+      for (int q = 0; q < n; ++q) {
+        float const share = float(H(all[static_cast<std::size_t>(q) * mine.size() + k] * inv));
+        acc += share;
+        mag += std::abs(share);
+      }
       float const want = float(H(acc));
       float const got = ddp.parameters().grads().data()[e.offset + i];
-      if (n == 1 ? got != mine[k] : got != want)
+      // Pairwise: each of the n - 1 additions rounds by at most half an ulp of a partial sum (<= mag).
+      float const ulp = mag * (std::same_as<H, bfloat16> ? 0x1p-8f : 0x1p-11f);
+      bool const ok = n == 1                       ? got == mine[k]
+                      : sum == HalfSum::kFloatOnce ? got == want
+                                                   : std::abs(got - want) <= static_cast<float>(n) * ulp;
+      if (!ok)
         throw std::runtime_error(detail::cat("rank ", r, " of ", n, ": ", H::name, " gradient of '", e.name, "'[", i,
                                              "] is ", got, ", the wire's sum gives ", n == 1 ? mine[k] : want));
     }

@@ -30,11 +30,13 @@ int main(int argc, char** argv) {
     ddp::test::frozen_and_hooks(comm);
     ddp::test::bucket_fingerprint(comm);
     ddp::test::plan_with_gap(comm);
-    // Buckets compressed to 16-bit floats: MPI's shared-memory all-reduce adds in float and rounds once, as the
-    // threads backend does, so the exact check holds here too.
+    // Buckets compressed to 16-bit floats: on one node MPI's shared-memory all-reduce adds in float and rounds
+    // once, as the threads backend does; across nodes (the namespace cluster) MPI_Allreduce adds pairwise.
+    auto const sum =
+        comm.ranks_on_node() == comm.world_size() ? ddp::test::HalfSum::kFloatOnce : ddp::test::HalfSum::kPairwise;
     for (ddp::BucketConfig cfg : {ddp::BucketConfig{}, ddp::BucketConfig{.cap_bytes = 256, .first_cap_bytes = 64}}) {
-      ddp::test::compressed_gradients_exact<ddp::bfloat16>(comm, cfg);
-      ddp::test::compressed_gradients_exact<ddp::float16>(comm, cfg);
+      ddp::test::compressed_gradients_exact<ddp::bfloat16>(comm, cfg, sum);
+      ddp::test::compressed_gradients_exact<ddp::float16>(comm, cfg, sum);
     }
     double const bf = ddp::test::compressed_training(comm, ddp::Bf16AllReduce{});
     double const fp = ddp::test::compressed_training(comm, ddp::Fp16AllReduce{});

@@ -31,6 +31,8 @@ expect "--clip-grad-norm must be a positive number or off, got 'inf'" --clip-gra
 expect "--calibration-cache is for --bucket-cap-mb auto" --calibration-cache /tmp/cal.txt
 expect "--bucket-cap-mb auto profiles host tensors" --bucket-cap-mb auto --deterministic true
 expect "flag --epochs needs a value" --epochs
+expect "--comm-hook must be one of none|bf16|fp16, got 'powersgd'" --comm-hook powersgd
+expect "--comm-hook bf16 with --deterministic: its exact sums would depend on the world size" --comm-hook bf16 --deterministic true
 expect "does not exist" --resume /nonexistent/ckpt.bin
 expect "unexpected argument 'extra'" extra
 expect "must be one of cpu|cuda, got 'tpu'" --device tpu
@@ -47,4 +49,5 @@ echo "$err" | grep -qF "checkpoint /dev/zero is a character device, not a regula
 echo "ok: --resume /dev/zero -> $err"
 out=$("$bin" --help) || fail "--help exited non-zero"
 echo "$out" | grep -q -- "--limit-train" || fail "--help does not list --limit-train"
+echo "$out" | grep -q -- "--comm-hook" || fail "--help does not list --comm-hook"
 echo PASS

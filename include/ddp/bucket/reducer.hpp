@@ -104,6 +104,12 @@ class BucketReducer {
   ~BucketReducer() { abandon(); }
 
   BucketPlan const& plan() const noexcept { return plan_; }
+  // Bytes one rank puts on the wire per round: every bucket's slice in the wire type (none on one rank).
+  std::int64_t wire_bytes() const noexcept {
+    std::int64_t n = 0;
+    for (std::size_t b = 0; world_ > 1 && b < plan_.buckets.size(); ++b) n += slice_numel(b);
+    return n * static_cast<std::int64_t>(sizeof(W));
+  }
   // Elements of bucket b's slice that the all-reduce moves (gradients and status words).
   std::int64_t slice_numel(std::size_t b) const noexcept {
     return plan_.buckets[b].numel + status_slots(plan_.buckets[b].params.size(), world_);

@@ -188,9 +188,12 @@ class DistributedDataParallel {
   static constexpr bool world_size_invariant = R::world_size_invariant;
   // What was composed, for logs.
   std::string describe() const {
+    std::string wire;  // what the reduction stage sends per step, where it says
+    if constexpr (requires { reducer_->wire_bytes(); })
+      wire = detail::cat(", ", reducer_->wire_bytes(), " bytes a step");
     return detail::cat("DistributedDataParallel<", bucketer_.name(), ", ", reduction_.name(), ", ", batching_.name(),
                        "> over ", comm_->world_size(), " ranks: ", arena_.count(), " parameters (",
-                       arena_.parameter_numel(), " elements) in ", reducer_->plan().buckets.size(), " buckets");
+                       arena_.parameter_numel(), " elements) in ", reducer_->plan().buckets.size(), " buckets", wire);
   }
 
  private:

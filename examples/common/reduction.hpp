@@ -1,0 +1,62 @@
+// The one spelling of how an example reduces gradients: --deterministic with --micro-batches (ExactSum +
+// MicroBatches) and --comm-hook none|bf16|fp16 (AverageAllReduce or CompressedAllReduce), their checks, and the
+// dispatch from the flags to DistributedDataParallel's policies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <ddp/ddp.hpp>
+
+#include "examples/common/flags.hpp"
+
+namespace ddp::examples {
+
+struct ReductionChoice {
+  bool deterministic = false;      // --deterministic: ExactSum + MicroBatches{micro_batches}
+  std::int64_t micro_batches = 8;  // --micro-batches
+  std::string comm_hook = "none";  // --comm-hook: none (float buckets), bf16 or fp16
+};
+
+inline Flags& add_reduction_flags(Flags& f) {
+  return f
+      .add("deterministic", "false",
+           "bitwise-identical training for every world size dividing --micro-batches (prints a digest of the "
+           "final weights)")
+      .add("micro-batches", "8", "with --deterministic: micro-batches per global batch (a multiple of the world size)")
+      .add("comm-hook", "none",
+           "how gradient buckets travel: none (float), bf16 or fp16 (cast to 16 bits, half the bytes; "
+           "CompressedAllReduce)");
+}
+
+// Reads the flags; ArgumentError for a combination that cannot work. `world_size` 0: taken at launch (DDP checks
+// the micro-batch count there, on every rank).
+inline ReductionChoice reduction_choice(Flags const& f, int world_size, std::int64_t global_batch) {
+  ReductionChoice c{.deterministic = f.boolean("deterministic"),
+                    .micro_batches = f.at_least("micro-batches", 1),
+                    .comm_hook = f.choice("comm-hook", {"none", "bf16", "fp16"})};
+  if (c.deterministic && ((world_size != 0 && c.micro_batches % world_size != 0) || global_batch % c.micro_batches))
+    throw ArgumentError(detail::cat(f.program(), ": --deterministic needs the world size (", world_size,
+                                    ") to divide --micro-batches (", c.micro_batches,
+                                    ") and --micro-batches to divide --batch-size (", global_batch, ")"));
+  if (c.deterministic && c.comm_hook != "none")
+    throw ArgumentError(detail::cat(f.program(), ": --comm-hook ", c.comm_hook,
+                                    " with --deterministic: its exact sums would depend on the world size once each "
+                                    "rank's share is rounded to 16 bits; drop one of them"));
+  return c;
+}
+
+// Calls fn(reduction, batching) with the policies the flags chose. kAll false: only the default composition is
+// instantiated (a program's device build, which rejects the other flags at parse time and so keeps its nvcc
+// translation unit at one DDP type per optimizer).
+template <bool kAll, class F>
+void with_reduction(ReductionChoice const& c, F&& fn) {
+  if constexpr (kAll) {
+    if (c.deterministic) return fn(ExactSum{}, MicroBatches{.count = c.micro_batches});
+    if (c.comm_hook == "bf16") return fn(Bf16AllReduce{}, OnePass{});
+    if (c.comm_hook == "fp16") return fn(Fp16AllReduce{}, OnePass{});
+  }
+  fn(AverageAllReduce{}, OnePass{});
+}
+
+}  // namespace ddp::examples
