@@ -12,6 +12,13 @@
 #define DDP_HOST_DEVICE
 #endif
 
+// Host code with the compiler's _Float16 (GCC 12+ and Clang on x86-64): ddp::float16 converts through it.
+#if defined(__FLT16_MAX__) && !defined(__CUDACC__)
+#define DDP_HAS_FLOAT16_TYPE 1
+#else
+#define DDP_HAS_FLOAT16_TYPE 0
+#endif
+
 #if defined(__GNUC__)
 #define DDP_ALWAYS_INLINE inline __attribute__((always_inline))
 #define DDP_LIKELY(x) __builtin_expect(!!(x), 1)

@@ -113,6 +113,29 @@ TEST_CASE("float16 rounds to nearest even, subnormals included, overflows to Inf
   CHECK(std::signbit(float(ddp::float16(-0.0f))));
 }
 
+TEST_CASE("float16's portable bit operations equal the class's conversions (_Float16 where the compiler has it)") {
+  for (std::uint32_t b = 0; b < 0x10000u; ++b) {
+    float const want = float(ddp::float16::from_bits(static_cast<std::uint16_t>(b)));
+    float const got = ddp::detail::float16_expand(static_cast<std::uint16_t>(b));
+    if (std::isnan(want)) {
+      REQUIRE(std::isnan(got));
+      continue;
+    }
+    std::uint32_t gw, gg;
+    std::memcpy(&gw, &want, 4);
+    std::memcpy(&gg, &got, 4);
+    REQUIRE(gw == gg);
+  }
+  for (std::uint64_t u = 0; u < 0x100000000ull; u += 1021) {
+    float const f = from_bits(static_cast<std::uint32_t>(u));
+    if (std::isnan(f)) continue;
+    if (ddp::detail::float16_round(f) != ddp::float16(f).bits) {
+      INFO("float bits 0x" << std::hex << u);
+      REQUIRE(ddp::detail::float16_round(f) == ddp::float16(f).bits);
+    }
+  }
+}
+
 #if defined(__FLT16_MAX__) && !defined(__clang__)
 TEST_CASE("float16 agrees with the compiler's _Float16") {
   for (std::uint64_t u = 0; u < 0x100000000ull; u += 4099) {
