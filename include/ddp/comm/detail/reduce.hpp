@@ -120,24 +120,14 @@ inline void reduce_piece(H* __restrict out, H const* const* srcs, int nsrc, std:
     for (std::size_t i = 0; i < q; ++i) out[p + i] = H(acc[i]);
   }
 }
-template <class Op, bool kAvg, HalfFloat H>
-inline void reduce_pair_inplace(H* __restrict a, H* __restrict b, std::size_t count) noexcept {
-  H const* const srcs[2] = {a, b};
-  constexpr std::size_t kPart = 256;
-  H v[kPart];
-  for (std::size_t off = 0; off < count; off += kPart) {
-    std::size_t const m = std::min(kPart, count - off);
-    reduce_piece<Op, kAvg>(v, srcs, 2, off, m);
-    std::memcpy(a + off, v, m * sizeof(H));
-    std::memcpy(b + off, v, m * sizeof(H));
-  }
-}
-
 template <class Op, bool kAvg, class T>
 void reduce_blocks_impl(T const* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count) noexcept {
-  if (nsrc == 2 && ndst == 2 && dsts[0] == srcs[0] && dsts[1] == srcs[1] && srcs[0] != srcs[1]) {
-    reduce_pair_inplace<Op, kAvg>(dsts[0], dsts[1], count);
-    return;
+  // Two ranks in place: one fused pass (16-bit floats take the chunked path, which adds in float).
+  if constexpr (!HalfFloat<T>) {
+    if (nsrc == 2 && ndst == 2 && dsts[0] == srcs[0] && dsts[1] == srcs[1] && srcs[0] != srcs[1]) {
+      reduce_pair_inplace<Op, kAvg>(dsts[0], dsts[1], count);
+      return;
+    }
   }
   alignas(64) T tmp[kReduceChunk<T>];
   for (std::size_t off = 0; off < count; off += kReduceChunk<T>) {
