@@ -16,7 +16,7 @@ PKGS=(
   libfuzzer-14-dev     # tools/fuzz.sh: libFuzzer for clang++-14 -fsanitize=fuzzer (the IDX and checkpoint fuzzers)
   cmake                # the CMake package test (test/cmake): add_subdirectory and find_package consumers
   iproute2             # test/cluster: network namespaces and veth links (ip netns) for the cluster tests
-  libthrust-dev libcub-dev  # Thrust 1.17 and CUB: device tensors on Thrust's CPU systems where CUDA is absent
+  libthrust-dev libcub-dev  # Thrust 1.17 and CUB: g++'s device tensors (Thrust's CPU systems; tools/thrust_repo.bzl)
 )
 
 missing=()
@@ -35,8 +35,8 @@ else
 fi
 
 # CUDA is optional (tools/cuda_repo.bzl): where the toolkit is found (${DDP_CUDA_PATH:-/usr/local/cuda}) every
-# target builds; where it is not, device tensors build on Thrust's CPU systems from Debian's Thrust, and the
-# targets that need nvcc, NCCL, cuBLAS or cuDNN are skipped by `bazel build //...` and `bazel test //...`.
+# target builds; where it is not, the targets that need nvcc, NCCL, cuBLAS or cuDNN are skipped by `bazel build
+# //...` and `bazel test //...`. Either way g++ builds device tensors (Thrust's CPU systems) on Debian's Thrust.
 cuda="${DDP_CUDA_PATH:-/usr/local/cuda}"
 if [ -x "$cuda/bin/nvcc" ] && [ -d "$cuda/include/cccl" ]; then
   echo "setup: CUDA found at $cuda ($("$cuda/bin/nvcc" --version | tail -1)): every target builds"
