@@ -1,9 +1,13 @@
 // The one spelling of how an example reduces gradients: --deterministic with --micro-batches (ExactSum +
-// MicroBatches) and --comm-hook none|bf16|fp16 (AverageAllReduce or CompressedAllReduce), their checks, and the
-// dispatch from the flags to DistributedDataParallel's policies.
+// MicroBatches) and --comm-hook none|bf16|fp16|powersgd[:rank] with --powersgd-warmup (AverageAllReduce,
+// CompressedAllReduce or PowerSgd), their checks, and the dispatch from the flags to DistributedDataParallel's
+// policies.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include <ddp/ddp.hpp>
@@ -15,7 +19,8 @@ namespace ddp::examples {
 struct ReductionChoice {
   bool deterministic = false;      // --deterministic: ExactSum + MicroBatches{micro_batches}
   std::int64_t micro_batches = 8;  // --micro-batches
-  std::string comm_hook = "none";  // --comm-hook: none (float buckets), bf16 or fp16
+  std::string comm_hook = "none";  // --comm-hook: none (float buckets), bf16, fp16 or powersgd
+  PowerSgdOptions powersgd{};      // --comm-hook powersgd[:rank], --powersgd-warmup
 };
 
 inline Flags& add_reduction_flags(Flags& f) {
@@ -26,23 +31,51 @@ inline Flags& add_reduction_flags(Flags& f) {
       .add("micro-batches", "8", "with --deterministic: micro-batches per global batch (a multiple of the world size)")
       .add("comm-hook", "none",
            "how gradient buckets travel: none (float), bf16 or fp16 (cast to 16 bits, half the bytes; "
-           "CompressedAllReduce)");
+           "CompressedAllReduce), or powersgd[:rank] (rank-r factors of each large matrix; rank 1 by default; "
+           "PowerSgd)")
+      .add("powersgd-warmup", "100", "with --comm-hook powersgd: plain all-reduces per bucket before compressing");
+}
+
+// "powersgd" or "powersgd:R" (R >= 1): PowerSGD's rank, or nullopt for any other hook.
+inline std::optional<std::int64_t> powersgd_rank(Flags const& f) {
+  std::string const v = f.str("comm-hook");
+  if (v == "powersgd") return 1;
+  if (v.rfind("powersgd:", 0) != 0) return std::nullopt;
+  std::string const r = v.substr(9);
+  char* end = nullptr;
+  errno = 0;
+  long long const x = std::strtoll(r.c_str(), &end, 10);
+  if (r.empty() || *end != '\0' || errno == ERANGE || x < 1)
+    throw ArgumentError(
+        detail::cat(f.program(), ": --comm-hook powersgd:RANK needs a rank of at least 1, got '", r, "'"));
+  return x;
 }
 
 // Reads the flags; ArgumentError for a combination that cannot work. `world_size` 0: taken at launch (DDP checks
 // the micro-batch count there, on every rank).
 inline ReductionChoice reduction_choice(Flags const& f, int world_size, std::int64_t global_batch) {
+  auto const rank = powersgd_rank(f);
   ReductionChoice c{.deterministic = f.boolean("deterministic"),
                     .micro_batches = f.at_least("micro-batches", 1),
-                    .comm_hook = f.choice("comm-hook", {"none", "bf16", "fp16"})};
+                    .comm_hook = rank ? "powersgd" : f.str("comm-hook"),
+                    .powersgd = {.rank = rank.value_or(1), .warmup_steps = f.at_least("powersgd-warmup", 0)}};
+  if (c.comm_hook != "none" && c.comm_hook != "bf16" && c.comm_hook != "fp16" && !rank)
+    throw ArgumentError(detail::cat(f.program(), ": --comm-hook must be one of none|bf16|fp16|powersgd[:rank], got '",
+                                    c.comm_hook, "'"));
+  if (!rank && f.is_set("powersgd-warmup"))
+    throw ArgumentError(
+        detail::cat(f.program(), ": --powersgd-warmup is for --comm-hook powersgd; --comm-hook is ", c.comm_hook));
   if (c.deterministic && ((world_size != 0 && c.micro_batches % world_size != 0) || global_batch % c.micro_batches))
     throw ArgumentError(detail::cat(f.program(), ": --deterministic needs the world size (", world_size,
                                     ") to divide --micro-batches (", c.micro_batches,
                                     ") and --micro-batches to divide --batch-size (", global_batch, ")"));
   if (c.deterministic && c.comm_hook != "none")
-    throw ArgumentError(detail::cat(f.program(), ": --comm-hook ", c.comm_hook,
-                                    " with --deterministic: its exact sums would depend on the world size once each "
-                                    "rank's share is rounded to 16 bits; drop one of them"));
+    throw ArgumentError(detail::cat(f.program(), ": --comm-hook ", c.comm_hook, " with --deterministic: ",
+                                    rank ? "PowerSGD's low-rank factors are sums in floating point, whose bits depend "
+                                           "on the world size"
+                                         : "its exact sums would depend on the world size once each rank's share is "
+                                           "rounded to 16 bits",
+                                    "; drop one of them"));
   return c;
 }
 
@@ -55,6 +88,7 @@ void with_reduction(ReductionChoice const& c, F&& fn) {
     if (c.deterministic) return fn(ExactSum{}, MicroBatches{.count = c.micro_batches});
     if (c.comm_hook == "bf16") return fn(Bf16AllReduce{}, OnePass{});
     if (c.comm_hook == "fp16") return fn(Fp16AllReduce{}, OnePass{});
+    if (c.comm_hook == "powersgd") return fn(PowerSgd{c.powersgd}, OnePass{});
   }
   fn(AverageAllReduce{}, OnePass{});
 }

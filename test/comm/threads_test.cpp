@@ -332,7 +332,7 @@ TEST_CASE("DDP_TRACE_COLLECTIVES=1 prints one line per collective per rank") {
   REQUIRE(lines.size() == 4);
   int bucket_lines = 0;
   for (auto const& l : lines) {
-    if (contains(l, "op=all_reduce count=300 dtype=float32 reduce=avg tag=bucket:3 async=1")) ++bucket_lines;
+    if (contains(l, "op=all_reduce count=300 dtype=float32 reduce=avg tag=bucket:3 async=1 bytes=1200")) ++bucket_lines;
   }
   CHECK(bucket_lines == 2);
   CHECK(contains(lines[0] + lines[1] + lines[2] + lines[3], "op=broadcast count=5 dtype=int64 root=0 tag=-"));

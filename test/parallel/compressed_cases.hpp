@@ -87,11 +87,11 @@ void compressed_gradients_exact(C& inner, BucketConfig buckets, HalfSum sum = Ha
   expect(reduces == (n > 1 ? ddp.plan().buckets.size() : 0), detail::cat(reduces, " bucket all-reduces"));
 }
 
-// 30 SGD-momentum steps of the same MLP on B/N rows per rank: the compressed run's weights stay within `bound` of
-// the float run's (relative to max(1, max|w|)), and its mean loss over the last 10 steps is within 1% of the
-// float run's. Returns the weight difference.
+// 30 SGD-momentum steps of the same MLP on B/N rows per rank with reduction R and with float buckets: the mean loss
+// of R's run over the last 10 steps is within `loss_rel` (relative) of the float run's. Returns the weight
+// difference relative to max(1, max|w|), for the caller to bound.
 template <class R, AsyncCommunicator C>
-double compressed_training(C& comm, R reduction) {
+double compressed_training(C& comm, R reduction, double loss_rel = 1e-2) {
   int const n = comm.world_size(), r = comm.rank();
   std::int64_t const local = 16 / n;
   auto data = make_data(16 * 30, 8, 4, 99);
@@ -122,7 +122,7 @@ double compressed_training(C& comm, R reduction) {
   }
   double mean16 = 0, mean32 = 0;  // the last 10 steps' mean loss (fresh rows every step)
   for (std::size_t s = 20; s < 30; ++s) mean16 += l16[s] / 10, mean32 += l32[s] / 10;
-  expect(std::abs(mean16 - mean32) <= 1e-2 * mean32,
+  expect(std::abs(mean16 - mean32) <= loss_rel * mean32,
          detail::cat(reduction.name(), ": mean loss of the last 10 steps ", mean16, " against float's ", mean32));
   return diff / std::max(1.0, maxw);
 }

@@ -53,12 +53,13 @@ TEST_CASE("device tensors: N ranks on B/N equal one process on B, and the host r
 
 // DDP weights after `steps` SGD-momentum steps over tensors of space S with reduction policy R.
 template <MemorySpace S, class R>
-std::vector<float> policy_run(ThreadsBackend& comm, test::Data const& data, std::int64_t global_batch, int steps) {
+std::vector<float> policy_run(ThreadsBackend& comm, test::Data const& data, std::int64_t global_batch, int steps,
+                              R reduction = {}) {
   int const n = comm.world_size(), r = comm.rank();
   std::int64_t const local = global_batch / n;
   auto model = make_mlp<S>(8, 32, 4, 1);
   DistributedDataParallel<decltype(model), ThreadsBackend, SizeCapped, R> ddp(
-      model, comm, {}, SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}});
+      model, comm, {}, SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}}, reduction);
   optim::basic_sgd<float, S> opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
   for (int s = 0; s < steps; ++s) {
     std::int64_t const base = s * global_batch + r * local;
@@ -89,6 +90,27 @@ TEST_CASE_TEMPLATE("device tensors: buckets compressed to 16 bits train as the h
       CHECK(rel_diff(dev[r], host[r]) <= 1e-6);
     }
     if (n > 1) CHECK(dev[0] != plain[0]);  // the buckets were rounded on the way
+  }
+}
+
+TEST_CASE("device tensors: PowerSGD buckets train as the host run with the same policy") {
+  std::int64_t const B = 16;
+  int const steps = 10;
+  auto data = test::make_data(B * steps, 8, 4, 99);
+  PowerSgd const psgd{{.rank = 2, .warmup_steps = 3, .min_compression_rate = 1.0}};
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    std::vector<std::vector<float>> dev(n), host(n), plain(n);
+    spawn(n, [&](ThreadsBackend& comm) {
+      dev[comm.rank()] = policy_run<Dev>(comm, data, B, steps, psgd);
+      host[comm.rank()] = policy_run<HostSpace>(comm, data, B, steps, psgd);
+      plain[comm.rank()] = policy_run<Dev, AverageAllReduce>(comm, data, B, steps);
+    });
+    for (int r = 0; r < n; ++r) {
+      CHECK(dev[r] == dev[0]);  // bitwise the same on every rank
+      CHECK(rel_diff(dev[r], host[r]) <= 1e-5);
+    }
+    if (n > 1) CHECK(dev[0] != plain[0]);  // the gradients were compressed
   }
 }
 

@@ -5,6 +5,7 @@
 #include "ddp/comm/mpi.hpp"
 #include "test/parallel/compressed_cases.hpp"
 #include "test/parallel/ddp_cases.hpp"
+#include "test/parallel/powersgd_cases.hpp"
 
 int main(int argc, char** argv) {
   ddp::MpiSession session(argc, argv);
@@ -43,6 +44,10 @@ int main(int argc, char** argv) {
     ddp::test::expect(bf <= 2e-3 && fp <= 4e-4, "compressed training drifted from float: bf16 " + std::to_string(bf) +
                                                     ", fp16 " + std::to_string(fp));
     ddp::test::fp16_overflow_is_reported(comm);
+    // PowerSGD: the reference's gradients round by round (P and Q summed by MPI in its own order: within 2e-4).
+    for (std::int64_t rank : {1, 2})
+      ddp::test::powersgd_matches_reference(comm, {.rank = rank, .warmup_steps = 2, .min_compression_rate = 1.0},
+                                            ddp::BucketConfig{.cap_bytes = 256, .first_cap_bytes = 64}, 5, 2e-4);
     auto recs = ddp::test::collective_order(comm, {.cap_bytes = 1024, .first_cap_bytes = 256});
     // Every rank's sequence must equal rank 0's: compare a fingerprint.
     std::uint64_t h = 0;  // unsigned: the hash wraps by design

@@ -31,7 +31,12 @@ expect "--clip-grad-norm must be a positive number or off, got 'inf'" --clip-gra
 expect "--calibration-cache is for --bucket-cap-mb auto" --calibration-cache /tmp/cal.txt
 expect "--bucket-cap-mb auto profiles host tensors" --bucket-cap-mb auto --deterministic true
 expect "flag --epochs needs a value" --epochs
-expect "--comm-hook must be one of none|bf16|fp16, got 'powersgd'" --comm-hook powersgd
+expect "--comm-hook must be one of none|bf16|fp16|powersgd[:rank], got 'powersgd2'" --comm-hook powersgd2
+expect "--comm-hook powersgd:RANK needs a rank of at least 1, got '0'" --comm-hook powersgd:0
+expect "--comm-hook powersgd:RANK needs a rank of at least 1, got 'x'" --comm-hook powersgd:x
+expect "--comm-hook powersgd with --deterministic: PowerSGD's low-rank factors" --comm-hook powersgd:2 --deterministic true
+expect "--powersgd-warmup is for --comm-hook powersgd; --comm-hook is none" --powersgd-warmup 5
+expect "--powersgd-warmup must be at least 0, got -1" --comm-hook powersgd --powersgd-warmup -1
 expect "--comm-hook bf16 with --deterministic: its exact sums would depend on the world size" --comm-hook bf16 --deterministic true
 expect "does not exist" --resume /nonexistent/ckpt.bin
 expect "unexpected argument 'extra'" extra

@@ -41,7 +41,7 @@ class ExactReducer {
   static std::vector<std::int64_t> reserve(BucketPlan const&, std::size_t, int) { return {}; }
 
   ExactReducer(C& comm, BucketPlan plan, nn::ParameterArena<T, S>& arena, std::int64_t per_rank,
-               ReducerOptions opts = {})
+               ReducerOptions opts = {}, NoWireConfig = {})
       : comm_(&comm), plan_(std::move(plan)), arena_(&arena), per_rank_(per_rank), opts_(opts) {
     std::size_t const n = static_cast<std::size_t>(arena.numel()), np = arena.count();
     micro_batches_ = per_rank_ * comm.world_size();
@@ -158,7 +158,7 @@ class ExactReducer {
         if (opts_.observer) opts_.observer->on_launch(b);
         comm_->all_reduce(std::span<std::int64_t>(sums_.data() + lo, static_cast<std::size_t>(bucket.numel)),
                           ReduceOp::kSum, CollectiveTag{"exact.bucket", static_cast<std::int64_t>(b)});
-        if (opts_.observer) opts_.observer->on_complete(b);
+        if (opts_.observer) opts_.observer->on_complete(b, bucket.numel * std::int64_t{sizeof(std::int64_t)});
       }
     for (std::size_t p = 0; p < np; ++p) {
       auto const& e = arena_->entries()[p];

@@ -43,6 +43,9 @@ struct ReducerOptions {
   NonFinite non_finite = NonFinite::kIgnore;
 };
 
+// The wire options of a reduction stage that has none (a stage's last constructor argument; bucket/wire.hpp).
+struct NoWireConfig {};
+
 namespace detail {
 // Whether n elements hold no NaN or Inf. One vectorised sum first (finite exactly when every element is, bar
 // an overflow of huge finite values); only a non-finite sum pays for the element-by-element look (on the host:

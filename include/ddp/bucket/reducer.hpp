@@ -1,7 +1,8 @@
-// BucketReducer: the averaging reduction stage of data parallelism (the AverageAllReduce and CompressedAllReduce
-// policies). Told "parameter i is ready" during backward and "backward is over" at its end, it launches each
+// BucketReducer: the averaging reduction stage of data parallelism (the AverageAllReduce, CompressedAllReduce and
+// PowerSgd policies). Told "parameter i is ready" during backward and "backward is over" at its end, it launches each
 // bucket's all-reduce in plan order as soon as the bucket is complete and reports, per parameter, which ranks had
-// a gradient. W is the type buckets travel in (bucket/wire.hpp): the gradients' own, or a 16-bit float.
+// a gradient. W is the wire format buckets travel in (bucket/wire.hpp): the gradients' own type, a 16-bit float,
+// or LowRank (PowerSGD, bucket/powersgd.hpp).
 #pragma once
 
 #include <algorithm>
@@ -42,52 +43,34 @@ namespace ddp {
 // are those of the backend's all-reduce (bitwise identical on all ranks for threads and MPI).
 template <class T, MemorySpace S, AsyncCommunicator C, class W = T>
 class BucketReducer {
-  static_assert(std::same_as<W, T> || HalfCommunicator<C>,
+  using wire_t = BucketWire<T, W, S>;
+  using wire_value = typename wire_t::value_type;
+  static_assert(BucketWireFormat<wire_t, T, S>, "BucketReducer: BucketWire<T, W, S> is not a wire (bucket/wire.hpp)");
+  static_assert(std::same_as<wire_value, T> || HalfCommunicator<C>,
                 "BucketReducer: buckets that travel as bfloat16/float16 need a backend that moves them "
                 "(HalfCommunicator: ThreadsBackend, MpiBackend, NcclBackend)");
 
  public:
+  using wire_config = typename wire_t::config;
   // Status words stored after a bucket of `params` parameters, on `world` ranks.
   static constexpr std::int64_t status_slots(std::size_t params, int world) noexcept {
     return 2 * static_cast<std::int64_t>(params) + world;
   }
 
-  // `bucket_offsets[b]`: where bucket b's slice starts in `grads` (its gradients, then its status words).
+  // `bucket_offsets[b]`: where bucket b's slice starts in `grads` (its gradients, then its status words). The
+  // gradients' shapes are unknown here: the wire sees each bucket as one vector.
   BucketReducer(C& comm, BucketPlan plan, std::vector<std::int64_t> bucket_offsets, Tensor<T, S> grads,
-                ReducerOptions opts = {})
-      : comm_(&comm),
-        plan_(std::move(plan)),
-        offsets_(std::move(bucket_offsets)),
-        grads_(std::move(grads)),
-        observer_(opts.observer),
-        flag_non_finite_(opts.non_finite != NonFinite::kIgnore),
-        world_(comm.world_size()),
-        rank_(comm.rank()),
-        wire_(slice_numels(plan_, world_), world_) {
-    if (offsets_.size() != plan_.buckets.size())
-      throw ArgumentError(
-          detail::cat("BucketReducer: ", offsets_.size(), " bucket offsets for ", plan_.buckets.size(), " buckets"));
-    std::size_t const np = plan_.bucket_of.size(), nb = plan_.buckets.size();
-    std::size_t widest = 0;
-    for (auto const& b : plan_.buckets) widest = std::max(widest, b.params.size());
-    ready_.assign(np, 0);
-    unready_ = np;
-    has_grad_.assign(np, 0);
-    pending_.assign(nb, 0);
-    works_.resize(nb);
-    completed_.assign(nb, 0);
-    staging_.assign(static_cast<std::size_t>(status_slots(widest, world_)), T(0));
-    outcome_.missing_somewhere.assign(np, 0);
-    outcome_.present_somewhere.assign(np, 0);
-    non_finite_here_.assign(static_cast<std::size_t>(world_), 0);
-  }
+                ReducerOptions opts = {}, wire_config wire = {})
+      : BucketReducer(comm, vector_layout(plan, comm.world_size()), plan, std::move(bucket_offsets), std::move(grads),
+                      opts, wire) {}
 
   // Over a parameter arena laid out for this plan (status words reserved after each bucket's lowest-registered
   // parameter: reserve()). The micro-batches of a round add into the same gradients; finish() divides their sum
   // by `micro_batches_per_rank`, so the result is the mean gradient of the global batch.
   BucketReducer(C& comm, BucketPlan plan, nn::ParameterArena<T, S>& arena, std::int64_t micro_batches_per_rank,
-                ReducerOptions opts = {})
-      : BucketReducer(comm, plan, offsets_in(plan, arena), arena.grads(), opts) {
+                ReducerOptions opts = {}, wire_config wire = {})
+      : BucketReducer(comm, arena_layout(plan, arena, comm.world_size()), plan, offsets_in(plan, arena), arena.grads(),
+                      opts, wire) {
     per_rank_ = micro_batches_per_rank;
   }
 
@@ -104,12 +87,8 @@ class BucketReducer {
   ~BucketReducer() { abandon(); }
 
   BucketPlan const& plan() const noexcept { return plan_; }
-  // Bytes one rank puts on the wire per round: every bucket's slice in the wire type (none on one rank).
-  std::int64_t wire_bytes() const noexcept {
-    std::int64_t n = 0;
-    for (std::size_t b = 0; world_ > 1 && b < plan_.buckets.size(); ++b) n += slice_numel(b);
-    return n * static_cast<std::int64_t>(sizeof(W));
-  }
+  // Bytes one rank puts on the wire per round, as the wire format says (none on one rank).
+  std::int64_t wire_bytes() const noexcept { return world_ > 1 ? wire_.bytes() : 0; }
   // Elements of bucket b's slice that the all-reduce moves (gradients and status words).
   std::int64_t slice_numel(std::size_t b) const noexcept {
     return plan_.buckets[b].numel + status_slots(plan_.buckets[b].params.size(), world_);
@@ -212,13 +191,62 @@ class BucketReducer {
   }
 
  private:
-  using work_t =
-      decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<W, S>>(), ReduceOp::kAvg, CollectiveTag{}));
+  BucketReducer(C& comm, std::vector<WireBucket> layout, BucketPlan plan, std::vector<std::int64_t> bucket_offsets,
+                Tensor<T, S> grads, ReducerOptions opts, wire_config wire)
+      : comm_(&comm),
+        plan_(std::move(plan)),
+        offsets_(std::move(bucket_offsets)),
+        grads_(std::move(grads)),
+        observer_(opts.observer),
+        flag_non_finite_(opts.non_finite != NonFinite::kIgnore),
+        world_(comm.world_size()),
+        rank_(comm.rank()),
+        wire_(std::move(layout), world_, wire) {
+    if (offsets_.size() != plan_.buckets.size())
+      throw ArgumentError(
+          detail::cat("BucketReducer: ", offsets_.size(), " bucket offsets for ", plan_.buckets.size(), " buckets"));
+    std::size_t const np = plan_.bucket_of.size(), nb = plan_.buckets.size();
+    std::size_t widest = 0;
+    for (auto const& b : plan_.buckets) widest = std::max(widest, b.params.size());
+    ready_.assign(np, 0);
+    unready_ = np;
+    has_grad_.assign(np, 0);
+    pending_.assign(nb, 0);
+    works_.resize(nb);
+    completed_.assign(nb, 0);
+    sent_.assign(nb, 0);
+    staging_.assign(static_cast<std::size_t>(status_slots(widest, world_)), T(0));
+    outcome_.missing_somewhere.assign(np, 0);
+    outcome_.present_somewhere.assign(np, 0);
+    non_finite_here_.assign(static_cast<std::size_t>(world_), 0);
+  }
 
-  static std::vector<std::int64_t> slice_numels(BucketPlan const& plan, int world) {
-    std::vector<std::int64_t> n;
-    for (auto const& b : plan.buckets) n.push_back(b.numel + status_slots(b.params.size(), world));
-    return n;
+  using work_t = decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<wire_value, S>>(), ReduceOp::kAvg,
+                                                              CollectiveTag{}));
+
+  // Each bucket as one vector of its gradients.
+  static std::vector<WireBucket> vector_layout(BucketPlan const& plan, int world) {
+    std::vector<WireBucket> layout;
+    for (auto const& b : plan.buckets)
+      layout.push_back(
+          {.grads = b.numel, .status = status_slots(b.params.size(), world), .tensors = {{0, 1, b.numel}}});
+    return layout;
+  }
+  // Each gradient at its place in its bucket's slice, as a matrix of its first dimension's rows.
+  static std::vector<WireBucket> arena_layout(BucketPlan const& plan, nn::ParameterArena<T, S> const& arena,
+                                              int world) {
+    std::vector<WireBucket> layout;
+    for (auto const& b : plan.buckets) {
+      WireBucket w{.grads = b.numel, .status = status_slots(b.params.size(), world), .tensors = {}};
+      std::int64_t const start = arena.entries()[b.params.front()].offset;
+      for (auto const p : b.params) {
+        auto const& e = arena.entries()[p];
+        std::int64_t const rows = e.shape.rank() >= 2 && e.numel > 0 ? e.shape[0] : 1;
+        w.tensors.push_back({.offset = e.offset - start, .rows = rows, .cols = e.numel / rows});
+      }
+      layout.push_back(std::move(w));
+    }
+    return layout;
   }
 
   static std::vector<std::int64_t> offsets_in(BucketPlan const& plan, nn::ParameterArena<T, S> const& arena) {
@@ -246,55 +274,71 @@ class BucketReducer {
     Kernels<S>::from_host(nst, staging_.data(), slice(b) + bucket.numel);
     completed_[b] = 0;
     if (observer_) observer_->on_launch(b);
-    auto const span = wire_.pack(b, slice(b), bucket.numel, bucket.numel + nst);
-    CollectiveTag const tag{"bucket", static_cast<std::int64_t>(b)};
+    auto const piece = wire_.pack(b, slice(b), part);
+    sent_[b] = piece_bytes(piece);
     if (b + 1 == plan_.buckets.size()) {
       // The last bucket completes when backward is (all but) over: nothing is left to overlap with, so it
       // is reduced on this thread, saving the hand-off to the progress thread and back. Issue order is
       // kept: the earlier buckets finish first.
       wait_all();
-      comm_->all_reduce(span, wire_t::op, tag);
-      unpack(b);
+      for (std::optional next = piece; next;) {
+        comm_->all_reduce(next->span, next->op, CollectiveTag{next->label, static_cast<std::int64_t>(b)});
+        if ((next = wire_.unpack(b, slice(b)))) sent_[b] += piece_bytes(*next);
+      }
       note_complete(b);
       return;
     }
-    works_[b].emplace(comm_->all_reduce_async(span, wire_t::op, tag));
+    works_[b].emplace(comm_->all_reduce_async(piece.span, piece.op, CollectiveTag{piece.label, std::int64_t(b)}));
   }
 
-  // Bucket b's id in its status words (exact in W).
+  // Bucket b's id in its status words (exact in the wire type).
   std::int64_t id(std::size_t b) const noexcept { return static_cast<std::int64_t>(b) % wire_t::id_modulus + 1; }
-  void unpack(std::size_t b) {
-    auto const& bucket = plan_.buckets[b];
-    wire_.unpack(b, slice(b), bucket.numel, bucket.numel + status_slots(bucket.params.size(), world_));
-  }
 
-  // Waits for every launched bucket in order; rethrows the first failure after all have finished.
+  // Waits for every launched bucket in order, launching the next collective of a bucket whose wire needs another
+  // (in bucket order on every rank, so ranks stay matched), until none is in flight; rethrows the first failure
+  // after all have finished.
   void wait_all() {
     std::exception_ptr err;
-    for (std::size_t b = 0; b < works_.size(); ++b) {
-      auto& w = works_[b];
-      if (!w) continue;
-      try {
-        w->wait();
-        if (!err) unpack(b);
-      } catch (...) {
-        if (!err) err = std::current_exception();
+    for (bool again = true; again;) {
+      again = false;
+      for (std::size_t b = 0; b < works_.size(); ++b) {
+        auto& w = works_[b];
+        if (!w) continue;
+        try {
+          w->wait();
+          w.reset();
+          if (!err)
+            if (auto const next = wire_.unpack(b, slice(b))) {
+              sent_[b] += piece_bytes(*next);
+              w.emplace(comm_->all_reduce_async(next->span, next->op, CollectiveTag{next->label, std::int64_t(b)}));
+              again = true;
+              continue;
+            }
+        } catch (...) {
+          if (!err) err = std::current_exception();
+          w.reset();
+        }
+        note_complete(b);
       }
-      w.reset();
-      note_complete(b);
     }
     if (err) std::rethrow_exception(err);
   }
 
-  // Observer only: a bucket counts as complete when its completion is first seen.
+  static std::int64_t piece_bytes(WirePiece<wire_value, S> const& p) noexcept {
+    return static_cast<std::int64_t>(p.span.size() * sizeof(wire_value));
+  }
+
+  // Observer only: a bucket counts as complete when its completion is first seen (a wire with more than one
+  // collective per bucket is complete only once wait_all() has seen its last).
   void poll() {
+    if constexpr (!wire_t::single_collective) return;
     for (std::size_t b = 0; b < next_launch_; ++b)
       if (works_[b] && !completed_[b] && works_[b]->test()) note_complete(b);
   }
   void note_complete(std::size_t b) {
     if (!observer_ || completed_[b]) return;
     completed_[b] = 1;
-    observer_->on_complete(b);
+    observer_->on_complete(b, sent_[b]);
   }
 
   void decode(std::size_t b) {
@@ -334,10 +378,10 @@ class BucketReducer {
   ReducerObserver* observer_;
   bool flag_non_finite_;
   int world_, rank_;
-  using wire_t = BucketWire<T, W, S>;
   wire_t wire_;
+
   std::vector<char> ready_, has_grad_, completed_, non_finite_here_;
-  std::vector<std::int64_t> pending_;
+  std::vector<std::int64_t> pending_, sent_;  // sent_: bytes launched per bucket this round
   std::vector<std::optional<work_t>> works_;
   std::vector<T> staging_;  // one bucket's status words on the host
   std::size_t next_launch_ = 0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "ddp/error.hpp"
@@ -16,13 +17,14 @@ class ReducerObserver {
  public:
   virtual ~ReducerObserver() = default;
   virtual void on_launch(std::size_t /*bucket*/) {}
-  virtual void on_complete(std::size_t /*bucket*/) {}
+  // `bytes`: what this rank sent for the bucket in this round, over all of its collectives, in the wire type.
+  virtual void on_complete(std::size_t /*bucket*/, std::int64_t /*bytes*/) {}
   virtual void on_wait_begin() {}  // backward is over; waiting for the buckets still in flight
   virtual void on_wait_end() {}
 };
 
 // Records "forward", "backward" (end of forward to end of backward), "wait for all-reduce" and one
-// "all_reduce bucket b" span per bucket (launch to observed completion, on the comm lane).
+// "all_reduce bucket b (N bytes)" span per bucket (launch to observed completion, on the comm lane).
 class TimelineObserver final : public ReducerObserver {
  public:
   explicit TimelineObserver(Timeline& t) : t_(&t) {}
@@ -34,8 +36,9 @@ class TimelineObserver final : public ReducerObserver {
     if (b >= launched_at_.size()) launched_at_.resize(b + 1);
     launched_at_[b] = Timeline::clock::now();
   }
-  void on_complete(std::size_t b) override {
-    t_->add(detail::cat("all_reduce bucket ", b), "comm", launched_at_[b], Timeline::clock::now(), Timeline::kComm);
+  void on_complete(std::size_t b, std::int64_t bytes) override {
+    t_->add(detail::cat("all_reduce bucket ", b, " (", bytes, " bytes)"), "comm", launched_at_[b],
+            Timeline::clock::now(), Timeline::kComm);
   }
   void on_wait_begin() override {
     wait_start_ = Timeline::clock::now();

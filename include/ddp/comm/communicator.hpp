@@ -71,6 +71,20 @@ constexpr std::string_view name(Dtype t) noexcept {
   return "?";
 }
 
+// Bytes of one element of type t.
+constexpr std::size_t size_of(Dtype t) noexcept {
+  switch (t) {
+    case Dtype::kFloat64:
+    case Dtype::kInt64:
+      return 8;
+    case Dtype::kBFloat16:
+    case Dtype::kFloat16:
+      return 2;
+    default:
+      return 4;
+  }
+}
+
 // The collectives, for errors and traces.
 enum class CollectiveKind { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kGather, kScatter, kBarrier };
 

@@ -54,6 +54,7 @@ inline std::size_t format_record(CollectiveRecord const& r, char* buf, std::size
     if (r.tag.id >= 0) append("%s%lld", r.tag.label.empty() ? "" : ":", static_cast<long long>(r.tag.id));
   }
   if (r.async) append("%s", " async=1");
+  append(" bytes=%zu", r.count * size_of(r.dtype));  // the buffer this rank passes, in its wire type
   if (n < 0) return 0;
   return static_cast<std::size_t>(n) < size ? static_cast<std::size_t>(n) : size - 1;
 }

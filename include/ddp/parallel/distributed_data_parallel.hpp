@@ -101,7 +101,8 @@ class DistributedDataParallel {
     if constexpr (R::world_size_invariant) detail::broadcast_generators(comm, nn::generators_of(model), 0);
     if (opts_.timeline) timeline_.emplace(*opts_.timeline);
     reducer_.emplace(comm, std::move(plan), arena_, per_rank_,
-                     ReducerOptions{.observer = timeline_ ? &*timeline_ : nullptr, .non_finite = opts_.non_finite});
+                     ReducerOptions{.observer = timeline_ ? &*timeline_ : nullptr, .non_finite = opts_.non_finite},
+                     detail::wire_config(reduction_));
     round_.emplace(
         comm, arena_,
         RoundOptions{.find_unused_parameters = opts_.find_unused_parameters, .non_finite = opts_.non_finite});
@@ -111,7 +112,6 @@ class DistributedDataParallel {
 
   DistributedDataParallel(DistributedDataParallel const&) = delete;
   DistributedDataParallel& operator=(DistributedDataParallel const&) = delete;
-
   ~DistributedDataParallel() {
     reducer_->abandon();
     for (auto const& e : arena_.entries()) e.var.node().leaf_hooks().ready_hook = {};

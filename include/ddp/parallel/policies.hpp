@@ -12,6 +12,7 @@
 #include <string>
 
 #include "ddp/bucket/exact_reducer.hpp"
+#include "ddp/bucket/powersgd.hpp"
 #include "ddp/bucket/reducer.hpp"
 #include "ddp/error.hpp"
 
@@ -48,6 +49,25 @@ struct CompressedAllReduce {
 };
 using Bf16AllReduce = CompressedAllReduce<bfloat16>;
 using Fp16AllReduce = CompressedAllReduce<float16>;
+
+// Reduction: PowerSGD (bucket/powersgd.hpp), PyTorch's powerSGD_hook: after `options.warmup_steps` plain rounds, each
+// large matrix gradient travels as rank-r factors P and Q (two all-reduces per bucket), with error feedback and warm
+// start; vectors and small matrices go uncompressed in the bucket's first piece. On the main job's CNN at rank 2,
+// about 1/20 of float's bytes (bench/RESULTS.md). Lossy and not world-size-invariant: deterministic mode refuses it.
+struct PowerSgd {
+  PowerSgdOptions options{};
+  template <class T, MemorySpace S, AsyncCommunicator C>
+  using stage = BucketReducer<T, S, C, LowRank>;
+  template <class T>
+  static constexpr std::size_t element_bytes = sizeof(T);
+  static constexpr bool world_size_invariant = false;
+  PowerSgdOptions wire_config() const noexcept { return options; }
+  std::string name() const {
+    return detail::cat("PowerSgd{rank=", options.rank, ", warmup=", options.warmup_steps,
+                       options.error_feedback ? "" : ", no error feedback", options.warm_start ? "" : ", no warm start",
+                       "}");
+  }
+};
 
 // Reduction of deterministic mode: the round's micro-batch gradients are added exactly, as integers, once
 // backward is over (ExactReducer; docs/deterministic.md). Bitwise identical for every world size that divides
@@ -100,7 +120,19 @@ concept BatchingPolicy = requires(B const& b, int world) {
   { b.name() } -> std::convertible_to<std::string>;
 };
 
-static_assert(ReductionPolicy<AverageAllReduce> && ReductionPolicy<ExactSum> && ReductionPolicy<Bf16AllReduce>);
+static_assert(ReductionPolicy<AverageAllReduce> && ReductionPolicy<ExactSum> && ReductionPolicy<Bf16AllReduce> &&
+              ReductionPolicy<PowerSgd>);
+
+namespace detail {
+// The options a reduction policy gives its stage's wire (bucket/wire.hpp): PowerSgd's, or none.
+template <ReductionPolicy R>
+auto wire_config(R const& r) {
+  if constexpr (requires { r.wire_config(); })
+    return r.wire_config();
+  else
+    return NoWireConfig{};
+}
+}  // namespace detail
 static_assert(BatchingPolicy<OnePass> && BatchingPolicy<MicroBatches>);
 
 }  // namespace ddp

@@ -1,0 +1,228 @@
+// PowerSGD (Vogels, Karimireddy and Jaggi, 2019) as a bucket wire: BucketWire<T, LowRank, S>, which the PowerSgd
+// reduction policy (parallel/policies.hpp) puts under BucketReducer. It does what PyTorch's powerSGD_hook does:
+//  - the first `warmup_steps` rounds of each bucket are plain averaging all-reduces;
+//  - then each gradient M of two or more dimensions, viewed as rows x cols (rows = its first dimension), whose rank-r
+//    factors are at least `min_compression_rate` times smaller than it, travels as two thin matrices:
+//      M += E (error feedback), P = M Q, all-reduce P, orthogonalise P's columns (Gram-Schmidt),
+//      Q = M^T P, all-reduce Q, M = P Q^T, E = (the M that went in) - M;
+//    Q is drawn once from a standard normal generator seeded alike on every rank and, with warm_start, the averaged
+//    Q of one step starts the next;
+//  - every other gradient (vectors, biases, small matrices) and the bucket's status words travel uncompressed, in
+//    one contiguous piece of the bucket's first all-reduce, beside the P matrices (so a bucket costs two
+//    collectives: "bucket", then "powersgd-q").
+// What it differs in from PyTorch: the error is kept for the compressed gradients only (PyTorch also stores
+// local - average for the uncompressed ones, which adds nothing to the next average); a rank that joined
+// (Participation::kShadow) adds zeros and keeps its error. On one rank nothing is exchanged, so nothing is
+// compressed (BucketReducer launches nothing there), as for the 16-bit wires.
+// Not world-size-invariant, not bitwise reproducible across world sizes (the sums of P and Q are not), so
+// deterministic mode cannot use it. Its state (E and Q) is not part of a checkpoint: a resumed run draws Q again
+// and starts with E = 0.
+// All arithmetic goes through Kernels<S> (GEMM, norm, axpby), so it runs on host and device tensors alike.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ddp/bucket/wire.hpp"
+#include "ddp/error.hpp"
+#include "ddp/tensor/random.hpp"
+
+namespace ddp {
+
+// PowerSGD's options: PyTorch's PowerSGDState, with its defaults.
+struct PowerSgdOptions {
+  std::int64_t rank = 1;              // matrix_approximation_rank: r
+  std::int64_t warmup_steps = 1000;   // start_powerSGD_iter: plain all-reduces per bucket before compressing
+  double min_compression_rate = 2.0;  // a matrix is compressed only when (rows + cols) r * this < rows cols
+  bool error_feedback = true;         // use_error_feedback
+  bool warm_start = true;             // warm_start: reuse the last averaged Q instead of drawing a new one
+  std::uint64_t seed = 0;             // Q's draws (the same on every rank)
+};
+
+// The wire format tag of PowerSGD (BucketReducer<T, S, C, LowRank>).
+struct LowRank {};
+
+template <class T, MemorySpace S>
+class BucketWire<T, LowRank, S> {
+  using K = Kernels<S>;
+  using i64 = std::int64_t;
+
+ public:
+  using value_type = T;
+  using config = PowerSgdOptions;
+  static constexpr bool single_collective = false;  // P, then Q
+  static constexpr i64 id_modulus = i64{1} << 20;
+
+  BucketWire(std::vector<WireBucket> layout, int /*world*/, config cfg) : cfg_(cfg) {
+    if (cfg_.rank < 1) throw ArgumentError(detail::cat("PowerSgdOptions: rank must be at least 1, got ", cfg_.rank));
+    if (cfg_.warmup_steps < 0)
+      throw ArgumentError(detail::cat("PowerSgdOptions: warmup_steps must be >= 0, got ", cfg_.warmup_steps));
+    if (!(cfg_.min_compression_rate > 0))
+      throw ArgumentError(
+          detail::cat("PowerSgdOptions: min_compression_rate must be positive, got ", cfg_.min_compression_rate));
+    i64 total = 0, widest_rank = 1;
+    for (auto& wb : layout) {
+      Bucket k;
+      k.grads = wb.grads, k.status = wb.status;
+      for (auto const& t : wb.tensors) {
+        i64 const r = std::min({cfg_.rank, t.rows, t.cols});
+        if (t.rows >= 2 && t.cols >= 1 &&
+            double(t.rows + t.cols) * double(r) * cfg_.min_compression_rate < double(t.rows) * double(t.cols)) {
+          k.mats.push_back({.offset = t.offset,
+                            .rows = t.rows,
+                            .cols = t.cols,
+                            .r = r,
+                            .p_at = 0,
+                            .q_at = k.q_numel,
+                            .err_at = k.err_numel});
+          k.q_numel += r * t.cols;
+          k.err_numel += t.rows * t.cols;
+          widest_rank = std::max(widest_rank, r);
+        } else {
+          k.plain.push_back(t);
+          k.plain_numel += t.rows * t.cols;
+        }
+      }
+      i64 p = k.plain_numel + k.status;  // the P matrices follow the uncompressed gradients and status words
+      for (auto& m : k.mats) m.p_at = p, p += m.r * m.rows;
+      k.first_numel = p;
+      k.first_at = total, total += k.first_numel;
+      k.q_at = total, total += k.q_numel;
+      k.err_at = total, total += k.err_numel;
+      buckets_.push_back(std::move(k));
+    }
+    scratch_at_ = total, total += widest_rank;
+    owner_ = SpaceAllocator<S>::template allocate<T>(static_cast<std::size_t>(total));
+    K::fill(total, T(0), owner_.get());
+  }
+
+  WirePiece<T, S> pack(std::size_t b, T* slice, Participation part) {
+    Bucket& k = buckets_[b];
+    if (k.rounds++ < cfg_.warmup_steps) {  // warm-up: the slice itself, averaged in place
+      k.stage = Stage::kPlain;
+      return {SpaceSpan<T, S>(slice, static_cast<std::size_t>(k.grads + k.status)), ReduceOp::kAvg, "bucket"};
+    }
+    k.shadow = part == Participation::kShadow;
+    T* const w = at(k.first_at);
+    i64 pos = 0;
+    for (auto const& t : k.plain) K::copy(t.rows * t.cols, slice + t.offset, w + pos), pos += t.rows * t.cols;
+    K::copy(k.status, slice + k.grads, w + pos);
+    if (!k.mats.empty() && (!k.q_drawn || !cfg_.warm_start)) draw_q(b, k);
+    for (auto const& m : k.mats) {
+      T* const M = slice + m.offset;
+      if (feedback(k)) K::axpby(m.rows * m.cols, T(1), at(k.err_at + m.err_at), T(1), M);
+      // P (stored transposed, r x rows) = Q^T M^T
+      K::gemm(Trans::kNo, Trans::kYes, m.r, m.rows, m.cols, T(1), at(k.q_at + m.q_at), M, T(0), w + m.p_at);
+    }
+    k.stage = Stage::kP;
+    return {SpaceSpan<T, S>(w, static_cast<std::size_t>(k.first_numel)), ReduceOp::kAvg, "bucket"};
+  }
+
+  std::optional<WirePiece<T, S>> unpack(std::size_t b, T* slice) {
+    Bucket& k = buckets_[b];
+    Stage const stage = k.stage;
+    k.stage = Stage::kDone;
+    if (stage == Stage::kP) {
+      T* const w = at(k.first_at);
+      i64 pos = 0;
+      for (auto const& t : k.plain) K::copy(t.rows * t.cols, w + pos, slice + t.offset), pos += t.rows * t.cols;
+      K::copy(k.status, w + pos, slice + k.grads);
+      if (k.mats.empty()) return std::nullopt;
+      for (auto const& m : k.mats) {
+        orthogonalize(w + m.p_at, m.r, m.rows);
+        // Q (stored transposed, r x cols) = P^T M
+        K::gemm(Trans::kNo, Trans::kNo, m.r, m.cols, m.rows, T(1), w + m.p_at, slice + m.offset, T(0),
+                at(k.q_at + m.q_at));
+      }
+      k.stage = Stage::kQ;
+      return WirePiece<T, S>{SpaceSpan<T, S>(at(k.q_at), static_cast<std::size_t>(k.q_numel)), ReduceOp::kAvg,
+                             "powersgd-q"};
+    }
+    if (stage == Stage::kQ) {
+      if (!detail::all_finite<T, S>(k.q_numel, at(k.q_at))) {
+        // A NaN or Inf reached Q (some rank's gradients held one; NonFinite reports it): it would stay there under
+        // warm start, and in E. Start over: a new Q next round, no error carried.
+        k.q_drawn = false;
+        K::fill(k.err_numel, T(0), at(k.err_at));
+      }
+      for (auto const& m : k.mats) {
+        T* const M = slice + m.offset;
+        T* const e = at(k.err_at + m.err_at);
+        i64 const n = m.rows * m.cols;
+        if (feedback(k) && k.q_drawn) K::copy(n, M, e);
+        K::gemm(Trans::kYes, Trans::kNo, m.rows, m.cols, m.r, T(1), at(k.first_at + m.p_at), at(k.q_at + m.q_at), T(0),
+                M);
+        if (feedback(k) && k.q_drawn) K::axpby(n, T(-1), M, T(1), e);  // what this rank's gradient lost
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Bytes one rank sends per round once compressing: the first piece of every bucket, and Q where it has one.
+  std::int64_t bytes() const noexcept {
+    i64 n = 0;
+    for (auto const& k : buckets_) n += k.first_numel + k.q_numel;
+    return n * static_cast<i64>(sizeof(T));
+  }
+  // Gradient elements that travel as rank-r factors (the rest go uncompressed).
+  std::int64_t compressed_numel() const noexcept {
+    i64 n = 0;
+    for (auto const& k : buckets_) n += k.err_numel;
+    return n;
+  }
+
+ private:
+  enum class Stage { kDone, kPlain, kP, kQ };
+  struct Matrix {
+    i64 offset, rows, cols, r, p_at, q_at, err_at;  // p_at: in the first piece; q_at, err_at: in Q and E
+  };
+  struct Bucket {
+    i64 grads = 0, status = 0;
+    std::vector<WireTensor> plain;
+    std::vector<Matrix> mats;
+    i64 plain_numel = 0, q_numel = 0, err_numel = 0, first_numel = 0;
+    i64 first_at = 0, q_at = 0, err_at = 0;  // in owner_
+    i64 rounds = 0;
+    Stage stage = Stage::kDone;
+    bool shadow = false, q_drawn = false;
+  };
+
+  T* at(i64 offset) const noexcept { return owner_.get() + offset; }
+  bool feedback(Bucket const& k) const noexcept { return cfg_.error_feedback && !k.shadow; }
+
+  // Q from a standard normal generator, the same on every rank: seeded by the bucket, and by the round unless
+  // warm_start keeps the first draw going.
+  void draw_q(std::size_t b, Bucket& k) {
+    Generator g(cfg_.seed ^ detail::mix64(b), cfg_.warm_start ? 0 : static_cast<std::uint64_t>(k.rounds));
+    std::vector<T> q(static_cast<std::size_t>(k.q_numel));
+    for (auto& v : q) v = static_cast<T>(g.normal());
+    K::from_host(k.q_numel, q.data(), at(k.q_at));
+    k.q_drawn = true;
+  }
+
+  // Gram-Schmidt on the r rows of P (r x rows, one column of P per row): each row normalised, then removed from the
+  // rows after it. A zero row stays zero (PyTorch's epsilon = 0 case).
+  void orthogonalize(T* p, i64 r, i64 rows) {
+    T* const c = at(scratch_at_);
+    for (i64 i = 0; i < r; ++i) {
+      T* const x = p + i * rows;
+      T const norm = K::norm(rows, x, T(2));
+      if (norm == T(0)) continue;
+      K::axpby(rows, T(1) / norm, x, T(0), x);
+      if (i + 1 == r) break;
+      T* const rest = x + rows;
+      K::gemm(Trans::kNo, Trans::kNo, r - i - 1, 1, rows, T(1), rest, x, T(0), c);   // c = rest x
+      K::gemm(Trans::kNo, Trans::kNo, r - i - 1, rows, 1, T(-1), c, x, T(1), rest);  // rest -= c x^T
+    }
+  }
+
+  config cfg_;
+  std::vector<Bucket> buckets_;
+  i64 scratch_at_ = 0;
+  std::shared_ptr<T[]> owner_;  // every bucket's first piece, Q and E, then a scratch of r elements
+};
+
+}  // namespace ddp
