@@ -43,9 +43,10 @@ inline double rel_diff(std::vector<float> const& a, std::vector<float> const& b)
 // replays the same steps: step s sums the mean-loss gradients of the ranks that still have a batch and divides
 // by the world size (divide_by_initial_world_size, PyTorch's default) or by their number. After the join every
 // rank must hold the reference's weights, bitwise the same everywhere, and one more even step (which needs the
-// momentum to have been synchronised too) must keep it so. Returns max|Δ| / max(1, max|w|).
-template <AsyncCommunicator C>
-double join_equivalence(C& comm, JoinOptions opts) {
+// momentum to have been synchronised too) must keep it so. R: the reduction policy (one whose result is the
+// average, e.g. full-rank PowerSGD). Returns max|Δ| / max(1, max|w|).
+template <class R = AverageAllReduce, AsyncCommunicator C>
+double join_equivalence(C& comm, JoinOptions opts, R reduction = {}) {
   int const n = comm.world_size(), r = comm.rank();
   int most = 0;
   for (int k = 0; k < n; ++k) most = std::max(most, uneven_batches(k));
@@ -54,7 +55,8 @@ double join_equivalence(C& comm, JoinOptions opts) {
   auto at = [&](int rank, int step) { return (static_cast<std::int64_t>(step) * n + rank) * local; };
 
   auto model = make_mlp(8, 16, 4, 1 + static_cast<std::uint64_t>(r));  // rank 0's weights win (broadcast)
-  DistributedDataParallel ddp(model, comm, {}, SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}});
+  DistributedDataParallel<decltype(model), C, SizeCapped, R> ddp(
+      model, comm, {}, SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}}, reduction);
   optim::SGD opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
   auto step = [&](int s) {
     opt.zero_grad();

@@ -25,6 +25,18 @@ TEST_CASE("join: divide_by_initial_world_size = false divides each step by the r
   }
 }
 
+TEST_CASE("join: full-rank PowerSGD under uneven inputs is plain averaging (joined ranks keep their error too)") {
+  // Without warm start: a warm-started Q spans only the last round's gradient, which here has lower rank than the
+  // next one (two samples a rank), so even full rank would not be exact.
+  PowerSgd const full{{.rank = 64, .warmup_steps = 1, .min_compression_rate = 1e-6, .warm_start = false}};
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    std::vector<double> d(n);
+    spawn(n, [&](ThreadsBackend& comm) { d[comm.rank()] = test::join_equivalence(comm, {}, full); });
+    for (double x : d) CHECK(x <= 1e-5);
+  }
+}
+
 TEST_CASE("join: buffers follow the ranks still training, and every rank leaves with the same buffers") {
   for (int n : {2, 4}) spawn(n, [](ThreadsBackend& comm) { test::join_buffers(comm); });
 }

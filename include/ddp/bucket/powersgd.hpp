@@ -3,7 +3,7 @@
 //  - the first `warmup_steps` rounds of each bucket are plain averaging all-reduces;
 //  - then each gradient M of two or more dimensions, viewed as rows x cols (rows = its first dimension), whose rank-r
 //    factors are at least `min_compression_rate` times smaller than it, travels as two thin matrices:
-//      M += E (error feedback), P = M Q, all-reduce P, orthogonalise P's columns (Gram-Schmidt),
+//      M += E (error feedback), P = M Q, all-reduce P, orthonormalise P's columns (Gram-Schmidt, two passes),
 //      Q = M^T P, all-reduce Q, M = P Q^T, E = (the M that went in) - M;
 //    Q is drawn once from a standard normal generator seeded alike on every rank and, with warm_start, the averaged
 //    Q of one step starts the next;
@@ -11,9 +11,11 @@
 //    one contiguous piece of the bucket's first all-reduce, beside the P matrices (so a bucket costs two
 //    collectives: "bucket", then "powersgd-q").
 // What it differs in from PyTorch: the error is kept for the compressed gradients only (PyTorch also stores
-// local - average for the uncompressed ones, which adds nothing to the next average); a rank that joined
-// (Participation::kShadow) adds zeros and keeps its error. On one rank nothing is exchanged, so nothing is
-// compressed (BucketReducer launches nothing there), as for the 16-bit wires.
+// local - average for the uncompressed ones, which adds nothing to the next average). A rank that joined
+// (Participation::kShadow) is a rank whose gradient is zero: it adds its error and keeps the new one like the
+// others, so the errors of all ranks still sum to what the approximation missed (at full rank nothing, and a
+// joined run equals plain averaging). On one rank nothing is exchanged, so nothing is compressed (BucketReducer
+// launches nothing there), as for the 16-bit wires.
 // Not world-size-invariant, not bitwise reproducible across world sizes (the sums of P and Q are not), so
 // deterministic mode cannot use it. Its state (E and Q) is not part of a checkpoint: a resumed run draws Q again
 // and starts with E = 0.
@@ -21,7 +23,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -99,13 +103,12 @@ class BucketWire<T, LowRank, S> {
     K::fill(total, T(0), owner_.get());
   }
 
-  WirePiece<T, S> pack(std::size_t b, T* slice, Participation part) {
+  WirePiece<T, S> pack(std::size_t b, T* slice, Participation /*part*/) {
     Bucket& k = buckets_[b];
     if (k.rounds++ < cfg_.warmup_steps) {  // warm-up: the slice itself, averaged in place
       k.stage = Stage::kPlain;
       return {SpaceSpan<T, S>(slice, static_cast<std::size_t>(k.grads + k.status)), ReduceOp::kAvg, "bucket"};
     }
-    k.shadow = part == Participation::kShadow;
     T* const w = at(k.first_at);
     i64 pos = 0;
     for (auto const& t : k.plain) K::copy(t.rows * t.cols, slice + t.offset, w + pos), pos += t.rows * t.cols;
@@ -131,8 +134,9 @@ class BucketWire<T, LowRank, S> {
       for (auto const& t : k.plain) K::copy(t.rows * t.cols, w + pos, slice + t.offset), pos += t.rows * t.cols;
       K::copy(k.status, w + pos, slice + k.grads);
       if (k.mats.empty()) return std::nullopt;
+      Generator fresh(cfg_.seed ^ detail::mix64(b), static_cast<std::uint64_t>(k.rounds) + 1);
       for (auto const& m : k.mats) {
-        orthogonalize(w + m.p_at, m.r, m.rows);
+        orthogonalize(w + m.p_at, m.r, m.rows, fresh);
         // Q (stored transposed, r x cols) = P^T M
         K::gemm(Trans::kNo, Trans::kNo, m.r, m.cols, m.rows, T(1), w + m.p_at, slice + m.offset, T(0),
                 at(k.q_at + m.q_at));
@@ -152,10 +156,10 @@ class BucketWire<T, LowRank, S> {
         T* const M = slice + m.offset;
         T* const e = at(k.err_at + m.err_at);
         i64 const n = m.rows * m.cols;
-        if (feedback(k) && k.q_drawn) K::copy(n, M, e);
+        if (feedback(k)) K::copy(n, M, e);
         K::gemm(Trans::kYes, Trans::kNo, m.rows, m.cols, m.r, T(1), at(k.first_at + m.p_at), at(k.q_at + m.q_at), T(0),
                 M);
-        if (feedback(k) && k.q_drawn) K::axpby(n, T(-1), M, T(1), e);  // what this rank's gradient lost
+        if (feedback(k)) K::axpby(n, T(-1), M, T(1), e);  // what this rank's gradient lost
       }
     }
     return std::nullopt;
@@ -187,11 +191,11 @@ class BucketWire<T, LowRank, S> {
     i64 first_at = 0, q_at = 0, err_at = 0;  // in owner_
     i64 rounds = 0;
     Stage stage = Stage::kDone;
-    bool shadow = false, q_drawn = false;
+    bool q_drawn = false;
   };
 
   T* at(i64 offset) const noexcept { return owner_.get() + offset; }
-  bool feedback(Bucket const& k) const noexcept { return cfg_.error_feedback && !k.shadow; }
+  bool feedback(Bucket const& k) const noexcept { return cfg_.error_feedback && k.q_drawn; }
 
   // Q from a standard normal generator, the same on every rank: seeded by the bucket, and by the round unless
   // warm_start keeps the first draw going.
@@ -203,19 +207,35 @@ class BucketWire<T, LowRank, S> {
     k.q_drawn = true;
   }
 
-  // Gram-Schmidt on the r rows of P (r x rows, one column of P per row): each row normalised, then removed from the
-  // rows after it. A zero row stays zero (PyTorch's epsilon = 0 case).
-  void orthogonalize(T* p, i64 r, i64 rows) {
+  // Gram-Schmidt on the r rows of P (r x rows, one column of P per row), each row projected off the ones before it
+  // twice ("twice is enough": one pass loses orthogonality when P is nearly rank-deficient, which it is whenever
+  // the averaged gradient has rank below r, e.g. a layer's gradient over fewer samples than r), then normalised.
+  // A row left with under sqrt(epsilon) of its norm (zero, or dependent on the rows before) is replaced by a
+  // random direction from `fresh` (the same draws on every rank: P is the same bits everywhere), projected and
+  // normalised the same way. Zeroing it instead, as PyTorch's epsilon = 0 does, would zero that row of Q too, and
+  // under warm start P's rank would never come back.
+  void orthogonalize(T* p, i64 r, i64 rows, Generator& fresh) {
     T* const c = at(scratch_at_);
+    T const dependent = std::sqrt(std::numeric_limits<T>::epsilon());
+    std::vector<T> draw;
     for (i64 i = 0; i < r; ++i) {
       T* const x = p + i * rows;
-      T const norm = K::norm(rows, x, T(2));
-      if (norm == T(0)) continue;
+      T norm{};
+      for (int attempt = 0;; ++attempt) {
+        T const before = K::norm(rows, x, T(2));
+        for (int pass = 0; pass < 2 && i > 0; ++pass) {
+          K::gemm(Trans::kNo, Trans::kNo, i, 1, rows, T(1), p, x, T(0), c);    // c = P[0:i] x
+          K::gemm(Trans::kYes, Trans::kNo, rows, 1, i, T(-1), p, c, T(1), x);  // x -= P[0:i]^T c
+        }
+        norm = K::norm(rows, x, T(2));
+        // Independent (NaN propagates, for NonFinite to report); a random row is independent unless i >= rows,
+        // which r <= rows rules out.
+        if (norm > dependent * before || std::isnan(norm) || attempt == 1) break;
+        draw.resize(static_cast<std::size_t>(rows));
+        for (auto& v : draw) v = static_cast<T>(fresh.normal());
+        K::from_host(rows, draw.data(), x);
+      }
       K::axpby(rows, T(1) / norm, x, T(0), x);
-      if (i + 1 == r) break;
-      T* const rest = x + rows;
-      K::gemm(Trans::kNo, Trans::kNo, r - i - 1, 1, rows, T(1), rest, x, T(0), c);   // c = rest x
-      K::gemm(Trans::kNo, Trans::kNo, r - i - 1, rows, 1, T(-1), c, x, T(1), rest);  // rest -= c x^T
     }
   }
 
