@@ -1,6 +1,6 @@
 // 04_replay: trains exactly what a PyTorch reference fixture recorded (model, loss, optimizer, steps,
-// per-rank batches) and compares the final weights with PyTorch's. Works for any directory in the
-// ddp-fixture-v2 format, on host tensors or on device tensors (the same model, optimizer and DDP code; this
+// per-rank batches) and compares the final weights and every step's loss with PyTorch's. Works for any directory
+// in the ddp-fixture-v2 format, on host tensors or on device tensors (the same model, optimizer and DDP code; this
 // build's device system is Thrust's CPU system). Exit 0 when within the fixture's tolerance, 1 past it, 2 on bad
 // input.
 //   replay --fixture test/fixtures/mlp --run ws2                 (threads backend, 2 ranks, host tensors)
@@ -102,7 +102,9 @@ Outcome replay_rank(Comm& comm, fixture::Fixture const& f, fixture::RunInfo cons
 }  // namespace
 
 int main(int argc, char** argv) {
-  examples::Flags flags("replay", "Replays a PyTorch reference fixture run and compares the final weights.");
+  examples::Flags flags("replay",
+                        "Replays a PyTorch reference fixture run and compares the final weights and each step's loss "
+                        "(exit 1 past the fixture's tolerance).");
   flags.add("fixture", "", "fixture directory (format ddp-fixture-v2; see ../shared/fixtures/pytorch/README.md)")
       .add("run", "plain", "run name in meta.json (plain, ws1, ws2, ...)")
       .add("backend", "threads", "threads (all ranks in this process) or mpi (under mpirun -n <world size>)")
