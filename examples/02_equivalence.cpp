@@ -7,19 +7,15 @@
 
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
+#include "examples/common/rows.hpp"
 
 using namespace ddp;
+using examples::slice_rows;
 
 namespace {
 auto make_model(std::uint64_t seed) {
   Generator g(seed);
   return nn::Sequential(nn::Linear(16, 64, g), nn::Tanh(), nn::Linear(64, 64, g), nn::ReLU(), nn::Linear(64, 4, g));
-}
-Tensor<float> slice_rows(Tensor<float> const& t, std::int64_t from, std::int64_t count) {
-  std::int64_t const w = t.numel() / t.shape()[0];
-  Tensor<float> r(Shape{count, w});
-  std::copy(t.data() + from * w, t.data() + (from + count) * w, r.data());
-  return r;
 }
 }  // namespace
 

@@ -17,6 +17,7 @@
 
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
+#include "examples/common/rows.hpp"
 
 // The tag: buckets travel as float16, error-compensated.
 struct EfFloat16 {};
@@ -85,17 +86,12 @@ struct EfFp16AllReduce {
 static_assert(ddp::ReductionPolicy<EfFp16AllReduce>);
 
 using namespace ddp;
+using examples::slice_rows;
 
 namespace {
 auto make_model() {
   Generator g(1);
   return nn::Sequential(nn::Linear(16, 64, g), nn::Tanh(), nn::Linear(64, 64, g), nn::ReLU(), nn::Linear(64, 4, g));
-}
-Tensor<float> slice_rows(Tensor<float> const& t, std::int64_t from, std::int64_t count) {
-  std::int64_t const w = t.numel() / t.shape()[0];
-  Tensor<float> r(Shape{count, w});
-  std::copy(t.data() + from * w, t.data() + (from + count) * w, r.data());
-  return r;
 }
 struct Run {
   std::vector<float> weights;

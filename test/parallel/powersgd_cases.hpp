@@ -37,6 +37,15 @@ std::vector<std::vector<double>> gathered_local_grads(C& comm, Mlp& plain, nn::P
   return out;
 }
 
+// The rank PowerSGD sends a gradient of this shape at, or 0 when it travels uncompressed (the rule
+// bucket/powersgd.hpp states: two or more dimensions, rows = the first, and rank-r factors at least
+// min_compression_rate times smaller).
+inline std::int64_t compressed_rank(Shape const& shape, std::int64_t numel, PowerSgdOptions const& o) {
+  if (shape.rank() < 2 || shape[0] < 2) return 0;
+  std::int64_t const rows = shape[0], cols = numel / rows, r = std::min({o.rank, rows, cols});
+  return double(rows + cols) * double(r) * o.min_compression_rate < double(rows) * double(cols) ? r : 0;
+}
+
 // PowerSGD as the paper and PyTorch's hook state it, in double, written independently of the wire: for each
 // compressed matrix, M_q = g_q + E_q on every rank q, P = mean_q(M_q) Q, P's columns orthonormalised in order,
 // Q = mean_q(M_q)^T P, the result P Q^T, and E_q = M_q - P Q^T. Q starts from the documented draw (per bucket, a
@@ -59,10 +68,9 @@ class PowerSgdReference {
       Generator g(opts.seed ^ detail::mix64(b), 0);
       for (auto const p : plan.buckets[b].params) {
         auto const& e = params.entries()[p];
-        if (e.shape.rank() < 2) continue;
+        std::int64_t const r = compressed_rank(e.shape, e.numel, opts);
+        if (r == 0) continue;
         std::int64_t const rows = e.shape[0], cols = e.numel / rows;
-        std::int64_t const r = std::min({opts.rank, rows, cols});
-        if (!(double(rows + cols) * double(r) * opts.min_compression_rate < double(rows) * double(cols))) continue;
         Matrix m{flat_offset[p], rows, cols, r, {}, {}};
         for (std::int64_t i = 0; i < r * cols; ++i) m.qt.push_back(double(static_cast<float>(g.normal())));
         m.e.assign(static_cast<std::size_t>(world), std::vector<double>(static_cast<std::size_t>(rows * cols), 0.0));
@@ -182,12 +190,9 @@ void powersgd_matches_reference(C& inner, PowerSgdOptions opts, BucketConfig buc
       std::int64_t first = status, q = 0;
       for (auto const p : bucket.params) {
         auto const& e = ddp.parameters().entries()[p];
-        std::int64_t const rows_ = e.shape.rank() >= 2 ? e.shape[0] : 1, cols = e.numel / rows_;
-        std::int64_t const r = std::min({opts.rank, rows_, cols});
-        bool const packed =
-            rows_ >= 2 && double(rows_ + cols) * double(r) * opts.min_compression_rate < double(rows_) * double(cols);
-        if (packed && s >= opts.warmup_steps)
-          first += r * rows_, q += r * cols;
+        std::int64_t const r = compressed_rank(e.shape, e.numel, opts);
+        if (r > 0 && s >= opts.warmup_steps)
+          first += r * e.shape[0], q += r * (e.numel / e.shape[0]);
         else
           first += e.numel;
       }
