@@ -6,6 +6,7 @@
 #include "test/parallel/compressed_cases.hpp"
 #include "test/parallel/ddp_cases.hpp"
 #include "test/parallel/powersgd_cases.hpp"
+#include "test/parallel/zero_cases.hpp"
 
 int main(int argc, char** argv) {
   ddp::MpiSession session(argc, argv);
@@ -48,6 +49,9 @@ int main(int argc, char** argv) {
     for (std::int64_t rank : {1, 2})
       ddp::test::powersgd_matches_reference(comm, {.rank = rank, .warmup_steps = 2, .min_compression_rate = 1.0},
                                             ddp::BucketConfig{.cap_bytes = 256, .first_cap_bytes = 64}, 5, 2e-4);
+    // ZeRO-1: bitwise the unsharded optimizer's weights, the state cut 1/world and put back together.
+    for (auto which : {ddp::test::ZeroOpt::kSgdMomentum, ddp::test::ZeroOpt::kAdamW})
+      ddp::test::zero_matches_unsharded(comm, which, ddp::BucketConfig{.cap_bytes = 512, .first_cap_bytes = 128});
     auto recs = ddp::test::collective_order(comm, {.cap_bytes = 1024, .first_cap_bytes = 256});
     // Every rank's sequence must equal rank 0's: compare a fingerprint.
     std::uint64_t h = 0;  // unsigned: the hash wraps by design

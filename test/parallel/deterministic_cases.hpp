@@ -36,12 +36,14 @@ struct Run {
   // Rank r's dropout layers seeded with r * this added (the per-rank seeding plain DDP invites): deterministic mode
   // makes them rank 0's at construction, so the result must not change.
   std::uint64_t dropout_seed_per_rank = 0;
+  // ZeRO stage of the optimizer (ZeroRedundancyOptimizer; 0: the optimizer itself): the bytes must not change.
+  int zero = 0;
 };
 
 inline std::string describe(Run const& r) {
   return detail::cat(r.model == ModelKind::kMlp ? "mlp" : "cnn", "/",
                      r.optimizer == OptKind::kSgdMomentum ? "sgd+momentum" : "adamw", "/cap=", r.cap_bytes,
-                     "/steps=", r.steps);
+                     "/steps=", r.steps, r.zero ? detail::cat("/zero=", r.zero) : std::string());
 }
 
 // A small MLP (with dropout) and a small CNN with both dropouts of BasicNet; different seeds per dropout, each
@@ -101,6 +103,16 @@ std::vector<std::uint8_t> train(Comm& comm, Run const& run, CheckpointData<float
   DeterministicDataParallel<nn::AnySequential<float>, Comm> dp(
       model, comm, {}, SizeCapped{{.cap_bytes = run.cap_bytes, .first_cap_bytes = run.cap_bytes}}, ExactSum{},
       MicroBatches{.count = kMicroBatches});
+  // A sharded optimizer's state is put together on every rank (collective); rank 0 keeps the checkpoint.
+  auto take = [&](auto const& opt, std::int64_t step) {
+    TrainPosition const at{.global_step = step};
+    if constexpr (requires { opt.consolidated_state(); }) {
+      auto full = opt.consolidated_state();
+      if (captured) *captured = capture_checkpoint(model, std::move(full), at);
+    } else if (captured) {
+      *captured = capture_checkpoint(model, opt, at);
+    }
+  };
   auto body = [&](auto& opt) {
     std::int64_t first = 0;
     if (resume) {
@@ -110,8 +122,7 @@ std::vector<std::uint8_t> train(Comm& comm, Run const& run, CheckpointData<float
     GlobalBatchSampler sampler(kSamples, kGlobalBatch, comm, {.seed = 3});
     std::int64_t const per_epoch = sampler.batches(), share = sampler.local_batch();
     for (std::int64_t s = first; s < run.steps; ++s) {
-      if (s == checkpoint_after && captured)
-        *captured = capture_checkpoint(model, opt, TrainPosition{.global_step = s});
+      if (s == checkpoint_after) take(opt, s);
       sampler.set_epoch(s / per_epoch);
       auto idx =
           sampler.indices().subspan(static_cast<std::size_t>((s % per_epoch) * share), static_cast<std::size_t>(share));
@@ -127,14 +138,21 @@ std::vector<std::uint8_t> train(Comm& comm, Run const& run, CheckpointData<float
         backward(cross_entropy(dp(mb), mb.y));
       opt.step();
     }
-    if (checkpoint_after == run.steps && captured)
-      *captured = capture_checkpoint(model, opt, TrainPosition{.global_step = run.steps});
+    if (checkpoint_after == run.steps) take(opt, run.steps);
   };
-  if (run.optimizer == OptKind::kSgdMomentum) {
-    optim::SGD opt(dp.parameters(), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4});
+  optim::SgdOptions const sgd{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4};
+  optim::AdamWOptions const adamw{.lr = 1e-2, .weight_decay = 0.01};
+  if (run.zero != 0 && run.optimizer == OptKind::kSgdMomentum) {
+    ZeroRedundancyOptimizer<optim::SGD, Comm> opt(dp, {.optimizer = sgd, .zero = {.stage = run.zero}});
+    body(opt);
+  } else if (run.zero != 0) {
+    ZeroRedundancyOptimizer<optim::AdamW, Comm> opt(dp, {.optimizer = adamw, .zero = {.stage = run.zero}});
+    body(opt);
+  } else if (run.optimizer == OptKind::kSgdMomentum) {
+    optim::SGD opt(dp.parameters(), sgd);
     body(opt);
   } else {
-    optim::AdamW opt(dp.parameters(), {.lr = 1e-2, .weight_decay = 0.01});
+    optim::AdamW opt(dp.parameters(), adamw);
     body(opt);
   }
   return weight_bytes(model);
@@ -153,6 +171,10 @@ inline std::vector<Run> all_runs() {
     for (auto o : {OptKind::kSgdMomentum, OptKind::kAdamW})
       for (std::size_t cap : {std::size_t{1} << 10, std::size_t{1} << 20, std::size_t{25} << 20})
         runs.push_back({.model = m, .optimizer = o, .cap_bytes = cap, .steps = 5});
+  // ZeRO-1 with several buckets, each cut into world_size slices.
+  for (auto m : {ModelKind::kMlp, ModelKind::kCnn})
+    for (auto o : {OptKind::kSgdMomentum, OptKind::kAdamW})
+      runs.push_back({.model = m, .optimizer = o, .cap_bytes = std::size_t{1} << 10, .steps = 5, .zero = 1});
   return runs;
 }
 

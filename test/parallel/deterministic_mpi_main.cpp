@@ -38,16 +38,20 @@ int main(int argc, char** argv) {
       });
     }
     // Resume: a checkpoint after 3 of 6 steps, written by 2 thread ranks on every process alike.
-    for (auto model : {ModelKind::kMlp, ModelKind::kCnn}) {
-      Run const run{.model = model, .optimizer = OptKind::kAdamW, .steps = 6};
-      CheckpointData<float> midway;
-      ddp::spawn(2, [&](ddp::ThreadsBackend& c) { train(c, run, nullptr, 3, c.rank() == 0 ? &midway : nullptr); });
-      compare("resume(ws2 -> this) " + describe(run), train(comm, run, &midway), [&] {
-        std::vector<std::uint8_t> ref;
-        ddp::spawn(1, [&](ddp::ThreadsBackend& c) { ref = train(c, run); });
-        return ref;
-      });
-    }
+    // The same with ZeRO-1 on both sides: the sharded state re-cut for this world size.
+    for (auto model : {ModelKind::kMlp, ModelKind::kCnn})
+      for (int zero : {0, 1}) {
+        Run const run{.model = model, .optimizer = OptKind::kAdamW, .steps = 6, .zero = zero};
+        CheckpointData<float> midway;
+        ddp::spawn(2, [&](ddp::ThreadsBackend& c) { train(c, run, nullptr, 3, c.rank() == 0 ? &midway : nullptr); });
+        compare("resume(ws2 -> this) " + describe(run), train(comm, run, &midway), [&] {
+          std::vector<std::uint8_t> ref;
+          ddp::spawn(1, [&](ddp::ThreadsBackend& c) {
+            ref = train(c, Run{.model = model, .optimizer = run.optimizer, .steps = 6});
+          });
+          return ref;
+        });
+      }
     // Misuse: the same clear error on every rank, or made harmless.
     unequal_rows(comm);
     if (comm.world_size() > 1) mismatched_step(comm);

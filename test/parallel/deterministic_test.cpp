@@ -56,6 +56,29 @@ TEST_CASE("deterministic mode: a checkpoint written at world size 2 resumes bit 
   }
 }
 
+TEST_CASE("deterministic mode: a ZeRO-1 checkpoint is re-cut at load, sharded or not, bit for bit") {
+  for (auto model : {ModelKind::kMlp, ModelKind::kCnn}) {
+    for (auto opt : {OptKind::kSgdMomentum, OptKind::kAdamW}) {
+      Run const plain{.model = model, .optimizer = opt, .cap_bytes = std::size_t{1} << 10, .steps = 6};
+      Run sharded = plain;
+      sharded.zero = 1;
+      CAPTURE(describe(sharded));
+      auto const straight = on_threads(2, plain);
+      CHECK(on_threads(2, sharded) == straight);
+      CheckpointData<float> midway, unsharded_midway;
+      on_threads(2, sharded, nullptr, 3, &midway);
+      on_threads(2, plain, nullptr, 3, &unsharded_midway);
+      CHECK(midway.optimizer == unsharded_midway.optimizer);  // the whole state, put together
+      for (int world : {1, 2, 4}) {
+        CAPTURE(world);
+        CHECK(on_threads(world, sharded, &midway) == straight);
+        CHECK(on_threads(world, plain, &midway) == straight);
+        CHECK(on_threads(world, sharded, &unsharded_midway) == straight);
+      }
+    }
+  }
+}
+
 TEST_CASE("deterministic mode computes the global batch's mean gradient") {
   // Without dropout, the deterministic gradient equals the plain full-batch gradient up to float rounding.
   Data const data;

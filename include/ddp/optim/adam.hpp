@@ -27,17 +27,21 @@ struct AdamWOptions {
 // weights apart from the adaptive step (AdamW, Loshchilov and Hutter).
 enum class WeightDecay { kL2, kDecoupled };
 
-// Adam or AdamW, by `Decay`. Bias correction uses per-parameter step counts starting at 1.
+// Adam or AdamW, by `Decay`. Bias correction uses per-parameter step counts starting at 1. Given a shard
+// (ArenaShard), it updates and keeps state for those elements only, with bitwise the values the unsharded
+// optimizer gives them (every element takes the same path: HostOptimKernels::adam_update).
 template <class T, MemorySpace S, WeightDecay Decay>
 class basic_adam {
   static constexpr bool Decoupled = Decay == WeightDecay::kDecoupled;
 
  public:
   using value_type = T;
+  using space = S;
   using options_type = std::conditional_t<Decoupled, AdamWOptions, AdamOptions>;
   static std::string name() { return Decoupled ? "adamw" : "adam"; }
 
-  basic_adam(nn::ParameterArena<T, S> arena, options_type opt) : arena_(std::move(arena)), opt_(opt) {
+  basic_adam(nn::ParameterArena<T, S> arena, options_type opt, ArenaShard shard = {})
+      : arena_(std::move(arena)), opt_(opt), ranges_(shard.resolve(arena_.numel())) {
     if (!(opt.lr >= 0)) throw ArgumentError(ddp::detail::cat(name(), ": lr must be >= 0, got ", opt.lr));
     if (!(opt.beta1 >= 0 && opt.beta1 < 1) || !(opt.beta2 >= 0 && opt.beta2 < 1))
       throw ArgumentError(
@@ -45,43 +49,53 @@ class basic_adam {
     if (!(opt.eps >= 0)) throw ArgumentError(ddp::detail::cat(name(), ": eps must be >= 0, got ", opt.eps));
     if (!(opt.weight_decay >= 0))
       throw ArgumentError(ddp::detail::cat(name(), ": weight_decay must be >= 0, got ", opt.weight_decay));
+    pieces_ = detail::state_pieces(arena_, ranges_);
     counters_.assign(arena_.count(), 0);
-    exp_avg_ = Tensor<T, S>(Shape{arena_.numel()});
-    exp_avg_sq_ = Tensor<T, S>(Shape{arena_.numel()});
-    Kernels<S>::fill(arena_.numel(), T(0), exp_avg_.data());
-    Kernels<S>::fill(arena_.numel(), T(0), exp_avg_sq_.data());
+    std::int64_t const numel = detail::shard_numel(ranges_);
+    exp_avg_ = Tensor<T, S>(Shape{numel});
+    exp_avg_sq_ = Tensor<T, S>(Shape{numel});
+    Kernels<S>::fill(numel, T(0), exp_avg_.data());
+    Kernels<S>::fill(numel, T(0), exp_avg_sq_.data());
   }
 
   void step() {
-    detail::for_each_run(arena_, counters_, [&](std::size_t first, std::size_t last, std::int64_t off, std::int64_t n) {
-      double const t = double(counters_[last] + 1);
-      double const bc1 = 1.0 - std::pow(opt_.beta1, t), bc2 = 1.0 - std::pow(opt_.beta2, t);
-      AdamStep<T> p{T(opt_.lr),           T(opt_.beta1), T(opt_.beta2),    T(opt_.eps),
-                    T(opt_.weight_decay), Decoupled,     T(opt_.lr / bc1), T(std::sqrt(bc2))};
-      Kernels<S>::adam_update(n, arena_.values().data() + off, arena_.grads().data() + off, exp_avg_.data() + off,
-                              exp_avg_sq_.data() + off, p);
-      for (std::size_t k = first; k <= last; ++k) ++counters_[k];
-    });
+    detail::for_each_run(arena_, counters_, ranges_,
+                         [&](std::int64_t c, std::int64_t off, std::int64_t at, std::int64_t n) {
+                           double const t = double(c + 1);
+                           double const bc1 = 1.0 - std::pow(opt_.beta1, t), bc2 = 1.0 - std::pow(opt_.beta2, t);
+                           AdamStep<T> p{T(opt_.lr),           T(opt_.beta1), T(opt_.beta2),    T(opt_.eps),
+                                         T(opt_.weight_decay), Decoupled,     T(opt_.lr / bc1), T(std::sqrt(bc2))};
+                           Kernels<S>::adam_update(n, arena_.values().data() + off, arena_.grads().data() + off,
+                                                   exp_avg_.data() + at, exp_avg_sq_.data() + at, p);
+                         });
+    detail::count_step(arena_, counters_);
   }
   void zero_grad() { arena_.zero_grad(); }
   double lr() const noexcept { return opt_.lr; }
   void set_lr(double lr) { opt_.lr = lr; }
   options_type const& options() const noexcept { return opt_; }
+  // Bytes of optimizer state this object holds (two buffers of its shard's elements).
+  std::int64_t state_bytes() const noexcept { return 2 * exp_avg_.numel() * static_cast<std::int64_t>(sizeof(T)); }
 
   // Per parameter, by name: loads into any arena of the same parameters (another bucket plan or world size).
+  // Sharded, each parameter's piece only (ParameterState::begin).
   OptimizerState<T> state() const {
-    return detail::gather_state(name(), opt_.lr, arena_, counters_,
+    return detail::gather_state(name(), opt_.lr, arena_, counters_, pieces_,
                                 {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}});
   }
   // Checks the whole state first (ArgumentError naming the parameter; nothing changes), then restores it.
+  // Takes a full state (sharded: its own pieces of it).
   void load_state(OptimizerState<T> const& st) {
-    detail::scatter_state(st, name(), arena_, counters_, {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}});
+    detail::scatter_state(st, name(), arena_, counters_, pieces_,
+                          {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}});
     opt_.lr = st.lr;
   }
 
  private:
   nn::ParameterArena<T, S> arena_;
   options_type opt_;
+  std::vector<ArenaShard::Range> ranges_;   // the arena elements this optimizer updates
+  std::vector<detail::StatePiece> pieces_;  // per parameter: its piece of the state
   std::vector<std::int64_t> counters_;
   Tensor<T, S> exp_avg_, exp_avg_sq_;
 };

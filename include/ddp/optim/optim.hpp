@@ -6,3 +6,4 @@
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/schedule.hpp"
 #include "ddp/optim/sgd.hpp"
+#include "ddp/optim/shard.hpp"

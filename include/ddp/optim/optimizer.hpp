@@ -2,6 +2,7 @@
 // outlives any arena layout), and the walk over the arena that groups parameters into runs for one fused pass.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <string>
@@ -11,18 +12,21 @@
 
 #include "ddp/error.hpp"
 #include "ddp/nn/parameter_arena.hpp"
+#include "ddp/optim/shard.hpp"
 #include "ddp/tensor/kernels.hpp"
 
 namespace ddp::optim {
 
 // One parameter's optimizer state, as PyTorch's state_dict()["state"][i]: its step count and its slice of
-// each named state buffer.
+// each named state buffer. A sharded optimizer (ArenaShard, ZeRO) holds a piece of each buffer only: elements
+// [begin, begin + buffers[b].size()) of the parameter. A full state has begin 0 and numel(shape) values.
 template <class T>
 struct ParameterState {
   std::string name;                     // the parameter's name in the model ("fc1.weight")
   std::vector<std::int64_t> shape;      // its shape; the state only loads into a parameter of this shape
   std::int64_t steps = 0;               // updates applied to it (0: its buffers are not initialised yet)
-  std::vector<std::vector<T>> buffers;  // buffers[b]: buffer_names[b]'s values, numel(shape) each
+  std::vector<std::vector<T>> buffers;  // buffers[b]: buffer_names[b]'s values (numel(shape) each when full)
+  std::int64_t begin = 0;               // the first element the buffers hold
   friend bool operator==(ParameterState const&, ParameterState const&) = default;
 };
 
@@ -96,9 +100,13 @@ std::vector<std::size_t> match_state(OptimizerState<T> const& saved, OptimizerSt
       throw ArgumentError(cat(kind, " state of parameter '", p.name, "' has ", p.buffers.size(), " buffers, expected ",
                               saved.buffer_names.size()));
     for (std::size_t b = 0; b < p.buffers.size(); ++b)
-      if (static_cast<std::int64_t>(p.buffers[b].size()) != detail::numel_of(p.shape))
+      if (p.begin != 0 || static_cast<std::int64_t>(p.buffers[b].size()) != detail::numel_of(p.shape))
         throw ArgumentError(cat(kind, " state buffer '", saved.buffer_names[b], "' of parameter '", p.name, "' has ",
-                                p.buffers[b].size(), " values for shape ", detail::shape_string(p.shape)));
+                                p.buffers[b].size(), " values from element ", p.begin, " for shape ",
+                                detail::shape_string(p.shape),
+                                p.begin != 0 || !p.buffers[b].empty()
+                                    ? " (one rank's shard of a ZeRO optimizer? Load its consolidated_state())"
+                                    : ""));
   }
   std::vector<std::size_t> match;
   match.reserve(mine.parameters.size());
@@ -126,14 +134,46 @@ std::vector<std::size_t> match_state(OptimizerState<T> const& saved, OptimizerSt
 }
 
 namespace detail {
-// Calls f(first, last, offset, numel) for each maximal run of parameters (entries first..last) that are contiguous in the
-// arena, have a gradient, and share the same counter value. Parameters without a gradient are skipped
-// (PyTorch skips params whose .grad is None). Usually this is a single run over the whole arena.
+
+// Where each parameter's piece of a sharded state lives: elements [begin, begin + numel) of the parameter, at
+// `state` in the optimizer's state buffers (numel 0: none of it).
+struct StatePiece {
+  std::int64_t begin = 0, numel = 0, state = 0;
+};
+
+// The pieces of `ranges` (ArenaShard::resolve) per arena entry. A parameter meets at most one range.
+template <class T, MemorySpace S>
+std::vector<StatePiece> state_pieces(nn::ParameterArena<T, S> const& arena,
+                                     std::vector<ArenaShard::Range> const& ranges) {
+  std::vector<StatePiece> pieces(arena.count());
+  std::int64_t state = 0;
+  for (auto const& r : ranges) {
+    for (std::size_t i = 0; i < arena.count(); ++i) {
+      auto const& e = arena.entries()[i];
+      std::int64_t const lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
+      if (lo >= hi) continue;
+      if (pieces[i].numel != 0)
+        throw ArgumentError(
+            ddp::detail::cat("ArenaShard: parameter '", e.name, "' meets two ranges; give each parameter at most one"));
+      pieces[i] = {lo - e.offset, hi - lo, state + (lo - r.begin)};
+    }
+    state += r.end - r.begin;
+  }
+  return pieces;
+}
+
+// Calls f(counter, offset, state_offset, numel) for each maximal stretch of `ranges` whose parameters are
+// contiguous in the arena, have a gradient, and share the same counter value: arena elements [offset, offset +
+// numel), state elements [state_offset, state_offset + numel). Parameters without a gradient are skipped
+// (PyTorch skips params whose .grad is None). Unsharded, usually one stretch over the whole arena.
 template <class T, MemorySpace S, class F>
-void for_each_run(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_t> const& counters, F&& f) {
+void for_each_run(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_t> const& counters,
+                  std::vector<ArenaShard::Range> const& ranges, F&& f) {
   auto const& es = arena.entries();
   std::size_t i = es.size();
-  while (i > 0) {  // reverse registration order = ascending arena offset
+  std::size_t r = 0;
+  std::int64_t state = 0;  // where ranges[r] starts in the state
+  while (i > 0) {          // reverse registration order = ascending arena offset
     std::size_t j = i - 1;
     if (!es[j].var.node().grad_defined) {
       --i;
@@ -146,29 +186,45 @@ void for_each_run(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_
       --k;
       n += es[k].numel;
     }
-    f(k, j, off, n);
+    for (; r < ranges.size() && ranges[r].end <= off; ++r) state += ranges[r].end - ranges[r].begin;
+    for (std::size_t q = r; q < ranges.size() && ranges[q].begin < off + n; ++q) {
+      std::int64_t const lo = std::max(off, ranges[q].begin), hi = std::min(off + n, ranges[q].end);
+      std::int64_t const at = state + (lo - ranges[q].begin);
+      f(c, lo, at, hi - lo);
+      if (ranges[q].end > off + n) break;
+      state += ranges[q].end - ranges[q].begin;
+      r = q + 1;
+    }
     i = k;
   }
+}
+
+// One step taken by every parameter that has a gradient (what for_each_run updated, on every rank alike).
+template <class T, MemorySpace S>
+void count_step(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_t>& counters) noexcept {
+  for (std::size_t k = 0; k < arena.count(); ++k)
+    if (arena.has_grad(k)) ++counters[k];
 }
 
 // What gather_state copies: the values too, or only the layout (names, shapes, buffer names) for match_state.
 enum class Gather { kValues, kLayout };
 
-// The per-parameter view of flat arena-layout state buffers: what state() returns.
+// The per-parameter view of state buffers laid out by `pieces` (state_pieces): what state() returns. Sharded,
+// each parameter's buffers hold its piece only (ParameterState::begin).
 template <class T, MemorySpace S>
 OptimizerState<T> gather_state(std::string kind, double lr, nn::ParameterArena<T, S> const& arena,
-                               std::vector<std::int64_t> const& counters,
+                               std::vector<std::int64_t> const& counters, std::vector<StatePiece> const& pieces,
                                std::vector<std::pair<std::string, Tensor<T, S> const*>> const& buffers,
                                Gather what = Gather::kValues) {
   OptimizerState<T> st{std::move(kind), lr, {}, {}};
   for (auto const& b : buffers) st.buffer_names.push_back(b.first);
   auto const& es = arena.entries();
   for (std::size_t i = 0; i < es.size(); ++i) {
-    ParameterState<T> p{es[i].name, dims_of(es[i].shape), counters[i], {}};
+    ParameterState<T> p{es[i].name, dims_of(es[i].shape), counters[i], {}, pieces[i].begin};
     if (what == Gather::kValues)
       for (auto const& b : buffers) {
-        std::vector<T> v(static_cast<std::size_t>(es[i].numel));
-        Kernels<S>::to_host(es[i].numel, b.second->data() + es[i].offset, v.data());
+        std::vector<T> v(static_cast<std::size_t>(pieces[i].numel));
+        Kernels<S>::to_host(pieces[i].numel, b.second->data() + pieces[i].state, v.data());
         p.buffers.push_back(std::move(v));
       }
     st.parameters.push_back(std::move(p));
@@ -176,21 +232,23 @@ OptimizerState<T> gather_state(std::string kind, double lr, nn::ParameterArena<T
   return st;
 }
 
-// The inverse of gather_state: checks `saved` against the arena (match_state) and, only if it fits, writes
-// each parameter's steps and buffer slices into place. Throws ArgumentError (nothing changed) otherwise.
+// The inverse of gather_state: checks `saved` (a full state) against the arena (match_state) and, only if it
+// fits, writes each parameter's steps and its piece of each buffer into place. Throws ArgumentError (nothing
+// changed) otherwise.
 template <class T, MemorySpace S>
 void scatter_state(OptimizerState<T> const& saved, std::string const& kind, nn::ParameterArena<T, S> const& arena,
-                   std::vector<std::int64_t>& counters,
+                   std::vector<std::int64_t>& counters, std::vector<StatePiece> const& pieces,
                    std::vector<std::pair<std::string, Tensor<T, S>*>> const& buffers) {
   std::vector<std::pair<std::string, Tensor<T, S> const*>> layout;
   for (auto const& b : buffers) layout.emplace_back(b.first, b.second);
-  auto const match = match_state(saved, gather_state(kind, 0.0, arena, counters, layout, Gather::kLayout));
+  auto const match = match_state(saved, gather_state(kind, 0.0, arena, counters, pieces, layout, Gather::kLayout));
   auto const& es = arena.entries();
   for (std::size_t i = 0; i < es.size(); ++i) {
     auto const& p = saved.parameters[match[i]];
     counters[i] = p.steps;
     for (std::size_t b = 0; b < buffers.size(); ++b)
-      Kernels<S>::from_host(es[i].numel, p.buffers[b].data(), buffers[b].second->data() + es[i].offset);
+      Kernels<S>::from_host(pieces[i].numel, p.buffers[b].data() + pieces[i].begin,
+                            buffers[b].second->data() + pieces[i].state);
   }
 }
 }  // namespace detail

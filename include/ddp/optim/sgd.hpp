@@ -14,53 +14,68 @@ struct SgdOptions {
   bool nesterov = false;
 };
 
-// Deterministic: the same gradients give bitwise the same parameters on every rank and run.
+// Deterministic: the same gradients give bitwise the same parameters on every rank and run. Given a shard
+// (ArenaShard), it updates and keeps momentum for those elements only, with bitwise the values the unsharded
+// optimizer gives them.
 template <class T = float, MemorySpace S = HostSpace>
 class basic_sgd {
  public:
   using value_type = T;
+  using space = S;
   using options_type = SgdOptions;
   static std::string name() { return "sgd"; }
 
-  basic_sgd(nn::ParameterArena<T, S> arena, SgdOptions opt) : arena_(std::move(arena)), opt_(opt) {
+  basic_sgd(nn::ParameterArena<T, S> arena, SgdOptions opt, ArenaShard shard = {})
+      : arena_(std::move(arena)), opt_(opt), ranges_(shard.resolve(arena_.numel())) {
     if (!(opt.lr >= 0)) throw ArgumentError(ddp::detail::cat("SGD: lr must be >= 0, got ", opt.lr));
     if (!(opt.momentum >= 0)) throw ArgumentError(ddp::detail::cat("SGD: momentum must be >= 0, got ", opt.momentum));
     if (!(opt.weight_decay >= 0))
       throw ArgumentError(ddp::detail::cat("SGD: weight_decay must be >= 0, got ", opt.weight_decay));
     if (opt.nesterov && (opt.momentum <= 0 || opt.dampening != 0))
       throw ArgumentError("SGD: nesterov needs momentum > 0 and dampening = 0");
+    pieces_ = detail::state_pieces(arena_, ranges_);
     counters_.assign(arena_.count(), 0);
-    if (opt.momentum != 0) momentum_ = Tensor<T, S>(Shape{arena_.numel()});
+    if (opt.momentum != 0) momentum_ = Tensor<T, S>(Shape{detail::shard_numel(ranges_)});
   }
 
   void step() {
-    detail::for_each_run(arena_, counters_, [&](std::size_t first, std::size_t last, std::int64_t off, std::int64_t n) {
-      SgdStep<T> p{T(opt_.lr),           T(opt_.momentum), T(opt_.dampening),
-                   T(opt_.weight_decay), opt_.nesterov,    counters_[last] == 0};
-      Kernels<S>::sgd_update(n, arena_.values().data() + off, arena_.grads().data() + off,
-                             momentum_.defined() ? momentum_.data() + off : nullptr, p);
-      for (std::size_t k = first; k <= last; ++k) ++counters_[k];
-    });
+    detail::for_each_run(
+        arena_, counters_, ranges_, [&](std::int64_t c, std::int64_t off, std::int64_t at, std::int64_t n) {
+          SgdStep<T> p{T(opt_.lr), T(opt_.momentum), T(opt_.dampening), T(opt_.weight_decay), opt_.nesterov, c == 0};
+          Kernels<S>::sgd_update(n, arena_.values().data() + off, arena_.grads().data() + off,
+                                 momentum_.defined() ? momentum_.data() + at : nullptr, p);
+        });
+    detail::count_step(arena_, counters_);
   }
   void zero_grad() { arena_.zero_grad(); }
   double lr() const noexcept { return opt_.lr; }
   void set_lr(double lr) { opt_.lr = lr; }
   SgdOptions const& options() const noexcept { return opt_; }
+  // Bytes of optimizer state this object holds (the momentum buffer, its shard's elements).
+  std::int64_t state_bytes() const noexcept {
+    return momentum_.defined() ? momentum_.numel() * static_cast<std::int64_t>(sizeof(T)) : 0;
+  }
 
   // Per parameter, by name: loads into any arena of the same parameters (another bucket plan or world size).
-  OptimizerState<T> state() const { return detail::gather_state(name(), opt_.lr, arena_, counters_, buffers()); }
+  // Sharded, each parameter's piece only (ParameterState::begin).
+  OptimizerState<T> state() const {
+    return detail::gather_state(name(), opt_.lr, arena_, counters_, pieces_, buffers());
+  }
   // Checks the whole state first (ArgumentError naming the parameter; nothing changes), then restores it.
+  // Takes a full state (sharded: its own pieces of it).
   void load_state(OptimizerState<T> const& st) {
     std::vector<std::pair<std::string, Tensor<T, S>*>> bufs;
     if (momentum_.defined()) bufs.emplace_back("momentum_buffer", &momentum_);
-    detail::scatter_state(st, name(), arena_, counters_, bufs);
+    detail::scatter_state(st, name(), arena_, counters_, pieces_, bufs);
     opt_.lr = st.lr;
   }
 
  private:
   nn::ParameterArena<T, S> arena_;
   SgdOptions opt_;
-  std::vector<std::int64_t> counters_;  // steps taken per parameter (0: momentum not yet initialised)
+  std::vector<ArenaShard::Range> ranges_;   // the arena elements this optimizer updates
+  std::vector<detail::StatePiece> pieces_;  // per parameter: its piece of the state
+  std::vector<std::int64_t> counters_;      // steps taken per parameter (0: momentum not yet initialised)
   Tensor<T, S> momentum_;
 
   std::vector<std::pair<std::string, Tensor<T, S> const*>> buffers() const {

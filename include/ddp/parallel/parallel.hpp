@@ -7,3 +7,4 @@
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/join.hpp"
 #include "ddp/parallel/policies.hpp"
+#include "ddp/parallel/zero_redundancy.hpp"

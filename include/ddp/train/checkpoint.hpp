@@ -19,6 +19,7 @@
 #include <fstream>
 #include <iterator>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -391,7 +392,13 @@ template <nn::Model M, class O, class T = typename M::value_type>
 requires CheckpointableOptimizer<O, T> CheckpointData<T> capture_checkpoint(M const& model, O const& opt,
                                                                             TrainPosition const& pos,
                                                                             std::string_view extra = {}) {
-  CheckpointData<T> c{.position = pos, .optimizer = opt.state(), .extra = std::string(extra)};
+  return capture_checkpoint(model, opt.state(), pos, extra);
+}
+// The same with the optimizer's state already taken (a sharded optimizer's consolidated_state()).
+template <nn::Model M, class T = typename M::value_type>
+CheckpointData<T> capture_checkpoint(M const& model, optim::OptimizerState<T> state, TrainPosition const& pos,
+                                     std::string_view extra = {}) {
+  CheckpointData<T> c{.position = pos, .optimizer = std::move(state), .extra = std::string(extra)};
   for (auto const& p : detail::distinct_parameters(model))
     c.parameters.push_back(detail::record_of(p.name, p.var.value()));
   for (auto const& b : model.named_buffers()) c.buffers.push_back(detail::record_of(b.name, b.tensor));
@@ -461,16 +468,21 @@ void restore_checkpoint(CheckpointData<T> const& c, M& model, O& opt, RankOf at 
 // is agreed on, so a failed write throws the same IoError on every rank. `extra` (rank 0's) is stored as it
 // is and handed back by load_checkpoint. Other ranks' parameters, buffers and optimizer state are not read:
 // under DDP they equal rank 0's (bitwise, for the threads and MPI backends; buffers are broadcast from rank 0).
+// A sharded optimizer (consolidated_state(): ZeroRedundancyOptimizer) first puts its pieces together on every
+// rank, so the file holds the whole state, by parameter name, and resumes at any world size, sharded or not.
 template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
 requires CheckpointableOptimizer<O, T>
 void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model, O const& opt, TrainPosition const& pos,
                      std::string_view extra = {}) {
   auto generators = detail::gather_generators(comm, model);
+  std::optional<optim::OptimizerState<T>> full;  // a sharded optimizer's pieces, put together (collective)
+  if constexpr (requires { opt.consolidated_state(); }) full = opt.consolidated_state();
   std::string message;
   auto const kind = comm.rank() != 0 ? detail::Failure::kNone
                                      : detail::run_classified(
                                            [&] {
-                                             auto c = capture_checkpoint(model, opt, pos, extra);
+                                             auto c = full ? capture_checkpoint(model, std::move(*full), pos, extra)
+                                                           : capture_checkpoint(model, opt, pos, extra);
                                              c.generators.ranks = std::move(generators);
                                              write_checkpoint_file(path, c);
                                            },

@@ -123,7 +123,7 @@ class basic_trainer {
         opts_(checked(opts)),
         batch_(rank_batch(opts, comm.world_size())),
         ddp_(model, comm, opts.ddp, std::move(bucketer), reduction, batching),
-        opt_(ddp_.parameters(), opt) {}
+        opt_(make_optimizer(ddp_, opt)) {}
 
   // One whole epoch over `data` (each rank its DistributedSampler share). loss(output, batch) -> scalar Var.
   // Batches are host tensors; each input is copied to the model's space (loss gets the host batch: copy its
@@ -251,6 +251,14 @@ class basic_trainer {
   double last_grad_norm() const noexcept { return last_grad_norm_; }
 
  private:
+  // From the DDP wrapper where the optimizer takes one (ZeroRedundancyOptimizer), else from its parameters.
+  static O make_optimizer(ddp_type& d, typename O::options_type const& o) {
+    if constexpr (std::constructible_from<O, ddp_type&, typename O::options_type const&>)
+      return O(d, o);
+    else
+      return O(d.parameters(), o);
+  }
+
   static constexpr bool invariant = ddp_type::world_size_invariant;
 
   // This rank's samples of the epoch: DistributedSampler's (padded, or for a join), or for a world-size-invariant

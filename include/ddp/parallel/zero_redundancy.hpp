@@ -1,0 +1,237 @@
+// ZeroRedundancyOptimizer<O, C>: ZeRO stage 1 (Rajbhandari et al., 2020; PyTorch's ZeroRedundancyOptimizer) over
+// DistributedDataParallel. Each rank owns one slice of every gradient bucket, keeps the optimizer state of its
+// slices only (1/world_size of the unsharded state, to within a 64-byte line per bucket), updates them with the
+// optimizer's own kernel, and all-gathers every bucket's parameters after the step.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/bucket/plan.hpp"
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/host_collectives.hpp"
+#include "ddp/error.hpp"
+#include "ddp/nn/parameter_arena.hpp"
+#include "ddp/optim/optimizer.hpp"
+#include "ddp/optim/shard.hpp"
+
+namespace ddp {
+
+struct ZeroOptions {
+  // 0: every rank keeps the whole optimizer state (the optimizer itself); 1: each rank keeps its slices' state.
+  int stage = 1;
+};
+
+// An optimizer that can update a shard of its arena: constructible from (arena, options, ArenaShard), and saying
+// how much state it holds (ddp's SGD, Adam and AdamW).
+template <class O, class T, class S>
+concept ShardableOptimizer = optim::Optimizer<O> && std::constructible_from < O,
+        nn::ParameterArena<T, S>,
+typename O::options_type, optim::ArenaShard > &&requires(O const& o) {
+  { o.state_bytes() } -> std::same_as<std::int64_t>;
+};
+
+namespace detail {
+// One bucket as ZeRO cuts it: gradient elements [start, start + numel) of the arena, in world_size slices of
+// `chunk` elements (whole 64-byte lines, so a slice starts where the unsharded optimizer's SIMD blocks would);
+// the last slices may be short or empty.
+struct ZeroBucket {
+  std::int64_t start = 0, numel = 0, chunk = 0;
+};
+
+template <class T, MemorySpace S>
+std::vector<ZeroBucket> zero_buckets(BucketPlan const& plan, nn::ParameterArena<T, S> const& arena, int world) {
+  constexpr std::int64_t kLine = 64 / sizeof(T) > 0 ? 64 / sizeof(T) : 1;
+  std::vector<ZeroBucket> out;
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    auto const& bucket = plan.buckets[b];
+    std::int64_t const start = arena.entries()[bucket.params.front()].offset;
+    std::int64_t at = start;
+    for (auto const p : bucket.params) {  // a bucket's gradients are one contiguous slice (ParameterArena)
+      if (arena.entries()[p].offset != at)
+        throw ArgumentError(cat("ZeroRedundancyOptimizer: bucket ", b, "'s parameter '", arena.entries()[p].name,
+                                "' is not contiguous with the one before it in the arena"));
+      at += arena.entries()[p].numel;
+    }
+    std::int64_t const per_rank = (bucket.numel + world - 1) / world;
+    out.push_back({start, bucket.numel, std::max<std::int64_t>(kLine, (per_rank + kLine - 1) / kLine * kLine)});
+  }
+  return out;
+}
+
+// The arena elements rank `rank` owns: its slice of every bucket (none of a bucket too small to reach it).
+inline std::vector<optim::ArenaShard::Range> zero_ranges(std::vector<ZeroBucket> const& buckets, int rank) {
+  std::vector<optim::ArenaShard::Range> ranges;
+  for (auto const& b : buckets) {
+    std::int64_t const lo = b.start + rank * b.chunk, hi = std::min(b.start + b.numel, lo + b.chunk);
+    if (lo < hi) ranges.push_back({lo, hi});
+  }
+  return ranges;
+}
+}  // namespace detail
+
+// Use in place of the optimizer, built after DistributedDataParallel from it:
+//   ZeroRedundancyOptimizer<optim::AdamW, ThreadsBackend> opt(ddp, {.optimizer = {.lr = 1e-3}});
+// and the loop is unchanged (zero_grad, forward/backward, step). Guarantees:
+//  - the parameters after step() are bitwise those of the unsharded optimizer given the same gradients, on every
+//    rank (each element is updated by one rank with the same kernel, then copied); so with deterministic mode
+//    (ExactSum) a sharded run is bitwise the unsharded one, at any world size;
+//  - it composes with every reduction policy (the gradients are DDP's, complete on every rank: clip_grad_norm
+//    and the non-finite checks see them as without sharding);
+//  - state() is this rank's pieces (ParameterState::begin); consolidated_state() (collective) is the full state,
+//    which is what save_checkpoint writes; load_state() takes a full state and keeps this rank's pieces, so a
+//    checkpoint written at one world size (sharded or not) resumes at any other, re-cut at load.
+// Cost: one all-gather per bucket after each step (the parameters' bytes), on the caller's thread.
+template <class O, Communicator C>
+class ZeroRedundancyOptimizer {
+ public:
+  using value_type = typename O::value_type;
+  using space = typename O::space;
+  using T = value_type;
+  using S = space;
+  struct options_type {
+    typename O::options_type optimizer{};
+    ZeroOptions zero{};
+  };
+  static_assert(ShardableOptimizer<O, T, S>,
+                "ZeroRedundancyOptimizer: the optimizer must take (arena, options, optim::ArenaShard) and report "
+                "state_bytes() (optim::basic_sgd, basic_adam_l2, basic_adamw do)");
+
+  ZeroRedundancyOptimizer(nn::ParameterArena<T, S> const& arena, BucketPlan const& plan, C& comm, options_type opt)
+      : comm_(&comm),
+        zero_(checked(opt.zero)),
+        arena_(arena),
+        buckets_(detail::zero_buckets(plan, arena, comm.world_size())),
+        inner_(arena, opt.optimizer, shard(buckets_, zero_, comm.rank())) {
+    unsharded_bytes_ = static_cast<std::int64_t>(inner_.state().buffer_names.size()) * arena_.numel() *
+                       static_cast<std::int64_t>(sizeof(T));
+    std::int64_t widest = 0;
+    for (auto const& b : buckets_) widest = std::max(widest, b.chunk);
+    if (sharded()) {
+      send_ = Tensor<T, S>(Shape{widest});
+      gathered_ = Tensor<T, S>(Shape{widest * comm.world_size()});
+      Kernels<S>::fill(widest, T(0), send_.data());
+    }
+  }
+  // Over a DistributedDataParallel's parameters, plan and communicator (build it after the wrapper, as any
+  // optimizer).
+  template <class D>
+  requires requires(D& d) {
+    { d.parameters() } -> std::convertible_to<nn::ParameterArena<T, S> const&>;
+    { d.plan() } -> std::convertible_to<BucketPlan const&>;
+    { d.comm() } -> std::same_as<C&>;
+  }
+  ZeroRedundancyOptimizer(D& ddp, options_type opt)
+      : ZeroRedundancyOptimizer(ddp.parameters(), ddp.plan(), ddp.comm(), opt) {}
+
+  ZeroRedundancyOptimizer(ZeroRedundancyOptimizer const&) = delete;
+  ZeroRedundancyOptimizer& operator=(ZeroRedundancyOptimizer const&) = delete;
+
+  // The state kind is the optimizer's: a checkpoint of a sharded run loads into an unsharded one and back.
+  static std::string name() { return O::name(); }
+
+  // Collective when sharded (every rank, the same steps): updates this rank's slices, then all-gathers every
+  // bucket's parameters.
+  void step() {
+    inner_.step();
+    if (sharded()) gather_parameters();
+  }
+  void zero_grad() { inner_.zero_grad(); }
+  double lr() const noexcept { return inner_.lr(); }
+  void set_lr(double lr) { inner_.set_lr(lr); }
+  O const& optimizer() const noexcept { return inner_; }
+  ZeroOptions const& zero_options() const noexcept { return zero_; }
+
+  // Optimizer-state bytes on this rank, and what the unsharded optimizer would hold.
+  std::int64_t state_bytes() const noexcept { return inner_.state_bytes(); }
+  std::int64_t unsharded_state_bytes() const noexcept { return unsharded_bytes_; }
+  std::string describe() const {
+    return detail::cat("ZeRO-", zero_.stage, " ", O::name(), " over ", comm_->world_size(), " ranks: optimizer state ",
+                       state_bytes(), " bytes on rank ", comm_->rank(), " (unsharded: ", unsharded_state_bytes(), ")");
+  }
+
+  // This rank's pieces (sharded) or the whole state.
+  optim::OptimizerState<T> state() const { return inner_.state(); }
+  // Collective when sharded: every rank's pieces, put together (one all-gather of host copies).
+  optim::OptimizerState<T> consolidated_state() const {
+    auto mine = inner_.state();
+    if (!sharded()) return mine;
+    int const world = comm_->world_size();
+    std::size_t const nb = mine.buffer_names.size();
+    std::vector<std::vector<optim::detail::StatePiece>> pieces;  // per rank
+    std::size_t widest = 0;
+    for (int q = 0; q < world; ++q) {
+      auto const ranges = detail::zero_ranges(buckets_, q);
+      pieces.push_back(optim::detail::state_pieces(arena_, ranges));
+      widest = std::max(widest, static_cast<std::size_t>(optim::detail::shard_numel(ranges)) * nb);
+    }
+    std::vector<T> flat(widest, T(0)), all(widest * static_cast<std::size_t>(world));
+    std::size_t at = 0;
+    for (auto const& p : mine.parameters)
+      for (auto const& b : p.buffers)
+        at = static_cast<std::size_t>(std::copy(b.begin(), b.end(), flat.begin() + at) - flat.begin());
+    host_all_gather(*comm_, std::span<T const>(flat), std::span<T>(all), CollectiveTag{"zero.state"});
+    for (auto& p : mine.parameters) {
+      p.begin = 0;
+      for (auto& b : p.buffers) b.assign(static_cast<std::size_t>(optim::detail::numel_of(p.shape)), T(0));
+    }
+    for (int q = 0; q < world; ++q) {
+      T const* src = all.data() + static_cast<std::size_t>(q) * widest;
+      for (std::size_t i = 0; i < mine.parameters.size(); ++i) {
+        auto const& piece = pieces[static_cast<std::size_t>(q)][i];
+        for (std::size_t b = 0; b < nb; ++b, src += piece.numel)
+          std::copy(src, src + piece.numel, mine.parameters[i].buffers[b].begin() + piece.begin);
+      }
+    }
+    return mine;
+  }
+  // A full state (ArgumentError naming the parameter otherwise; nothing changes): this rank keeps its pieces.
+  void load_state(optim::OptimizerState<T> const& st) { inner_.load_state(st); }
+
+ private:
+  static ZeroOptions checked(ZeroOptions z) {
+    if (z.stage != 0 && z.stage != 1)
+      throw ArgumentError(
+          detail::cat("ZeroRedundancyOptimizer: stage must be 0 (unsharded) or 1 (optimizer state "
+                      "sharded), got ",
+                      z.stage));
+    return z;
+  }
+  static optim::ArenaShard shard(std::vector<detail::ZeroBucket> const& buckets, ZeroOptions z, int rank) {
+    if (z.stage == 0) return {};
+    return optim::ArenaShard(detail::zero_ranges(buckets, rank));
+  }
+  bool sharded() const noexcept { return zero_.stage >= 1 && comm_->world_size() > 1; }
+
+  void gather_parameters() {
+    int const world = comm_->world_size(), rank = comm_->rank();
+    T* const values = arena_.values().data();
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      auto const& z = buckets_[b];
+      std::int64_t const lo = z.start + rank * z.chunk, hi = std::min(z.start + z.numel, lo + z.chunk);
+      if (lo < hi) Kernels<S>::copy(hi - lo, values + lo, send_.data());
+      if (hi - lo < z.chunk)
+        Kernels<S>::fill(z.chunk - std::max<std::int64_t>(0, hi - lo), T(0),
+                         send_.data() + std::max<std::int64_t>(0, hi - lo));
+      comm_->all_gather(SpaceSpan<T const, S>(send_.data(), static_cast<std::size_t>(z.chunk)),
+                        SpaceSpan<T, S>(gathered_.data(), static_cast<std::size_t>(z.chunk * world)),
+                        CollectiveTag{"zero.parameters", static_cast<std::int64_t>(b)});
+      Kernels<S>::copy(z.numel, gathered_.data(), values + z.start);
+    }
+  }
+
+  C* comm_;
+  ZeroOptions zero_;
+  nn::ParameterArena<T, S> arena_;
+  std::vector<detail::ZeroBucket> buckets_;
+  O inner_;
+  std::int64_t unsharded_bytes_ = 0;
+  Tensor<T, S> send_, gathered_;  // one slice, and one bucket's world_size slices (sharded only)
+};
+
+}  // namespace ddp

@@ -1,0 +1,86 @@
+// ZeroRedundancyOptimizer (parallel/zero_redundancy.hpp) written once over any Communicator: run inside doctest on
+// the threads backend and under mpirun (ddp_mpi_main.cpp). Each throws std::runtime_error on failure.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "test/parallel/ddp_cases.hpp"
+
+namespace ddp::test {
+
+enum class ZeroOpt { kSgdMomentum, kAdamW };
+
+// Trains the MLP 8-48-4 for `steps` steps under reduction R, twice in lockstep on this rank: with the optimizer
+// itself and with ZeroRedundancyOptimizer stage 1 over it (both from the same start, on the same rows). Checks,
+// on every rank:
+//  - the sharded run's weights are bitwise the unsharded run's after every step (each element is updated by
+//    its owner with the same kernel, then copied);
+//  - the shards partition the parameters' elements: their state elements add up to the parameters' (all
+//    ranks), and each rank's state bytes are 1/world of the unsharded optimizer's, within one 64-byte line per
+//    bucket and state buffer;
+//  - consolidated_state() is bitwise the unsharded optimizer's state(), and loads back;
+//  - the collectives: one "zero.parameters" all-gather per bucket after each step (Recording).
+template <AsyncCommunicator C, ReductionPolicy R = AverageAllReduce>
+void zero_matches_unsharded(C& comm, ZeroOpt which, BucketConfig buckets, int steps = 4, R reduction = {}) {
+  int const n = comm.world_size(), r = comm.rank();
+  std::int64_t const local = 4;
+  auto data = make_data(local * n * steps, 8, 4, 31);
+  auto plain_model = make_mlp(8, 48, 4, 5);
+  auto zero_model = make_mlp(8, 48, 4, 5);
+  Recording<C> rec(comm);
+  DistributedDataParallel<Mlp, C, SizeCapped, R> plain_ddp(plain_model, comm, {}, SizeCapped{buckets}, reduction);
+  DistributedDataParallel<Mlp, Recording<C>, SizeCapped, R> zero_ddp(zero_model, rec, {}, SizeCapped{buckets},
+                                                                     reduction);
+  auto run = [&]<class O>(std::type_identity<O>, typename O::options_type const& o) {
+    O plain(plain_ddp.parameters(), o);
+    ZeroRedundancyOptimizer<O, Recording<C>> zero(zero_ddp, {.optimizer = o});
+    std::size_t const buckets_n = zero_ddp.plan().buckets.size();
+    for (int s = 0; s < steps; ++s) {
+      Tensor<float> const x = rows(data.x, (s * n + r) * local, local);
+      Tensor<float> const y = rows(data.y, (s * n + r) * local, local);
+      plain.zero_grad();
+      backward(mse_loss(plain_ddp(Var(x)), y));
+      plain.step();
+      zero.zero_grad();
+      backward(mse_loss(zero_ddp(Var(x)), y));
+      rec.clear();
+      zero.step();
+      std::size_t gathers = 0;
+      for (auto const& c : rec.records())
+        gathers += c.op == CollectiveKind::kAllGather && c.tag.label == "zero.parameters";
+      expect(gathers == (n > 1 ? buckets_n : 0), detail::cat("rank ", r, ": step ", s, " issued ", gathers,
+                                                             " parameter all-gathers for ", buckets_n, " buckets"));
+      expect(weights(zero_ddp.parameters()) == weights(plain_ddp.parameters()),
+             detail::cat("rank ", r, ": after step ", s, " the ZeRO-1 weights differ from the unsharded optimizer's"));
+    }
+    // State: a partition of the parameters' elements, 1/world each within a line per bucket and buffer.
+    auto const mine = zero.state();
+    std::int64_t elements = 0, buffers = static_cast<std::int64_t>(mine.buffer_names.size());
+    for (auto const& p : mine.parameters)
+      for (auto const& b : p.buffers) elements += static_cast<std::int64_t>(b.size());
+    std::vector<std::int64_t> all(static_cast<std::size_t>(n));
+    host_all_gather(comm, std::span<std::int64_t const>(&elements, 1), std::span<std::int64_t>(all));
+    std::int64_t total = 0;
+    for (auto e : all) total += e;
+    expect(total == zero_ddp.parameters().parameter_numel() * buffers,
+           detail::cat("rank ", r, ": the ranks' state holds ", total, " elements, the parameters ",
+                       zero_ddp.parameters().parameter_numel(), " x ", buffers, " buffers"));
+    std::int64_t const line = 64 / sizeof(float), slack = line * buffers * std::int64_t(buckets_n) * 4;
+    expect(zero.state_bytes() == elements * 4, detail::cat("rank ", r, ": state_bytes ", zero.state_bytes()));
+    expect(zero.state_bytes() <= zero.unsharded_state_bytes() / n + slack,
+           detail::cat("rank ", r, ": ", zero.state_bytes(), " state bytes, unsharded ", zero.unsharded_state_bytes(),
+                       " over ", n, " ranks"));
+    auto const full = zero.consolidated_state();
+    expect(full == plain.state(), detail::cat("rank ", r, ": consolidated_state() differs from the unsharded state"));
+    zero.load_state(full);
+    expect(zero.state() == mine, detail::cat("rank ", r, ": the state reloaded from the consolidated one differs"));
+  };
+  if (which == ZeroOpt::kSgdMomentum)
+    run(std::type_identity<optim::SGD>{}, {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4});
+  else
+    run(std::type_identity<optim::AdamW>{}, {.lr = 1e-2, .weight_decay = 0.01});
+}
+
+}  // namespace ddp::test

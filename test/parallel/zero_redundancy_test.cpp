@@ -1,0 +1,55 @@
+// ZeroRedundancyOptimizer (ZeRO-1, parallel/zero_redundancy.hpp) on the threads backend at world sizes 1, 2 and 4:
+// bitwise the unsharded optimizer's weights under every reduction policy, the state cut into 1/world pieces that
+// put together give the unsharded state, and bad options and shard states refused. Deterministic mode and
+// resharded checkpoints: deterministic_test.cpp.
+#include <doctest/doctest.h>
+
+#include "test/parallel/zero_cases.hpp"
+
+using namespace ddp;
+
+TEST_CASE("ZeRO-1: the unsharded optimizer's weights, bit for bit, with the state cut 1/world") {
+  for (int n : {1, 2, 4}) {
+    for (BucketConfig cfg : {BucketConfig{}, BucketConfig{.cap_bytes = 512, .first_cap_bytes = 128}}) {
+      for (auto which : {test::ZeroOpt::kSgdMomentum, test::ZeroOpt::kAdamW}) {
+        CAPTURE(n);
+        CAPTURE(cfg.cap_bytes);
+        CAPTURE(int(which));
+        spawn(n, [&](ThreadsBackend& comm) { test::zero_matches_unsharded(comm, which, cfg); });
+      }
+    }
+  }
+}
+
+TEST_CASE("ZeRO-1 composes with compressed buckets and PowerSGD") {
+  BucketConfig const cfg{.cap_bytes = 512, .first_cap_bytes = 128};
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    spawn(n, [&](ThreadsBackend& comm) {
+      test::zero_matches_unsharded(comm, test::ZeroOpt::kAdamW, cfg, 4, Bf16AllReduce{});
+      test::zero_matches_unsharded(comm, test::ZeroOpt::kSgdMomentum, cfg, 4,
+                                   PowerSgd{{.rank = 2, .warmup_steps = 1, .min_compression_rate = 1.0}});
+    });
+  }
+}
+
+TEST_CASE("ZeRO: bad stages and one rank's shard of the state are refused") {
+  spawn(2, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 48, 4, 5);
+    DistributedDataParallel<test::Mlp, ThreadsBackend> ddp(model, comm);
+    using Zero = ZeroRedundancyOptimizer<optim::AdamW, ThreadsBackend>;
+    CHECK_THROWS_WITH_AS(Zero(ddp, {.zero = {.stage = 3}}),
+                         doctest::Contains("stage must be 0 (unsharded) or 1 (optimizer state sharded), got 3"),
+                         ArgumentError);
+    Zero zero(ddp, {});
+    auto const shard = zero.state();
+    CHECK_THROWS_WITH_AS(zero.load_state(shard), doctest::Contains("Load its consolidated_state()"), ArgumentError);
+    optim::AdamW plain_layout(nn::ParameterArena<float>(test::make_mlp(8, 48, 4, 5)), {});
+    CHECK_THROWS_WITH_AS(plain_layout.load_state(shard), doctest::Contains("one rank's shard of a ZeRO optimizer"),
+                         ArgumentError);
+    CHECK(zero.describe().find("ZeRO-1 adamw over 2 ranks: optimizer state") != std::string::npos);
+    // Stage 0 is the optimizer itself: the whole state on every rank.
+    Zero whole(ddp, {.zero = {.stage = 0}});
+    CHECK(whole.state_bytes() == whole.unsharded_state_bytes());
+  });
+}
