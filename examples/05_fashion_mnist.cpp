@@ -91,6 +91,7 @@ void print_header(Trainer& t, Config const& cfg, std::int64_t steps_per_epoch,
   std::printf("data: %lld train / %lld test images from %s\n", static_cast<long long>(train_set.size()),
               static_cast<long long>(test_set.size()), cfg.data_dir.string().c_str());
   std::printf("%s\n", t.ddp().describe().c_str());
+  std::printf("%s\n", t.optimizer().describe().c_str());
   std::fflush(stdout);
 }
 
@@ -255,10 +256,13 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                             .global_batch = cfg.global_batch,
                             .clip_grad_norm = cfg.clip_grad_norm};
   // The one training loop, for every composition the flags choose (examples/common/reduction.hpp).
+  // The optimizer always under ZeroRedundancyOptimizer, whose stage 0 is the optimizer itself: --zero is a value,
+  // not another type.
   auto go = [&]<optim::Optimizer O, class R, class Bt>(std::type_identity<O>, typename O::options_type const& o,
                                                        R reduction, Bt batching) {
-    basic_trainer<nn::AnySequential<float, S>, Comm, O, SizeCapped, R, Bt> t(net.seq, comm, o, opts, bucketer,
-                                                                             reduction, batching);
+    using Zero = ZeroRedundancyOptimizer<O, Comm>;
+    basic_trainer<nn::AnySequential<float, S>, Comm, Zero, SizeCapped, R, Bt> t(
+        net.seq, comm, {.optimizer = o, .zero = {.stage = cfg.reduction.zero}}, opts, bucketer, reduction, batching);
     train(t, net, timeline, cfg, train_set, test_set);
   };
   if (cfg.reduction.deterministic)  // one counter stream per dropout layer, the same on every rank: masks are

@@ -21,6 +21,7 @@ struct ReductionChoice {
   std::int64_t micro_batches = 8;  // --micro-batches
   std::string comm_hook = "none";  // --comm-hook: none (float buckets), bf16, fp16 or powersgd
   PowerSgdOptions powersgd{};      // --comm-hook powersgd[:rank], --powersgd-warmup
+  int zero = 0;                    // --zero: ZeRO stage of the optimizer (ZeroRedundancyOptimizer)
 };
 
 inline Flags& add_reduction_flags(Flags& f) {
@@ -33,7 +34,10 @@ inline Flags& add_reduction_flags(Flags& f) {
            "how gradient buckets travel: none (float), bf16 or fp16 (cast to 16 bits, half the bytes; "
            "CompressedAllReduce), or powersgd[:rank] (rank-r factors of each large matrix; rank 1 by default; "
            "PowerSgd)")
-      .add("powersgd-warmup", "100", "with --comm-hook powersgd: plain all-reduces per bucket before compressing");
+      .add("powersgd-warmup", "100", "with --comm-hook powersgd: plain all-reduces per bucket before compressing")
+      .add("zero", "0",
+           "ZeRO stage: 0 (every rank keeps the whole optimizer state) or 1 (each rank keeps and updates its slice "
+           "of every bucket, then the parameters are all-gathered; ZeroRedundancyOptimizer)");
 }
 
 // "powersgd" or "powersgd:R" (R >= 1): PowerSGD's rank, or nullopt for any other hook.
@@ -62,6 +66,14 @@ inline ReductionChoice reduction_choice(Flags const& f, int world_size, std::int
   if (c.comm_hook != "none" && c.comm_hook != "bf16" && c.comm_hook != "fp16" && !rank)
     throw ArgumentError(detail::cat(f.program(), ": --comm-hook must be one of none|bf16|fp16|powersgd[:rank], got '",
                                     c.comm_hook, "'"));
+  std::string const zero = f.str("zero");
+  if (zero == "2" || zero == "3")
+    throw ArgumentError(detail::cat(f.program(), ": --zero ", zero,
+                                    ": only stage 1 (optimizer state sharded) is built; gradients are not sharded "
+                                    "yet. Use --zero 1"));
+  if (zero != "0" && zero != "1")
+    throw ArgumentError(detail::cat(f.program(), ": --zero must be 0 or 1, got '", zero, "'"));
+  c.zero = zero == "1" ? 1 : 0;
   if (!rank && f.is_set("powersgd-warmup"))
     throw ArgumentError(
         detail::cat(f.program(), ": --powersgd-warmup is for --comm-hook powersgd; --comm-hook is ", c.comm_hook));

@@ -2,7 +2,8 @@
 # usage: fashion_mnist_deterministic.sh BINARY: the main job with --deterministic prints the same weights digest
 # for world sizes 1, 2 and 4 (threads) and under mpirun -n 2, for bucket caps 1 KiB and 25 MiB, for the CNN (with
 # dropout) and the MLP; and a run stopped mid-epoch at world size 2 and resumed at world size 4 ends with the
-# uninterrupted run's digest; with --clip-grad-norm too.
+# uninterrupted run's digest; with --clip-grad-norm too. With --zero 1 (the optimizer state sharded) the digests
+# are the same, and a sharded checkpoint from world size 2 resumes at 1 and 4, sharded or not.
 set -euo pipefail
 bin="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/fmdet"
@@ -32,7 +33,22 @@ for model in cnn mlp; do
   grep -q '^stopped after 11 optimizer steps (--max-steps) at epoch 2, step 3' "$log" || fail "$model: no stop line"
   got=$(digest "$bin" "${common[@]}" --world-size 4 --resume "$dir/$model.ckpt")
   [[ "$got" == "$ref" ]] || fail "$model: resumed at world size 4: weights $got, uninterrupted: $ref"
-  echo "$model: weights $ref at world sizes 1, 2, 4, caps 1 KiB and 25 MiB, under MPI, and resumed at another world size"
+  # ZeRO-1: the same digest at world sizes 2 and 4 and under MPI; its checkpoint re-cut at 1 (unsharded) and 4.
+  for ws in 2 4; do
+    got=$(digest "$bin" "${common[@]}" --world-size "$ws" --bucket-cap-mb 0.001 --zero 1)
+    [[ "$got" == "$ref" ]] || fail "$model: --zero 1 at world size $ws: weights $got, world size 1: $ref"
+  done
+  got=$(digest mpirun -n 2 "$bin" "${common[@]}" --backend mpi --bucket-cap-mb 0.001 --zero 1)
+  [[ "$got" == "$ref" ]] || fail "$model: --zero 1 under mpirun -n 2: weights $got, world size 1: $ref"
+  grep -q '^ZeRO-1 adamw over 2 ranks: optimizer state [0-9]* bytes on rank 0 (unsharded: ' "$log" ||
+    fail "$model: --zero 1 printed no state bytes"
+  digest "$bin" "${common[@]}" --world-size 2 --max-steps 11 --zero 1 --checkpoint "$dir/$model.zero.ckpt" >/dev/null
+  for resume in "--world-size 1 --zero 0" "--world-size 4 --zero 1"; do
+    # shellcheck disable=SC2086
+    got=$(digest "$bin" "${common[@]}" $resume --resume "$dir/$model.zero.ckpt")
+    [[ "$got" == "$ref" ]] || fail "$model: ZeRO-1 checkpoint resumed with $resume: weights $got, uninterrupted: $ref"
+  done
+  echo "$model: weights $ref at world sizes 1, 2, 4, caps 1 KiB and 25 MiB, under MPI, and resumed at another world size; the same with --zero 1"
 done
 # --clip-grad-norm keeps it: the clipped gradients are the same at every world size, and clipping changes the run.
 base=(--deterministic --model mlp --micro-batches 4 --batch-size 32 --limit-train 256 --limit-test 128 --epochs 2)

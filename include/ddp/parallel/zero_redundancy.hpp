@@ -150,9 +150,20 @@ class ZeroRedundancyOptimizer {
   // Optimizer-state bytes on this rank, and what the unsharded optimizer would hold.
   std::int64_t state_bytes() const noexcept { return inner_.state_bytes(); }
   std::int64_t unsharded_state_bytes() const noexcept { return unsharded_bytes_; }
+  // Parameter bytes this rank sends per step in the all-gathers (its slice of every bucket, padded).
+  std::int64_t gather_bytes() const noexcept {
+    std::int64_t n = 0;
+    if (sharded())
+      for (auto const& b : buckets_) n += b.chunk;
+    return n * static_cast<std::int64_t>(sizeof(T));
+  }
+  // What was composed, for logs: the stage, the state this rank holds and what the all-gathers send.
   std::string describe() const {
+    if (zero_.stage == 0)
+      return detail::cat("ZeRO-0 (unsharded) ", O::name(), ": optimizer state ", state_bytes(), " bytes on each rank");
     return detail::cat("ZeRO-", zero_.stage, " ", O::name(), " over ", comm_->world_size(), " ranks: optimizer state ",
-                       state_bytes(), " bytes on rank ", comm_->rank(), " (unsharded: ", unsharded_state_bytes(), ")");
+                       state_bytes(), " bytes on rank ", comm_->rank(), " (unsharded: ", unsharded_state_bytes(),
+                       "), parameter all-gathers ", gather_bytes(), " bytes a step");
   }
 
   // This rank's pieces (sharded) or the whole state.
