@@ -51,16 +51,20 @@ TEST_CASE("device tensors: N ranks on B/N equal one process on B, and the host r
   }
 }
 
-// DDP weights after `steps` SGD-momentum steps over tensors of space S with reduction policy R.
+// DDP weights after `steps` SGD-momentum steps over tensors of space S with reduction policy R; with `zero` 1 the
+// optimizer is ZeroRedundancyOptimizer's (its state sharded). `state`, when given, receives the optimizer's whole
+// state (consolidated).
 template <MemorySpace S, class R>
 std::vector<float> policy_run(ThreadsBackend& comm, test::Data const& data, std::int64_t global_batch, int steps,
-                              R reduction = {}) {
+                              R reduction = {}, int zero = 0, optim::OptimizerState<float>* state = nullptr) {
   int const n = comm.world_size(), r = comm.rank();
   std::int64_t const local = global_batch / n;
   auto model = make_mlp<S>(8, 32, 4, 1);
   DistributedDataParallel<decltype(model), ThreadsBackend, SizeCapped, R> ddp(
       model, comm, {}, SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}}, reduction);
-  optim::basic_sgd<float, S> opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
+  using Sgd = optim::basic_sgd<float, S>;
+  ZeroRedundancyOptimizer<Sgd, ThreadsBackend> opt(
+      ddp, {.optimizer = {.lr = 0.05, .momentum = 0.9}, .zero = {.stage = zero}});
   for (int s = 0; s < steps; ++s) {
     std::int64_t const base = s * global_batch + r * local;
     opt.zero_grad();
@@ -69,7 +73,30 @@ std::vector<float> policy_run(ThreadsBackend& comm, test::Data const& data, std:
     backward(mse_loss(ddp(Variable<float, S>(x)), y));
     opt.step();
   }
+  if (state) *state = opt.consolidated_state();
   return weights(ddp.parameters());
+}
+
+TEST_CASE("device tensors: ZeRO-1 gives the unsharded weights and state bit for bit, alone and composed") {
+  std::int64_t const B = 16;
+  int const steps = 6;
+  auto data = test::make_data(B * steps, 8, 4, 99);
+  PowerSgd const psgd{{.rank = 2, .warmup_steps = 2, .min_compression_rate = 1.0}};
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    spawn(n, [&](ThreadsBackend& comm) {
+      auto same = [&](auto reduction) {
+        optim::OptimizerState<float> sharded, whole;
+        auto const a = policy_run<Dev>(comm, data, B, steps, reduction, 1, &sharded);
+        auto const b = policy_run<Dev>(comm, data, B, steps, reduction, 0, &whole);
+        auto const h = policy_run<HostSpace>(comm, data, B, steps, reduction, 1);
+        return a == b && sharded == whole && rel_diff(a, h) <= 1e-5;
+      };
+      CHECK(same(AverageAllReduce{}));
+      CHECK(same(Bf16AllReduce{}));
+      CHECK(same(psgd));
+    });
+  }
 }
 
 TEST_CASE_TEMPLATE("device tensors: buckets compressed to 16 bits train as the host run with the same policy", R,
