@@ -53,3 +53,23 @@ TEST_CASE("ZeRO: bad stages and one rank's shard of the state are refused") {
     CHECK(whole.state_bytes() == whole.unsharded_state_bytes());
   });
 }
+
+TEST_CASE("ZeRO-1 inside ddp::join is refused on every rank, with the optimizer passed or not") {
+  spawn(2, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 16, 4, 5);
+    DistributedDataParallel<test::Mlp, ThreadsBackend> ddp(model, comm);
+    ZeroRedundancyOptimizer<optim::SGD, ThreadsBackend> opt(ddp, {.optimizer = {.lr = 0.1}});
+    auto data = test::make_data(8, 8, 4, 3);
+    auto body = [&] {
+      opt.zero_grad();
+      backward(mse_loss(ddp(Var(test::rows(data.x, 4 * comm.rank(), 4))), test::rows(data.y, 4 * comm.rank(), 4)));
+      opt.step();
+    };
+    CHECK_THROWS_WITH_AS(join(ddp, opt, body), doctest::Contains("ddp::join: the optimizer's state is sharded"),
+                         ArgumentError);
+    CHECK_THROWS_WITH_AS(join(ddp, body), doctest::Contains("a sharded optimizer cannot step inside ddp::join"),
+                         ArgumentError);
+    // Outside a join it steps as usual.
+    body();
+  });
+}

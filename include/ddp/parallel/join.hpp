@@ -241,6 +241,12 @@ JoinResult join(DistributedDataParallel<M, C, B, R, Bt>& ddp, Body&& body, JoinO
 template <nn::Model M, AsyncCommunicator C, GradientBucketer B, ReductionPolicy R, BatchingPolicy Bt,
           optim::Optimizer O, std::invocable Body>
 JoinResult join(DistributedDataParallel<M, C, B, R, Bt>& ddp, O& optimizer, Body&& body, JoinOptions const& opts = {}) {
+  if constexpr (requires { optimizer.sharded(); })  // ZeroRedundancyOptimizer: its slices cannot follow one rank
+    if (optimizer.sharded())
+      throw ArgumentError(
+          "ddp::join: the optimizer's state is sharded (ZeroRedundancyOptimizer stage 1): a rank that ran out of "
+          "data would have to keep updating its slice. Give every rank the same number of batches "
+          "(EpochSplit::kPad, GlobalBatchSampler) or use ZeRO stage 0 there");
   JoinResult const r = join(ddp, std::forward<Body>(body), opts);
   if (r.uneven) detail::broadcast_optimizer_state(ddp.comm(), optimizer, r.last_rank);
   return r;

@@ -19,6 +19,7 @@
 #include "ddp/nn/parameter_arena.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/shard.hpp"
+#include "ddp/parallel/join.hpp"
 
 namespace ddp {
 
@@ -127,7 +128,10 @@ class ZeroRedundancyOptimizer {
     { d.comm() } -> std::same_as<C&>;
   }
   ZeroRedundancyOptimizer(D& ddp, options_type opt)
-      : ZeroRedundancyOptimizer(ddp.parameters(), ddp.plan(), ddp.comm(), opt) {}
+      : ZeroRedundancyOptimizer(ddp.parameters(), ddp.plan(), ddp.comm(), opt) {
+    ddp_ = &ddp;
+    in_join_ = [](void const* d) { return detail::JoinAccess::attached(*static_cast<D const*>(d)); };
+  }
 
   ZeroRedundancyOptimizer(ZeroRedundancyOptimizer const&) = delete;
   ZeroRedundancyOptimizer& operator=(ZeroRedundancyOptimizer const&) = delete;
@@ -138,6 +142,11 @@ class ZeroRedundancyOptimizer {
   // Collective when sharded (every rank, the same steps): updates this rank's slices, then all-gathers every
   // bucket's parameters.
   void step() {
+    if (sharded() && in_join_ && in_join_(ddp_))
+      throw ArgumentError(
+          "ZeroRedundancyOptimizer: a sharded optimizer cannot step inside ddp::join: a rank that ran out of data "
+          "would have to keep updating its slice, with the others' learning rate. Give every rank the same number "
+          "of batches (EpochSplit::kPad, GlobalBatchSampler) or use ZeRO stage 0 there");
     inner_.step();
     if (sharded()) gather_parameters();
   }
@@ -146,6 +155,8 @@ class ZeroRedundancyOptimizer {
   void set_lr(double lr) { inner_.set_lr(lr); }
   O const& optimizer() const noexcept { return inner_; }
   ZeroOptions const& zero_options() const noexcept { return zero_; }
+  // Whether step() shards (stage 1 on more than one rank): ddp::join refuses such an optimizer.
+  bool sharded() const noexcept { return zero_.stage >= 1 && comm_->world_size() > 1; }
 
   // Optimizer-state bytes on this rank, and what the unsharded optimizer would hold.
   std::int64_t state_bytes() const noexcept { return inner_.state_bytes(); }
@@ -217,8 +228,6 @@ class ZeroRedundancyOptimizer {
     if (z.stage == 0) return {};
     return optim::ArenaShard(detail::zero_ranges(buckets, rank));
   }
-  bool sharded() const noexcept { return zero_.stage >= 1 && comm_->world_size() > 1; }
-
   void gather_parameters() {
     int const world = comm_->world_size(), rank = comm_->rank();
     T* const values = arena_.values().data();
@@ -243,6 +252,8 @@ class ZeroRedundancyOptimizer {
   O inner_;
   std::int64_t unsharded_bytes_ = 0;
   Tensor<T, S> send_, gathered_;  // one slice, and one bucket's world_size slices (sharded only)
+  void const* ddp_ = nullptr;     // the DDP it was built from, if any: in_join_(ddp_) says whether a join runs
+  bool (*in_join_)(void const*) = nullptr;
 };
 
 }  // namespace ddp
