@@ -52,19 +52,21 @@ TEST_CASE("device tensors: N ranks on B/N equal one process on B, and the host r
 }
 
 // DDP weights after `steps` SGD-momentum steps over tensors of space S with reduction policy R; with `zero` 1 the
-// optimizer is ZeroRedundancyOptimizer's (its state sharded). `state`, when given, receives the optimizer's whole
-// state (consolidated).
+// optimizer is ZeroRedundancyOptimizer's (its state sharded); with UpdateAt::kBucketReduced each bucket is updated
+// as it lands (OverlappedOptimizer). `state`, when given, receives the optimizer's whole state (consolidated).
 template <MemorySpace S, class R>
 std::vector<float> policy_run(ThreadsBackend& comm, test::Data const& data, std::int64_t global_batch, int steps,
-                              R reduction = {}, int zero = 0, optim::OptimizerState<float>* state = nullptr) {
+                              R reduction = {}, int zero = 0, optim::OptimizerState<float>* state = nullptr,
+                              UpdateAt update = UpdateAt::kStep) {
   int const n = comm.world_size(), r = comm.rank();
   std::int64_t const local = global_batch / n;
   auto model = make_mlp<S>(8, 32, 4, 1);
   DistributedDataParallel<decltype(model), ThreadsBackend, SizeCapped, R> ddp(
       model, comm, {}, SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}}, reduction);
   using Sgd = optim::basic_sgd<float, S>;
-  ZeroRedundancyOptimizer<Sgd, ThreadsBackend> opt(
-      ddp, {.optimizer = {.lr = 0.05, .momentum = 0.9}, .zero = {.stage = zero}});
+  OverlappedOptimizer<ZeroRedundancyOptimizer<Sgd, ThreadsBackend>> opt(
+      ddp, {.optimizer = {.optimizer = {.lr = 0.05, .momentum = 0.9}, .zero = {.stage = zero}},
+            .overlap = {.update_at = update}});
   for (int s = 0; s < steps; ++s) {
     std::int64_t const base = s * global_batch + r * local;
     opt.zero_grad();
@@ -77,7 +79,9 @@ std::vector<float> policy_run(ThreadsBackend& comm, test::Data const& data, std:
   return weights(ddp.parameters());
 }
 
-TEST_CASE("device tensors: ZeRO-1 gives the unsharded weights and state bit for bit, alone and composed") {
+TEST_CASE(
+    "device tensors: ZeRO-1 and the overlapped update give the unsharded weights and state bit for bit, alone and "
+    "composed") {
   std::int64_t const B = 16;
   int const steps = 6;
   auto data = test::make_data(B * steps, 8, 4, 99);
@@ -86,11 +90,14 @@ TEST_CASE("device tensors: ZeRO-1 gives the unsharded weights and state bit for 
     CAPTURE(n);
     spawn(n, [&](ThreadsBackend& comm) {
       auto same = [&](auto reduction) {
-        optim::OptimizerState<float> sharded, whole;
+        optim::OptimizerState<float> sharded, whole, overlapped, both;
         auto const a = policy_run<Dev>(comm, data, B, steps, reduction, 1, &sharded);
         auto const b = policy_run<Dev>(comm, data, B, steps, reduction, 0, &whole);
+        auto const o = policy_run<Dev>(comm, data, B, steps, reduction, 0, &overlapped, UpdateAt::kBucketReduced);
+        auto const z = policy_run<Dev>(comm, data, B, steps, reduction, 1, &both, UpdateAt::kBucketReduced);
         auto const h = policy_run<HostSpace>(comm, data, B, steps, reduction, 1);
-        return a == b && sharded == whole && rel_diff(a, h) <= 1e-5;
+        return a == b && sharded == whole && o == b && overlapped == whole && z == b && both == whole &&
+               rel_diff(a, h) <= 1e-5;
       };
       CHECK(same(AverageAllReduce{}));
       CHECK(same(Bf16AllReduce{}));

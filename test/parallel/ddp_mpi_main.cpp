@@ -5,8 +5,8 @@
 #include "ddp/comm/mpi.hpp"
 #include "test/parallel/compressed_cases.hpp"
 #include "test/parallel/ddp_cases.hpp"
+#include "test/parallel/overlapped_cases.hpp"
 #include "test/parallel/powersgd_cases.hpp"
-#include "test/parallel/zero_cases.hpp"
 
 int main(int argc, char** argv) {
   ddp::MpiSession session(argc, argv);
@@ -52,6 +52,15 @@ int main(int argc, char** argv) {
     // ZeRO-1: bitwise the unsharded optimizer's weights, the state cut 1/world and put back together.
     for (auto which : {ddp::test::ZeroOpt::kSgdMomentum, ddp::test::ZeroOpt::kAdamW})
       ddp::test::zero_matches_unsharded(comm, which, ddp::BucketConfig{.cap_bytes = 512, .first_cap_bytes = 128});
+    // The update overlapped with the reductions: bitwise step(), alone, over ZeRO-1 and with compressed buckets.
+    {
+      ddp::BucketConfig const cfg{.cap_bytes = 512, .first_cap_bytes = 128};
+      ddp::test::overlapped_matches_step(comm, ddp::test::ZeroOpt::kSgdMomentum, cfg);
+      ddp::test::overlapped_matches_step(comm, ddp::test::ZeroOpt::kAdamW, cfg, 4, ddp::AverageAllReduce{}, 1);
+      ddp::test::overlapped_matches_step(comm, ddp::test::ZeroOpt::kAdamW, cfg, 4, ddp::Bf16AllReduce{}, 1);
+      ddp::test::overlapped_matches_step(comm, ddp::test::ZeroOpt::kSgdMomentum, cfg, 4,
+                                         ddp::PowerSgd{{.rank = 2, .warmup_steps = 1, .min_compression_rate = 1.0}});
+    }
     auto recs = ddp::test::collective_order(comm, {.cap_bytes = 1024, .first_cap_bytes = 256});
     // Every rank's sequence must equal rank 0's: compare a fingerprint.
     std::uint64_t h = 0;  // unsigned: the hash wraps by design

@@ -38,12 +38,15 @@ struct Run {
   std::uint64_t dropout_seed_per_rank = 0;
   // ZeRO stage of the optimizer (ZeroRedundancyOptimizer; 0: the optimizer itself): the bytes must not change.
   int zero = 0;
+  // kBucketReduced: under OverlappedOptimizer, each bucket updated as it lands: the bytes must not change.
+  UpdateAt update = UpdateAt::kStep;
 };
 
 inline std::string describe(Run const& r) {
   return detail::cat(r.model == ModelKind::kMlp ? "mlp" : "cnn", "/",
                      r.optimizer == OptKind::kSgdMomentum ? "sgd+momentum" : "adamw", "/cap=", r.cap_bytes,
-                     "/steps=", r.steps, r.zero ? detail::cat("/zero=", r.zero) : std::string());
+                     "/steps=", r.steps, r.zero ? detail::cat("/zero=", r.zero) : std::string(),
+                     r.update == UpdateAt::kBucketReduced ? "/overlapped" : "");
 }
 
 // A small MLP (with dropout) and a small CNN with both dropouts of BasicNet; different seeds per dropout, each
@@ -142,19 +145,30 @@ std::vector<std::uint8_t> train(Comm& comm, Run const& run, CheckpointData<float
   };
   optim::SgdOptions const sgd{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4};
   optim::AdamWOptions const adamw{.lr = 1e-2, .weight_decay = 0.01};
-  if (run.zero != 0 && run.optimizer == OptKind::kSgdMomentum) {
-    ZeroRedundancyOptimizer<optim::SGD, Comm> opt(dp, {.optimizer = sgd, .zero = {.stage = run.zero}});
-    body(opt);
-  } else if (run.zero != 0) {
-    ZeroRedundancyOptimizer<optim::AdamW, Comm> opt(dp, {.optimizer = adamw, .zero = {.stage = run.zero}});
-    body(opt);
-  } else if (run.optimizer == OptKind::kSgdMomentum) {
-    optim::SGD opt(dp.parameters(), sgd);
-    body(opt);
-  } else {
-    optim::AdamW opt(dp.parameters(), adamw);
-    body(opt);
-  }
+  auto with = [&]<class O>(std::type_identity<O>, typename O::options_type const& o) {
+    if (run.update == UpdateAt::kBucketReduced) {
+      OverlappedOptimizer<O> opt(dp, {.optimizer = o});
+      if (!opt.updates_in_backward())
+        throw std::runtime_error("OverlappedOptimizer did not attach: " + opt.waits_for());
+      body(opt);
+    } else if constexpr (std::constructible_from<O, decltype(dp)&, typename O::options_type const&>) {
+      O opt(dp, o);
+      body(opt);
+    } else {
+      O opt(dp.parameters(), o);
+      body(opt);
+    }
+  };
+  if (run.zero != 0 && run.optimizer == OptKind::kSgdMomentum)
+    with(std::type_identity<ZeroRedundancyOptimizer<optim::SGD, Comm>>{},
+         {.optimizer = sgd, .zero = {.stage = run.zero}});
+  else if (run.zero != 0)
+    with(std::type_identity<ZeroRedundancyOptimizer<optim::AdamW, Comm>>{},
+         {.optimizer = adamw, .zero = {.stage = run.zero}});
+  else if (run.optimizer == OptKind::kSgdMomentum)
+    with(std::type_identity<optim::SGD>{}, sgd);
+  else
+    with(std::type_identity<optim::AdamW>{}, adamw);
   return weight_bytes(model);
 }
 
@@ -175,6 +189,15 @@ inline std::vector<Run> all_runs() {
   for (auto m : {ModelKind::kMlp, ModelKind::kCnn})
     for (auto o : {OptKind::kSgdMomentum, OptKind::kAdamW})
       runs.push_back({.model = m, .optimizer = o, .cap_bytes = std::size_t{1} << 10, .steps = 5, .zero = 1});
+  // The update overlapped with the bucket reductions, alone and over ZeRO-1.
+  for (auto m : {ModelKind::kMlp, ModelKind::kCnn})
+    for (int zero : {0, 1})
+      runs.push_back({.model = m,
+                      .optimizer = zero ? OptKind::kAdamW : OptKind::kSgdMomentum,
+                      .cap_bytes = std::size_t{1} << 10,
+                      .steps = 5,
+                      .zero = zero,
+                      .update = UpdateAt::kBucketReduced});
   return runs;
 }
 

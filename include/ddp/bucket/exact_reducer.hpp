@@ -72,6 +72,8 @@ class ExactReducer {
   }
 
   bool is_ready(std::size_t i) const noexcept { return ready_[i] != 0; }
+  // The round's outcome as far as finish() has got (a landed bucket's parameters are final).
+  ReduceOutcome const& outcome() const noexcept { return outcome_; }
   bool all_ready() const noexcept { return unready_ == 0; }
   bool had_grad(std::size_t i) const noexcept { return had_[i] != 0; }
 
@@ -100,7 +102,10 @@ class ExactReducer {
   }
 
   // Every parameter of the last micro-batch is ready: exponents, exact sums, the mean back in the gradients.
-  ReduceOutcome const& finish() {
+  // `landed(b)` (outcome.hpp) runs once bucket b's mean is back, in plan order, until it returns false; nothing
+  // lands when the sums could not be formed (non-finite gradients).
+  template <class Landed = NoLanding>
+  ReduceOutcome const& finish(Landed&& landed = {}) {
     std::size_t const np = arena_->count();
     std::size_t const n = static_cast<std::size_t>(arena_->numel());
     if (held_count_ + 1 != per_rank_)
@@ -125,14 +130,18 @@ class ExactReducer {
     }
     if (!outcome_.reduced) return outcome_;  // nothing to sum exactly; every rank stops here alike
 
+    bool landing = true;
     // One micro-batch on one rank: quantise and convert back in one pass, nothing to add or exchange.
     if (micro_batches_ == 1) {
-      for (std::size_t p = 0; p < np; ++p) {
-        auto const& e = arena_->entries()[p];
-        double const scale = std::ldexp(1.0, shift(p)), factor = std::ldexp(1.0, -shift(p));
-        T* const g = grads + e.offset;
-        for (std::int64_t i = 0; i < e.numel; ++i)
-          g[i] = static_cast<T>(static_cast<double>(quantize(g[i], scale)) * factor);
+      for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
+        for (auto const p : plan_.buckets[b].params) {
+          auto const& e = arena_->entries()[p];
+          double const scale = std::ldexp(1.0, shift(p)), factor = std::ldexp(1.0, -shift(p));
+          T* const g = grads + e.offset;
+          for (std::int64_t i = 0; i < e.numel; ++i)
+            g[i] = static_cast<T>(static_cast<double>(quantize(g[i], scale)) * factor);
+        }
+        if (landing) landing = landed(b);
       }
       return outcome_;
     }
@@ -151,22 +160,24 @@ class ExactReducer {
         for (std::int64_t i = 0; i < numel; ++i) acc[i] += quantize(g[i], scale);
       }
     }
-    if (comm_->world_size() > 1)
-      for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
-        auto const& bucket = plan_.buckets[b];
+    for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
+      auto const& bucket = plan_.buckets[b];
+      if (comm_->world_size() > 1) {
         std::int64_t const lo = arena_->entries()[bucket.params.front()].offset;
         if (opts_.observer) opts_.observer->on_launch(b);
         comm_->all_reduce(std::span<std::int64_t>(sums_.data() + lo, static_cast<std::size_t>(bucket.numel)),
                           ReduceOp::kSum, CollectiveTag{"exact.bucket", static_cast<std::int64_t>(b)});
         if (opts_.observer) opts_.observer->on_complete(b, bucket.numel * std::int64_t{sizeof(std::int64_t)});
       }
-    for (std::size_t p = 0; p < np; ++p) {
-      auto const& e = arena_->entries()[p];
-      std::int64_t const numel = e.numel;
-      double const factor = std::ldexp(1.0, -shift(p)) / static_cast<double>(micro_batches_);
-      std::int64_t const* __restrict const acc = sums_.data() + e.offset;
-      T* __restrict const g = grads + e.offset;
-      for (std::int64_t i = 0; i < numel; ++i) g[i] = static_cast<T>(static_cast<double>(acc[i]) * factor);
+      for (auto const p : bucket.params) {
+        auto const& e = arena_->entries()[p];
+        std::int64_t const numel = e.numel;
+        double const factor = std::ldexp(1.0, -shift(p)) / static_cast<double>(micro_batches_);
+        std::int64_t const* __restrict const acc = sums_.data() + e.offset;
+        T* __restrict const g = grads + e.offset;
+        for (std::int64_t i = 0; i < numel; ++i) g[i] = static_cast<T>(static_cast<double>(acc[i]) * factor);
+      }
+      if (landing) landing = landed(b);
     }
     return outcome_;
   }

@@ -43,6 +43,12 @@ struct ReducerOptions {
   NonFinite non_finite = NonFinite::kIgnore;
 };
 
+// What a reduction stage's finish(landed) calls as each bucket's gradients become final: landed(b) in plan order,
+// while later buckets may still be in flight, until it returns false. The default lands nothing.
+struct NoLanding {
+  constexpr bool operator()(std::size_t) const noexcept { return true; }
+};
+
 // The wire options of a reduction stage that has none (a stage's last constructor argument; bucket/wire.hpp).
 struct NoWireConfig {};
 

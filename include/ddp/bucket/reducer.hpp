@@ -112,6 +112,8 @@ class BucketReducer {
   void end_micro_batch() noexcept {}
 
   bool is_ready(std::size_t i) const noexcept { return ready_[i] != 0; }
+  // The round's outcome as far as finish() has got (a landed bucket's parameters are final).
+  ReduceOutcome const& outcome() const noexcept { return outcome_; }
   // Whether every parameter was marked ready in this round.
   bool all_ready() const noexcept { return unready_ == 0; }
   // Whether parameter i had a gradient on this rank when it was marked ready in this round.
@@ -158,26 +160,59 @@ class BucketReducer {
 
   // Backward is over and every parameter was marked ready: waits for every bucket, checks the fingerprints
   // and reads the flags. Throws DdpError, on every rank alike, when ranks reduced different buckets together.
-  ReduceOutcome const& finish() {
+  // `landed(b)` (outcome.hpp) runs as soon as bucket b's gradients and its part of the outcome are final, in plan
+  // order, while later buckets may still be in flight (single-collective wires; PowerSGD's buckets land after
+  // all are reduced). Nothing lands after a failure: the error is rethrown once every bucket has finished.
+  template <class Landed = NoLanding>
+  ReduceOutcome const& finish(Landed&& landed = {}) {
     if (unready_ != 0)
       for (std::size_t i = 0; i < ready_.size(); ++i)
         if (!ready_[i])
           throw ArgumentError(detail::cat("BucketReducer::finish: parameter ", i, " was never marked ready"));
-    if (world_ > 1) {  // one rank: mark_ready() wrote the outcome, nothing is in flight
-      if (observer_) observer_->on_wait_begin();
+    std::size_t const nb = plan_.buckets.size();
+    bool landing = !std::same_as<std::remove_cvref_t<Landed>, NoLanding>;
+    auto land = [&](std::size_t b) {
+      if (per_rank_ > 1)  // the sum of this rank's micro-batch gradients, averaged over ranks: divide by their count
+        Kernels<S>::axpby(plan_.buckets[b].numel, T(1) / T(per_rank_), slice(b), T(0), slice(b));
+      if (landing) landing = landed(b);
+    };
+    if (world_ == 1) {  // mark_ready() wrote the outcome, nothing is in flight
+      for (std::size_t b = 0; b < nb; ++b) land(b);
+      return outcome_;
+    }
+    if (observer_) observer_->on_wait_begin();
+    std::fill(non_finite_here_.begin(), non_finite_here_.end(), 0);
+    if (landing && wire_t::single_collective) {
+      std::exception_ptr err;
+      for (std::size_t b = 0; b < nb; ++b) {
+        wait_one(b, err);
+        if (err) continue;
+        try {
+          decode(b);
+        } catch (...) {
+          err = std::current_exception();
+          continue;
+        }
+        land(b);
+      }
+      if (observer_) observer_->on_wait_end();
+      if (err) std::rethrow_exception(err);
+    } else {
       wait_all();
       if (observer_) observer_->on_wait_end();
-      std::fill(non_finite_here_.begin(), non_finite_here_.end(), 0);
-      for (std::size_t b = 0; b < plan_.buckets.size(); ++b) decode(b);
-      outcome_.non_finite_ranks.clear();
-      for (int r = 0; r < world_; ++r)
-        if (non_finite_here_[static_cast<std::size_t>(r)]) outcome_.non_finite_ranks.push_back(r);
+      for (std::size_t b = 0; b < nb; ++b) decode(b);
+      for (std::size_t b = 0; b < nb; ++b) land(b);
     }
-    if (per_rank_ > 1)  // the sum of this rank's micro-batch gradients, averaged over ranks: divide by their count
-      for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
-        Kernels<S>::axpby(plan_.buckets[b].numel, T(1) / T(per_rank_), slice(b), T(0), slice(b));
+    outcome_.non_finite_ranks.clear();
+    for (int r = 0; r < world_; ++r)
+      if (non_finite_here_[static_cast<std::size_t>(r)]) outcome_.non_finite_ranks.push_back(r);
     return outcome_;
   }
+
+  // Whether the round's last bucket is reduced on the progress thread like the others (true) or on the caller's
+  // thread once backward completes it (false, the default: nothing is left to overlap with, and the hand-off costs
+  // more). A finish() that lands buckets overlaps their landing with the last bucket's reduction only when true.
+  void reduce_last_bucket_async(bool on) noexcept { async_last_ = on; }
 
   // Lets anything in flight complete, swallowing errors (a round that is being dropped). No-throw.
   void abandon() noexcept {
@@ -276,7 +311,7 @@ class BucketReducer {
     if (observer_) observer_->on_launch(b);
     auto const piece = wire_.pack(b, slice(b), part);
     sent_[b] = piece_bytes(piece);
-    if (b + 1 == plan_.buckets.size()) {
+    if (b + 1 == plan_.buckets.size() && !async_last_) {
       // The last bucket completes when backward is (all but) over: nothing is left to overlap with, so it
       // is reduced on this thread, saving the hand-off to the progress thread and back. Issue order is
       // kept: the earlier buckets finish first.
@@ -322,6 +357,27 @@ class BucketReducer {
       }
     }
     if (err) std::rethrow_exception(err);
+  }
+
+  // Waits for bucket b alone, with the rest of its wire's collectives (launched and waited one at a time); the
+  // first failure is kept in `err` and the bucket counts as finished.
+  void wait_one(std::size_t b, std::exception_ptr& err) {
+    auto& w = works_[b];
+    while (w) {
+      try {
+        w->wait();
+        w.reset();
+        if (!err)
+          if (auto const next = wire_.unpack(b, slice(b))) {
+            sent_[b] += piece_bytes(*next);
+            w.emplace(comm_->all_reduce_async(next->span, next->op, CollectiveTag{next->label, std::int64_t(b)}));
+          }
+      } catch (...) {
+        if (!err) err = std::current_exception();
+        w.reset();
+      }
+    }
+    note_complete(b);
   }
 
   static std::int64_t piece_bytes(WirePiece<wire_value, S> const& p) noexcept {
@@ -387,6 +443,7 @@ class BucketReducer {
   std::size_t next_launch_ = 0;
   std::size_t unready_ = 0;    // parameters not yet marked ready in this round
   std::int64_t per_rank_ = 1;  // micro-batches per round on this rank
+  bool async_last_ = false;    // reduce_last_bucket_async()
   ReduceOutcome outcome_;
 };
 

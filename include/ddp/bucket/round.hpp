@@ -48,6 +48,16 @@ class Round {
   // this rank had a gradient. The one place a missing gradient becomes zeros.
   bool fill_missing(std::size_t i) { return arena_->fill_missing_grad(i); }
 
+  // A bucket's parameters are final before the round ends (an optimizer updates them now): their has_grad()
+  // as the ranks agreed. Returns false, changing nothing, where end() will raise for one of them (a gradient
+  // missing on some rank without find_unused_parameters).
+  bool land(std::vector<std::size_t> const& params, ReduceOutcome const& out) {
+    for (auto const i : params)
+      if (out.missing_somewhere[i] && !opts_.find_unused_parameters) return false;
+    for (auto const i : params) arena_->set_has_grad(i, out.present_somewhere[i] != 0);
+    return true;
+  }
+
   // Applies what every rank agreed on. `had_grad(i)`: whether this rank had parameter i's gradient.
   template <class HadGrad>
   void end(ReduceOutcome const& out, RoundEnd const& how, HadGrad&& had_grad) {

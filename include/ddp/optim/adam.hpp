@@ -58,17 +58,20 @@ class basic_adam {
     Kernels<S>::fill(numel, T(0), exp_avg_sq_.data());
   }
 
-  void step() {
-    detail::for_each_run(arena_, counters_, ranges_,
-                         [&](std::int64_t c, std::int64_t off, std::int64_t at, std::int64_t n) {
-                           double const t = double(c + 1);
-                           double const bc1 = 1.0 - std::pow(opt_.beta1, t), bc2 = 1.0 - std::pow(opt_.beta2, t);
-                           AdamStep<T> p{T(opt_.lr),           T(opt_.beta1), T(opt_.beta2),    T(opt_.eps),
-                                         T(opt_.weight_decay), Decoupled,     T(opt_.lr / bc1), T(std::sqrt(bc2))};
-                           Kernels<S>::adam_update(n, arena_.values().data() + off, arena_.grads().data() + off,
-                                                   exp_avg_.data() + at, exp_avg_sq_.data() + at, p);
-                         });
-    detail::count_step(arena_, counters_);
+  void step() { update(detail::whole_arena(arena_)); }
+  // The step of the parameters whose first element lies in `window` (arena elements [begin, end); a bucket),
+  // and no others. Over windows that partition the arena, bitwise step().
+  void update(ArenaShard::Range window) {
+    detail::for_each_run_within(
+        arena_, counters_, ranges_, window, [&](std::int64_t c, std::int64_t off, std::int64_t at, std::int64_t n) {
+          double const t = double(c + 1);
+          double const bc1 = 1.0 - std::pow(opt_.beta1, t), bc2 = 1.0 - std::pow(opt_.beta2, t);
+          AdamStep<T> p{T(opt_.lr),           T(opt_.beta1), T(opt_.beta2),    T(opt_.eps),
+                        T(opt_.weight_decay), Decoupled,     T(opt_.lr / bc1), T(std::sqrt(bc2))};
+          Kernels<S>::adam_update(n, arena_.values().data() + off, arena_.grads().data() + off, exp_avg_.data() + at,
+                                  exp_avg_sq_.data() + at, p);
+        });
+    detail::count_step(arena_, counters_, window);
   }
   void zero_grad() { arena_.zero_grad(); }
   double lr() const noexcept { return opt_.lr; }

@@ -199,11 +199,38 @@ void for_each_run(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_
   }
 }
 
-// One step taken by every parameter that has a gradient (what for_each_run updated, on every rank alike).
+// for_each_run cut to the arena elements of `window`: the stretches' parts inside it, with their state offsets.
+// One step of an optimizer is its kernel over every stretch; over the windows of a partition of the arena (the
+// buckets, as they are reduced) it is the same step, element by element.
+template <class T, MemorySpace S, class F>
+void for_each_run_within(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_t> const& counters,
+                         std::vector<ArenaShard::Range> const& ranges, ArenaShard::Range window, F&& f) {
+  for (auto const& e : arena.entries())  // a parameter cut in two would take its step count twice
+    if ((e.offset < window.begin && window.begin < e.offset + e.numel) ||
+        (e.offset < window.end && window.end < e.offset + e.numel))
+      throw ArgumentError(ddp::detail::cat("optimizer update: the window [", window.begin, ", ", window.end,
+                                           ") of the arena cuts parameter '", e.name, "' (elements [", e.offset, ", ",
+                                           e.offset + e.numel, ")); give whole parameters (a bucket)"));
+  for_each_run(arena, counters, ranges, [&](std::int64_t c, std::int64_t off, std::int64_t at, std::int64_t n) {
+    std::int64_t const lo = std::max(off, window.begin), hi = std::min(off + n, window.end);
+    if (lo < hi) f(c, lo, at + (lo - off), hi - lo);
+  });
+}
+
+// One step taken by every parameter that has a gradient and whose first element lies in `window` (what
+// for_each_run_within updated, on every rank alike).
 template <class T, MemorySpace S>
-void count_step(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_t>& counters) noexcept {
-  for (std::size_t k = 0; k < arena.count(); ++k)
-    if (arena.has_grad(k)) ++counters[k];
+void count_step(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_t>& counters,
+                ArenaShard::Range window) noexcept {
+  for (std::size_t k = 0; k < arena.count(); ++k) {
+    std::int64_t const at = arena.entries()[k].offset;
+    if (arena.has_grad(k) && at >= window.begin && at < window.end) ++counters[k];
+  }
+}
+// The whole arena as one window.
+template <class T, MemorySpace S>
+ArenaShard::Range whole_arena(nn::ParameterArena<T, S> const& arena) noexcept {
+  return {0, arena.numel()};
 }
 
 // What gather_state copies: the values too, or only the layout (names, shapes, buffer names) for match_state.

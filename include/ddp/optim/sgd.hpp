@@ -38,14 +38,18 @@ class basic_sgd {
     if (opt.momentum != 0) momentum_ = Tensor<T, S>(Shape{detail::shard_numel(ranges_)});
   }
 
-  void step() {
-    detail::for_each_run(
-        arena_, counters_, ranges_, [&](std::int64_t c, std::int64_t off, std::int64_t at, std::int64_t n) {
+  void step() { update(detail::whole_arena(arena_)); }
+  // The step of the parameters whose first element lies in `window` (arena elements [begin, end); a bucket),
+  // and no others. Over windows that partition the arena, bitwise step() (the parallel/overlapped_update.hpp
+  // optimizer updates each bucket as its reduction lands).
+  void update(ArenaShard::Range window) {
+    detail::for_each_run_within(
+        arena_, counters_, ranges_, window, [&](std::int64_t c, std::int64_t off, std::int64_t at, std::int64_t n) {
           SgdStep<T> p{T(opt_.lr), T(opt_.momentum), T(opt_.dampening), T(opt_.weight_decay), opt_.nesterov, c == 0};
           Kernels<S>::sgd_update(n, arena_.values().data() + off, arena_.grads().data() + off,
                                  momentum_.defined() ? momentum_.data() + at : nullptr, p);
         });
-    detail::count_step(arena_, counters_);
+    detail::count_step(arena_, counters_, window);
   }
   void zero_grad() { arena_.zero_grad(); }
   double lr() const noexcept { return opt_.lr; }

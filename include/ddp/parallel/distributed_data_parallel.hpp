@@ -18,6 +18,7 @@
 #include "ddp/parallel/micro_batch.hpp"
 #include "ddp/parallel/policies.hpp"
 #include "ddp/parallel/replicas.hpp"
+#include "ddp/parallel/update_hook.hpp"
 #include "ddp/parallel/verify.hpp"
 #include "ddp/trace/timeline.hpp"
 
@@ -103,6 +104,10 @@ class DistributedDataParallel {
     reducer_.emplace(comm, std::move(plan), arena_, per_rank_,
                      ReducerOptions{.observer = timeline_ ? &*timeline_ : nullptr, .non_finite = opts_.non_finite},
                      detail::wire_config(reduction_));
+    for (auto const& b : reducer_->plan().buckets) {
+      std::int64_t const lo = arena_.entries()[b.params.front()].offset;
+      bucket_ranges_.push_back({lo, lo + b.numel});
+    }
     round_.emplace(
         comm, arena_,
         RoundOptions{.find_unused_parameters = opts_.find_unused_parameters, .non_finite = opts_.non_finite});
@@ -198,6 +203,7 @@ class DistributedDataParallel {
 
  private:
   friend struct detail::JoinAccess;
+  friend struct detail::UpdateAccess;
 
   // The synchronised round in progress: which micro-batch's backward is due, what the round was agreed to be.
   struct Open {
@@ -266,8 +272,25 @@ class DistributedDataParallel {
     if (!reducer_->all_ready())
       for (std::size_t i = 0; i < arena_.count(); ++i)  // parameters this backward did not reach
         if (!reducer_->is_ready(i)) reducer_->mark_ready(i, round_->fill_missing(i));
-    round_->end(reducer_->finish(), RoundEnd{.grad_scale = round.join.grad_scale, .step = round.step},
+    // An attached optimizer updates each bucket as it lands, unless the round needs every bucket first: a
+    // non-finite check (it may drop the whole step) or a join's divisor.
+    bool const per_bucket = update_ && opts_.non_finite == NonFinite::kIgnore && !join_;
+    auto const land = [this](std::size_t b) {
+      if (!round_->land(reducer_->plan().buckets[b].params, reducer_->outcome())) return false;
+      update_->on_bucket_reduced(bucket_ranges_[b].first, bucket_ranges_[b].second);
+      return true;
+    };
+    round_->end(per_bucket ? reducer_->finish(land) : reducer_->finish(),
+                RoundEnd{.grad_scale = round.join.grad_scale, .step = round.step},
                 [this](std::size_t i) { return reducer_->had_grad(i); });
+  }
+
+  // OverlappedOptimizer (overlapped_update.hpp): attached, it is told of each bucket as its reduction lands, and
+  // the last bucket is reduced on the progress thread so that the first updates overlap it.
+  void attach_update(detail::UpdateHook* hook) {
+    update_ = hook;
+    if constexpr (requires { reducer_->reduce_last_bucket_async(true); })
+      reducer_->reduce_last_bucket_async(hook != nullptr);
   }
 
   // Join (join.hpp): while attached, a round's first forward agrees on the round with the hook first.
@@ -293,7 +316,9 @@ class DistributedDataParallel {
   std::optional<Round<T, S, C>> round_;  // what a finished round means (bucket/round.hpp)
   std::optional<Open> open_;             // the synchronised round in progress, if any
   int no_sync_depth_ = 0;
-  detail::JoinHook* join_ = nullptr;  // a ddp::join running on this rank
+  detail::JoinHook* join_ = nullptr;      // a ddp::join running on this rank
+  detail::UpdateHook* update_ = nullptr;  // an optimizer that updates each bucket as it lands
+  std::vector<std::pair<std::int64_t, std::int64_t>> bucket_ranges_;  // per bucket: its arena elements [first, second)
 };
 
 }  // namespace ddp

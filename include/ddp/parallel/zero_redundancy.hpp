@@ -150,6 +150,13 @@ class ZeroRedundancyOptimizer {
     inner_.step();
     if (sharded()) gather_parameters();
   }
+  // step() in two parts, for OverlappedOptimizer (overlapped_update.hpp): this rank's slices of the whole
+  // parameters in arena elements `window` (no communication), then, once every bucket was updated, the
+  // all-gathers (collective when sharded).
+  void update(optim::ArenaShard::Range window) { inner_.update(window); }
+  void complete_step() {
+    if (sharded()) gather_parameters();
+  }
   void zero_grad() { inner_.zero_grad(); }
   double lr() const noexcept { return inner_.lr(); }
   void set_lr(double lr) { inner_.set_lr(lr); }

@@ -123,7 +123,14 @@ class basic_trainer {
         opts_(checked(opts)),
         batch_(rank_batch(opts, comm.world_size())),
         ddp_(model, comm, opts.ddp, std::move(bucketer), reduction, batching),
-        opt_(make_optimizer(ddp_, opt)) {}
+        opt_(make_optimizer(ddp_, opt)) {
+    if constexpr (requires { opt_.updates_in_backward(); })
+      if (opts_.clip_grad_norm && opt_.updates_in_backward())
+        throw ArgumentError(
+            "trainer: clip_grad_norm needs every gradient before any parameter moves, but this optimizer updates "
+            "each bucket as its reduction lands (OverlappedOptimizer). Construct it with .overlap = {.update_at = "
+            "UpdateAt::kStep}, or train without clip_grad_norm");
+  }
 
   // One whole epoch over `data` (each rank its DistributedSampler share). loss(output, batch) -> scalar Var.
   // Batches are host tensors; each input is copied to the model's space (loss gets the host batch: copy its
