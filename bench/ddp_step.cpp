@@ -125,22 +125,118 @@ void bench_det(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& m
   }
 }
 
+// The update overlapped with communication (OverlappedOptimizer), A/B/C interleaved step by step on three copies
+// of the model: plain training, DDP stepping after backward, DDP with each bucket updated as it lands. Rank 0
+// reports medians and both ratios to plain.
+template <class O, class Comm, class MakeModel, class Loss>
+void bench_overlap(Comm& comm, char const* name, MakeModel&& make_model, typename O::options_type const& opt,
+                   Tensor<float> const& x, Loss&& loss, int warmup, int iters, std::size_t cap) {
+  SizeCapped const bucketer{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}};
+  auto pm = make_model();
+  O popt(nn::ParameterArena<float>(pm), opt);
+  auto dm = make_model();
+  DistributedDataParallel ddp(dm, comm, {}, bucketer);
+  O dopt(ddp.parameters(), opt);
+  auto om = make_model();
+  DistributedDataParallel oddp(om, comm, {}, bucketer);
+  OverlappedOptimizer<O> oopt(oddp, {.optimizer = opt});
+  std::vector<double> p, d, o;
+  auto timed = [&](auto& model, auto& optimizer, std::vector<double>& into, bool keep) {
+    auto const t0 = Clock::now();
+    optimizer.zero_grad();
+    backward(loss(model(Var(x))));
+    optimizer.step();
+    if (keep) into.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  };
+  comm.barrier();
+  for (int i = 0; i < warmup + iters; ++i) {
+    bool const keep = i >= warmup;
+    timed(pm, popt, p, keep);
+    comm.barrier();
+    timed(ddp, dopt, d, keep);
+    timed(oddp, oopt, o, keep);
+  }
+  if (comm.rank() == 0) {
+    double const mp = median(p) * 1e3, md = median(d) * 1e3, mo = median(o) * 1e3;
+    std::printf(
+        "%-5s ws=%d  plain %8.3f ms | ddp %8.3f ms | ddp overlapped update %8.3f ms | ddp/plain %.3f | "
+        "overlapped/plain %.3f | overlapped/ddp %.3f | %zu buckets | target overlapped/plain <= 1.05 %s\n",
+        name, comm.world_size(), mp, md, mo, md / mp, mo / mp, mo / md, ddp.plan().buckets.size(),
+        mo <= 1.05 * mp ? "OK" : "MISS");
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   examples::Flags flags("ddp_step", "DDP step time split into phases, vs plain training.");
   examples::add_launch_flags(flags)
       .add("models", "toy,mlp,wide", "comma-separated subset of toy,mlp,wide,cnn")
-      .add("deterministic", "", "only compare deterministic mode with DDP, for a subset of mlp,cnn (e.g. mlp,cnn)");
+      .add("deterministic", "", "only compare deterministic mode with DDP, for a subset of mlp,cnn (e.g. mlp,cnn)")
+      .add("overlap-update", "",
+           "only compare DDP with and without the update overlapped with communication, for a subset of "
+           "mlp,wide,cnn (e.g. wide)");
   try {
     if (!flags.parse(argc, argv)) return 0;
     auto const launch = examples::launch_choice(flags);
     std::string const models = "," + flags.str("models") + ",";
     std::string const det = "," + flags.str("deterministic") + ",";
+    std::string const ovl = "," + flags.str("overlap-update") + ",";
+    for (std::string const list : {flags.str("models"), flags.str("deterministic"), flags.str("overlap-update")})
+      for (std::size_t at = 0; at <= list.size() && !list.empty();) {
+        std::size_t const end = std::min(list.find(',', at), list.size());
+        std::string const m = list.substr(at, end - at);
+        if (m != "toy" && m != "mlp" && m != "wide" && m != "cnn")
+          throw ArgumentError("ddp_step: unknown model '" + m + "' (choose from toy, mlp, wide, cnn)");
+        at = end + 1;
+      }
     return examples::launch(launch, argc, argv, [&](auto& comm) {
       Generator g(1 + static_cast<std::uint64_t>(comm.rank()));
       if (comm.rank() == 0)
         std::printf("ddp_step: backend %s, world size %d\n", flags.str("backend").c_str(), comm.world_size());
+      if (ovl != ",,") {
+        if (ovl.find(",mlp,") != std::string::npos) {
+          auto x = rnd({32, 1, 28, 28}, g);
+          Tensor<std::int32_t> y(Shape{32});
+          for (int i = 0; i < 32; ++i) y[i] = static_cast<std::int32_t>(g.below(10));
+          bench_overlap<optim::SGD>(
+              comm, "mlp",
+              [] {
+                Generator i(0);
+                return nn::Sequential(nn::Flatten(), nn::Linear(784, 256, i), nn::ReLU(), nn::Linear(256, 128, i),
+                                      nn::ReLU(), nn::Linear(128, 10, i));
+              },
+              {.lr = 0.01, .momentum = 0.9}, x, [&](Var const& o) { return cross_entropy(o, y); }, 50, 500,
+              kDefaultBucketCapBytes);
+        }
+        if (ovl.find(",cnn,") != std::string::npos) {
+          auto x = rnd({32, 1, 28, 28}, g);
+          Tensor<std::int32_t> y(Shape{32});
+          for (int i = 0; i < 32; ++i) y[i] = static_cast<std::int32_t>(g.below(10));
+          bench_overlap<optim::AdamW>(
+              comm, "cnn",
+              [] {
+                Generator i(0);
+                return nn::Sequential(nn::Conv2d(1, 32, 3, i), nn::ReLU(), nn::Conv2d(32, 64, 3, i), nn::ReLU(),
+                                      nn::MaxPool2d(2), nn::Flatten(), nn::Linear(9216, 128, i), nn::ReLU(),
+                                      nn::Linear(128, 10, i));
+              },
+              {.lr = 1e-3}, x, [&](Var const& o) { return cross_entropy(o, y); }, 5, 60, kDefaultBucketCapBytes);
+        }
+        if (ovl.find(",wide,") != std::string::npos) {
+          auto x = rnd({2, 10}, g), y = rnd({2, 5}, g);
+          bench_overlap<optim::SGD>(
+              comm, "wide",
+              [] {
+                Generator i(0);
+                return nn::Sequential(nn::Linear(10, 10000, i), nn::ReLU(), nn::Linear(10000, 10000, i), nn::ReLU(),
+                                      nn::Linear(10000, 5, i));
+              },
+              {.lr = 0.001}, x, [&](Var const& o) { return mse_loss(o, y); }, 2, 15, std::size_t{1} << 20);
+        }
+        return;
+      }
       if (det != ",,") {
         auto x = rnd({32, 1, 28, 28}, g);
         Tensor<std::int32_t> y(Shape{32});

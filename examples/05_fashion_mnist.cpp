@@ -256,13 +256,17 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                             .global_batch = cfg.global_batch,
                             .clip_grad_norm = cfg.clip_grad_norm};
   // The one training loop, for every composition the flags choose (examples/common/reduction.hpp).
-  // The optimizer always under ZeroRedundancyOptimizer, whose stage 0 is the optimizer itself: --zero is a value,
-  // not another type.
+  // The optimizer always under ZeroRedundancyOptimizer, whose stage 0 is the optimizer itself, and under
+  // OverlappedOptimizer, which with UpdateAt::kStep steps after backward: --zero and --overlap-update are values,
+  // not other types.
   auto go = [&]<optim::Optimizer O, class R, class Bt>(std::type_identity<O>, typename O::options_type const& o,
                                                        R reduction, Bt batching) {
-    using Zero = ZeroRedundancyOptimizer<O, Comm>;
-    basic_trainer<nn::AnySequential<float, S>, Comm, Zero, SizeCapped, R, Bt> t(
-        net.seq, comm, {.optimizer = o, .zero = {.stage = cfg.reduction.zero}}, opts, bucketer, reduction, batching);
+    using Opt = OverlappedOptimizer<ZeroRedundancyOptimizer<O, Comm>>;
+    basic_trainer<nn::AnySequential<float, S>, Comm, Opt, SizeCapped, R, Bt> t(
+        net.seq, comm,
+        {.optimizer = {.optimizer = o, .zero = {.stage = cfg.reduction.zero}},
+         .overlap = {.update_at = cfg.reduction.update}},
+        opts, bucketer, reduction, batching);
     train(t, net, timeline, cfg, train_set, test_set);
   };
   if (cfg.reduction.deterministic)  // one counter stream per dropout layer, the same on every rank: masks are
@@ -360,6 +364,10 @@ std::optional<Config> parse(int argc, char** argv) {
   if (c.clip_grad_norm && !(*c.clip_grad_norm > 0))
     throw ArgumentError(detail::cat("fashion_mnist: --clip-grad-norm must be a positive number or off, got '",
                                     f.str("clip-grad-norm"), "'"));
+  if (c.clip_grad_norm && c.reduction.update == UpdateAt::kBucketReduced)
+    throw ArgumentError(
+        "fashion_mnist: --clip-grad-norm with --overlap-update: clipping needs every bucket's gradient before any "
+        "parameter moves, and --overlap-update moves each bucket's as it lands; drop one of them");
   std::optional<double> const cap = f.number_or("bucket-cap-mb", "auto", "a number of MiB");
   c.auto_cap = !cap;
   c.calibration_cache = user_path(f.str("calibration-cache")).string();

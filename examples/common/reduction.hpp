@@ -1,6 +1,6 @@
 // The one spelling of how an example reduces gradients: --deterministic with --micro-batches (ExactSum +
 // MicroBatches) and --comm-hook none|bf16|fp16|powersgd[:rank] with --powersgd-warmup (AverageAllReduce,
-// CompressedAllReduce or PowerSgd), their checks, and the dispatch from the flags to DistributedDataParallel's
+// CompressedAllReduce or PowerSgd), and what the optimizer makes of them (--zero, --overlap-update), their checks, and the dispatch from the flags to DistributedDataParallel's
 // policies.
 #pragma once
 
@@ -17,11 +17,12 @@
 namespace ddp::examples {
 
 struct ReductionChoice {
-  bool deterministic = false;      // --deterministic: ExactSum + MicroBatches{micro_batches}
-  std::int64_t micro_batches = 8;  // --micro-batches
-  std::string comm_hook = "none";  // --comm-hook: none (float buckets), bf16, fp16 or powersgd
-  PowerSgdOptions powersgd{};      // --comm-hook powersgd[:rank], --powersgd-warmup
-  int zero = 0;                    // --zero: ZeRO stage of the optimizer (ZeroRedundancyOptimizer)
+  bool deterministic = false;         // --deterministic: ExactSum + MicroBatches{micro_batches}
+  std::int64_t micro_batches = 8;     // --micro-batches
+  std::string comm_hook = "none";     // --comm-hook: none (float buckets), bf16, fp16 or powersgd
+  PowerSgdOptions powersgd{};         // --comm-hook powersgd[:rank], --powersgd-warmup
+  int zero = 0;                       // --zero: ZeRO stage of the optimizer (ZeroRedundancyOptimizer)
+  UpdateAt update = UpdateAt::kStep;  // --overlap-update: kBucketReduced (OverlappedOptimizer)
 };
 
 inline Flags& add_reduction_flags(Flags& f) {
@@ -37,7 +38,10 @@ inline Flags& add_reduction_flags(Flags& f) {
       .add("powersgd-warmup", "100", "with --comm-hook powersgd: plain all-reduces per bucket before compressing")
       .add("zero", "0",
            "ZeRO stage: 0 (every rank keeps the whole optimizer state) or 1 (each rank keeps and updates its slice "
-           "of every bucket, then the parameters are all-gathered; ZeroRedundancyOptimizer)");
+           "of every bucket, then the parameters are all-gathered; ZeroRedundancyOptimizer)")
+      .add("overlap-update", "false",
+           "step each bucket's parameters as soon as its reduction lands, while later buckets are still in flight "
+           "(OverlappedOptimizer; the same weights, bit for bit)");
 }
 
 // "powersgd" or "powersgd:R" (R >= 1): PowerSGD's rank, or nullopt for any other hook.
@@ -74,6 +78,7 @@ inline ReductionChoice reduction_choice(Flags const& f, int world_size, std::int
   if (zero != "0" && zero != "1")
     throw ArgumentError(detail::cat(f.program(), ": --zero must be 0 or 1, got '", zero, "'"));
   c.zero = zero == "1" ? 1 : 0;
+  c.update = f.boolean("overlap-update") ? UpdateAt::kBucketReduced : UpdateAt::kStep;
   if (!rank && f.is_set("powersgd-warmup"))
     throw ArgumentError(
         detail::cat(f.program(), ": --powersgd-warmup is for --comm-hook powersgd; --comm-hook is ", c.comm_hook));

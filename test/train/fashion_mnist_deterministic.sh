@@ -3,7 +3,8 @@
 # for world sizes 1, 2 and 4 (threads) and under mpirun -n 2, for bucket caps 1 KiB and 25 MiB, for the CNN (with
 # dropout) and the MLP; and a run stopped mid-epoch at world size 2 and resumed at world size 4 ends with the
 # uninterrupted run's digest; with --clip-grad-norm too. With --zero 1 (the optimizer state sharded) the digests
-# are the same, and a sharded checkpoint from world size 2 resumes at 1 and 4, sharded or not.
+# are the same, and a sharded checkpoint from world size 2 resumes at 1 and 4, sharded or not; with
+# --overlap-update (each bucket updated as it lands) too.
 set -euo pipefail
 bin="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/fmdet"
@@ -48,7 +49,13 @@ for model in cnn mlp; do
     got=$(digest "$bin" "${common[@]}" $resume --resume "$dir/$model.zero.ckpt")
     [[ "$got" == "$ref" ]] || fail "$model: ZeRO-1 checkpoint resumed with $resume: weights $got, uninterrupted: $ref"
   done
-  echo "$model: weights $ref at world sizes 1, 2, 4, caps 1 KiB and 25 MiB, under MPI, and resumed at another world size; the same with --zero 1"
+  # The update overlapped with the reductions (--overlap-update), alone at world size 4 and over ZeRO-1 under MPI.
+  got=$(digest "$bin" "${common[@]}" --world-size 4 --bucket-cap-mb 0.001 --overlap-update)
+  [[ "$got" == "$ref" ]] || fail "$model: --overlap-update at world size 4: weights $got, world size 1: $ref"
+  grep -q 'each bucket updated as its reduction lands' "$log" || fail "$model: --overlap-update did not say so"
+  got=$(digest mpirun -n 2 "$bin" "${common[@]}" --backend mpi --bucket-cap-mb 0.001 --zero 1 --overlap-update)
+  [[ "$got" == "$ref" ]] || fail "$model: --zero 1 --overlap-update under mpirun -n 2: weights $got, world size 1: $ref"
+  echo "$model: weights $ref at world sizes 1, 2, 4, caps 1 KiB and 25 MiB, under MPI, and resumed at another world size; the same with --zero 1 and --overlap-update"
 done
 # --clip-grad-norm keeps it: the clipped gradients are the same at every world size, and clipping changes the run.
 base=(--deterministic --model mlp --micro-batches 4 --batch-size 32 --limit-train 256 --limit-test 128 --epochs 2)

@@ -286,11 +286,12 @@ class DistributedDataParallel {
   }
 
   // OverlappedOptimizer (overlapped_update.hpp): attached, it is told of each bucket as its reduction lands, and
-  // the last bucket is reduced on the progress thread so that the first updates overlap it.
+  // with more than one bucket the last is reduced on the progress thread so that the others' updates overlap it
+  // (a single bucket has nothing to overlap with: it stays on the caller's thread).
   void attach_update(detail::UpdateHook* hook) {
     update_ = hook;
     if constexpr (requires { reducer_->reduce_last_bucket_async(true); })
-      reducer_->reduce_last_bucket_async(hook != nullptr);
+      reducer_->reduce_last_bucket_async(hook != nullptr && reducer_->plan().buckets.size() > 1);
   }
 
   // Join (join.hpp): while attached, a round's first forward agrees on the round with the hook first.
