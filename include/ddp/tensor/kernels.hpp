@@ -2,7 +2,9 @@
 // memory space. Ops are written once over Space; a new space plugs in by specialising Kernels.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "ddp/config.hpp"
 #include "ddp/tensor/memory_space.hpp"
@@ -72,4 +74,20 @@ Tensor<T, To> to_space(Tensor<T, From> const& t) {
     return d;
   }
 }
+
+namespace detail {
+// Whether n elements hold no NaN or Inf. One vectorised sum first (finite exactly when every element is, bar
+// an overflow of huge finite values); only a non-finite sum pays for the element-by-element look (on the host:
+// a device slice is copied there). Exact either way.
+template <class T, MemorySpace S>
+bool all_finite(std::int64_t n, T const* x) {
+  if (n == 0 || std::isfinite(double(Kernels<S>::sum(n, x)))) return true;
+  std::vector<T> host(static_cast<std::size_t>(n));
+  Kernels<S>::to_host(n, x, host.data());
+  for (T v : host)
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+}  // namespace detail
+
 }  // namespace ddp
