@@ -1,12 +1,13 @@
 // DistributedDataParallel over device tensors (Thrust's CPU system) on the threads backend, which takes device
 // memory when the device system's memory is host-accessible: N ranks on B/N equal one process on B, and equal
 // the same training on host tensors; the same model through the HostStaging adapter; unused parameters and
-// no_sync on device models.
+// no_sync on device models; ZeRO-1, the overlapped update and GradScaler on device tensors.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <vector>
 
 #include "ddp/ddp.hpp"
@@ -316,4 +317,36 @@ TEST_CASE("device tensors: a checkpoint (weights, AdamW moments, position) resum
   });
   CHECK(straight[0] == resumed[0]);
   CHECK(straight[1] == resumed[1]);
+}
+
+TEST_CASE("device tensors: GradScaler's run is bitwise the unscaled one, and an overflow skips the step alike") {
+  std::int64_t const B = 16;
+  int const steps = 5;
+  auto data = test::make_data(B * steps, 8, 4, 71);
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    spawn(n, [&](ThreadsBackend& comm) {
+      std::int64_t const local = B / n;
+      auto m1 = make_mlp<Dev>(8, 32, 4, 1), m2 = make_mlp<Dev>(8, 32, 4, 1);
+      DistributedDataParallel<decltype(m1), ThreadsBackend> plain(m1, comm), scaled(m2, comm);
+      optim::basic_adamw<float, Dev> o1(plain.parameters(), {.lr = 1e-2}), o2(scaled.parameters(), {.lr = 1e-2});
+      optim::basic_grad_scaler<float, Dev> scaler(scaled.parameters(), {.init_scale = 4096});
+      for (int s = 0; s < steps; ++s) {
+        std::int64_t const base = s * B + comm.rank() * local;
+        auto hx = test::rows(data.x, base, local);
+        auto const y = to_space<Dev>(test::rows(data.y, base, local));
+        o1.zero_grad();
+        backward(mse_loss(plain(Variable<float, Dev>(to_space<Dev>(hx))), y));
+        o1.step();
+        if (s == 3 && comm.rank() == n - 1) hx[0] = std::numeric_limits<float>::max();  // overflows the loss
+        o2.zero_grad();
+        backward(scaler.scale(mse_loss(scaled(Variable<float, Dev>(to_space<Dev>(hx))), y)));
+        bool const stepped = scaler.step(o2);
+        CHECK(stepped == (s != 3));
+        if (s < 3) CHECK(weights(scaled.parameters()) == weights(plain.parameters()));
+      }
+      CHECK(scaler.get_scale() == 2048);
+      CHECK(scaler.skipped_steps() == 1);
+    });
+  }
 }
