@@ -12,6 +12,12 @@ using namespace ddp;
 
 namespace {
 using test::blobs;
+
+std::vector<float> values(nn::ParameterArena<float> const& a) {
+  std::vector<float> v;
+  for (auto const& p : a.entries()) v.insert(v.end(), p.var.value().data(), p.var.value().data() + p.numel);
+  return v;
+}
 }  // namespace
 
 TEST_CASE("trainer: fit_epoch equals the explicit DDP loop, bitwise, on every rank") {
@@ -167,5 +173,49 @@ TEST_CASE("trainer: deterministic training without a global batch, or with Epoch
                          doctest::Contains("needs TrainerOptions::global_batch"), ArgumentError);
     CHECK_THROWS_WITH_AS(T(m, comm, {.lr = 0.1}, {.global_batch = 8, .split = EpochSplit::kJoin}),
                          doctest::Contains("EpochSplit::kJoin does not apply"), ArgumentError);
+  });
+}
+
+TEST_CASE("trainer: loss_scaling is bitwise the unscaled run (clipping included); an overflowing scale backs off") {
+  auto data = blobs(103, 1);
+  auto ce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
+  spawn(2, [&](ThreadsBackend& comm) {
+    auto m1 = test::make_blobs_model(), m2 = test::make_blobs_model();
+    TrainerOptions const base{.batch_size = 8, .seed = 3, .clip_grad_norm = 0.05};
+    TrainerOptions scaled_opts = base;
+    scaled_opts.loss_scaling = optim::GradScalerOptions{};
+    trainer<decltype(m1), ThreadsBackend> plain(m1, comm, {.lr = 0.1, .momentum = 0.9}, base);
+    trainer<decltype(m2), ThreadsBackend> scaled(m2, comm, {.lr = 0.1, .momentum = 0.9}, scaled_opts);
+    CHECK_FALSE(plain.loss_scale().has_value());
+    for (int e = 0; e < 2; ++e) {
+      auto const a = plain.fit_epoch(data, e, ce), b = scaled.fit_epoch(data, e, ce);
+      CHECK(a.mean_loss == b.mean_loss);
+      CHECK(b.skipped_steps == 0);
+    }
+    CHECK(values(scaled.ddp().parameters()) == values(plain.ddp().parameters()));
+    CHECK(scaled.loss_scale() == 65536.0);
+    CHECK(scaled.last_grad_norm() == plain.last_grad_norm());
+
+    // A scale of 2^130 is past float's range (2^128): the first steps overflow and are skipped on both ranks, each
+    // halving the scale, until the scaled gradients fit; then training goes on.
+    auto m3 = test::make_blobs_model();
+    TrainerOptions huge = base;
+    huge.loss_scaling = optim::GradScalerOptions{.init_scale = std::ldexp(1.0, 130)};
+    trainer<decltype(m3), ThreadsBackend> t(m3, comm, {.lr = 0.1, .momentum = 0.9}, huge);
+    auto const before = values(t.ddp().parameters());
+    auto const r = t.fit_epoch(data, 0, ce);
+    CHECK(r.skipped_steps >= 3);
+    CHECK(r.skipped_steps < r.steps);
+    CHECK(t.loss_scale_skipped_steps() == r.skipped_steps);
+    CHECK(*t.loss_scale() == std::ldexp(1.0, 130 - static_cast<int>(r.skipped_steps)));
+    CHECK(std::isfinite(r.mean_loss));
+    CHECK(values(t.ddp().parameters()) != before);
+
+    // Refused where the scale could not stay in step, or would come too late.
+    TrainerOptions join_opts = scaled_opts;
+    join_opts.split = EpochSplit::kJoin;
+    using Trainer = trainer<decltype(m3), ThreadsBackend>;
+    CHECK_THROWS_WITH_AS(Trainer(m3, comm, {.lr = 0.1}, join_opts),
+                         doctest::Contains("loss_scaling with EpochSplit::kJoin"), ArgumentError);
   });
 }

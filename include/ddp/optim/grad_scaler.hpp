@@ -84,6 +84,14 @@ class basic_grad_scaler {
     return finite;
   }
 
+  // A step dropped elsewhere because its gradients were not finite (DistributedDataParallel's
+  // NonFinite::kSkipStep, which leaves no gradient for step() to see): counted, and the scale backs off, as
+  // step() does after an overflow.
+  void skip() {
+    ++skipped_;
+    update(false);
+  }
+
   // Steps skipped for an overflow since construction.
   std::int64_t skipped_steps() const noexcept { return skipped_; }
   GradScalerOptions const& options() const noexcept { return opts_; }

@@ -18,6 +18,7 @@
 #include "ddp/data/metrics.hpp"
 #include "ddp/data/sampler.hpp"
 #include "ddp/nn/clip_grad.hpp"
+#include "ddp/optim/grad_scaler.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/join.hpp"
@@ -49,6 +50,13 @@ struct TrainerOptions {
   // the averaged gradients, the same on every rank; PyTorch's clip_grad_norm_). A finite number >= 0, checked
   // when the trainer is built; last_grad_norm() is the norm before clipping.
   std::optional<double> clip_grad_norm{};
+  // When set: backward runs on the loss times a dynamic scale (optim::GradScaler with these options), the
+  // gradients are unscaled before clipping and the step, a step whose gradients overflow is skipped on every rank
+  // alike and the scale backs off (as do steps DdpOptions::non_finite skips). loss_scale() reads the scale. Not
+  // with EpochSplit::kJoin, nor with an optimizer that updates inside backward. Checkpoints do not hold the scale:
+  // a resumed run starts again from init_scale (with power-of-two factors the weights do not depend on the scale,
+  // barring overflow).
+  std::optional<optim::GradScalerOptions> loss_scaling{};
 };
 
 // Where an epoch starts: fit_epoch(data, EpochStart{.epoch = e, .step = s, .global_step = g}, ...) visits
@@ -93,7 +101,8 @@ struct EpochResult {
   std::int64_t steps_in_epoch = 0;  // the most batches any rank has this epoch
   std::int64_t global_step = 0;     // synchronised steps taken after this call (skipped ones included)
   std::int64_t skipped_steps = 0;   // steps whose averaged gradients held NaN/Inf, skipped on every rank
-                                    // (DdpOptions::non_finite = NonFinite::kSkipStep): no optimizer step
+                                    // (DdpOptions::non_finite = NonFinite::kSkipStep, or an overflow under
+                                    // TrainerOptions::loss_scaling): no optimizer step
   bool stopped = false;             // an after_step hook returned StepControl::kStop (on this rank)
   bool complete() const noexcept { return end_step == steps_in_epoch; }
 };
@@ -125,11 +134,14 @@ class basic_trainer {
         ddp_(model, comm, opts.ddp, std::move(bucketer), reduction, batching),
         opt_(make_optimizer(ddp_, opt)) {
     if constexpr (requires { opt_.updates_in_backward(); })
-      if (opts_.clip_grad_norm && opt_.updates_in_backward())
-        throw ArgumentError(
-            "trainer: clip_grad_norm needs every gradient before any parameter moves, but this optimizer updates "
-            "each bucket as its reduction lands (OverlappedOptimizer). Construct it with .overlap = {.update_at = "
-            "UpdateAt::kStep}, or train without clip_grad_norm");
+      if ((opts_.clip_grad_norm || opts_.loss_scaling) && opt_.updates_in_backward())
+        throw ArgumentError(detail::cat(
+            "trainer: ", opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling",
+            " needs every gradient before any parameter moves, but this optimizer updates each bucket as its "
+            "reduction lands (OverlappedOptimizer). Construct it with .overlap = {.update_at = UpdateAt::kStep}, or "
+            "train without ",
+            opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling"));
+    if (opts_.loss_scaling) scaler_.emplace(ddp_.parameters(), *opts_.loss_scaling);
   }
 
   // One whole epoch over `data` (each rank its DistributedSampler share). loss(output, batch) -> scalar Var.
@@ -170,7 +182,7 @@ class basic_trainer {
     std::vector<double> sum{0.0};
     std::vector<std::int64_t> counted{0};  // steps whose loss counts (not skipped)
     std::vector<double> micro_losses;      // world-size-invariant reductions: every micro-batch loss, in order
-    std::int64_t const skipped_before = ddp_.skipped_steps();
+    std::int64_t const skipped_before = scaler_ ? scaler_->skipped_steps() : ddp_.skipped_steps();
     auto const t0 = std::chrono::steady_clock::now();
     auto run = [&] {
       for (auto const& batch : loader.from(std::min(start.step, loader.num_batches()))) {
@@ -181,22 +193,32 @@ class basic_trainer {
             ddp_.micro_batches(to_space<S>(batch.x), batch.y, {.step = static_cast<std::uint64_t>(p.global_step)});
         for (auto const& mb : parts) {  // one under OnePass
           V l = loss(ddp_(mb), mb);
-          backward(l);
+          backward(scaler_ ? scaler_->scale(l) : l);
           double const item = l.item();
           lv += item;
           if constexpr (invariant) micro_losses.push_back(item);
         }
         lv /= static_cast<double>(parts.size());
-        if (!ddp_.step_skipped()) {
+        bool stepped = !ddp_.step_skipped();
+        if (stepped) {
           Timeline::Scope span(opts_.ddp.timeline, "optimizer step", "step", Timeline::kCompute);
-          if (opts_.clip_grad_norm)
-            last_grad_norm_ = double(nn::clip_grad_norm(ddp_.parameters(), *opts_.clip_grad_norm));
-          opt_.step();
+          auto const clip = [&] {
+            if (opts_.clip_grad_norm)
+              last_grad_norm_ = double(nn::clip_grad_norm(ddp_.parameters(), *opts_.clip_grad_norm));
+          };
+          if (scaler_) {
+            stepped = scaler_->step(opt_, clip);
+          } else {
+            clip();
+            opt_.step();
+          }
+        } else if (scaler_) {
+          scaler_->skip();
         }
         ++p.step;
         ++p.global_step;
         ++r.steps;
-        if (!ddp_.step_skipped()) {
+        if (stepped) {  // a skipped step's loss is not counted (it may be the Inf that caused it)
           local.add_batch(0, batch.size(), lv);
           sum[0] += lv;
           ++counted[0];
@@ -217,7 +239,7 @@ class basic_trainer {
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.end_step = start.step + rounds;
     r.global_step = start.global_step + rounds;
-    r.skipped_steps = ddp_.skipped_steps() - skipped_before;
+    r.skipped_steps = (scaler_ ? scaler_->skipped_steps() : ddp_.skipped_steps()) - skipped_before;
     r.train = all_reduce_counts(*comm_, local);
     host_all_reduce(*comm_, std::span<double>(sum), ReduceOp::kAvg);
     // Steps counted per rank, on average: exactly r.steps when every rank counted them all (the usual case).
@@ -256,6 +278,11 @@ class basic_trainer {
   // With TrainerOptions::clip_grad_norm: the total gradient norm before clipping at the last step that clipped
   // (steps DDP skipped for non-finite gradients are not clipped); NaN before the first.
   double last_grad_norm() const noexcept { return last_grad_norm_; }
+  // With TrainerOptions::loss_scaling: the current loss scale, and the steps skipped for overflowing gradients.
+  std::optional<double> loss_scale() const noexcept {
+    return scaler_ ? std::optional<double>(scaler_->get_scale()) : std::nullopt;
+  }
+  std::int64_t loss_scale_skipped_steps() const noexcept { return scaler_ ? scaler_->skipped_steps() : 0; }
 
  private:
   // From the DDP wrapper where the optimizer takes one (ZeroRedundancyOptimizer), else from its parameters.
@@ -311,6 +338,10 @@ class basic_trainer {
             "trainer: EpochSplit::kJoin does not apply to deterministic training (every rank gets "
             "whole global batches); use EpochSplit::kPad");
     }
+    if (o.loss_scaling && o.split == EpochSplit::kJoin)
+      throw ArgumentError(
+          "trainer: loss_scaling with EpochSplit::kJoin: ranks that run out of data would stop updating the loss "
+          "scale while the others go on; use EpochSplit::kPad");
     if (o.clip_grad_norm && !(std::isfinite(*o.clip_grad_norm) && *o.clip_grad_norm >= 0))
       throw ArgumentError(detail::cat("trainer: clip_grad_norm must be a finite number >= 0, got ", *o.clip_grad_norm));
     return o;
@@ -331,6 +362,7 @@ class basic_trainer {
   TrainerOptions opts_;
   std::int64_t batch_;
   double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+  std::optional<optim::basic_grad_scaler<typename M::value_type, S>> scaler_;  // TrainerOptions::loss_scaling
   ddp_type ddp_;
   O opt_;
 };
