@@ -84,3 +84,39 @@ TEST_CASE("overlapped update: a window that cuts a parameter, and clip_grad_norm
     CHECK_FALSE(fine.optimizer().updates_in_backward());
   });
 }
+
+TEST_CASE(
+    "overlapped update: a gradient missing on some rank is the same error on every rank, or zeros with "
+    "find_unused_parameters, as without it") {
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    spawn(n, [&](ThreadsBackend& comm) {
+      Generator g(5);
+      test::Branchy model(g);
+      model.use_extra = comm.rank() == 0;
+      {
+        DistributedDataParallel ddp(model, comm);
+        OverlappedOptimizer<optim::SGD> opt(ddp, {.optimizer = {.lr = 0.1}});
+        CHECK(opt.updates_in_backward());
+        CHECK_THROWS_WITH_AS(backward(sum(ddp(Var(full<float>({2, 4}, 1.0f))))), doctest::Contains("'extra.weight'"),
+                             DdpError);
+      }
+      Generator g2(5);
+      test::Branchy ref_model(g2);
+      ref_model.use_extra = comm.rank() == 0;
+      DistributedDataParallel ddp(model, comm, {.find_unused_parameters = true});
+      DistributedDataParallel ref(ref_model, comm, {.find_unused_parameters = true});
+      OverlappedOptimizer<optim::SGD> opt(ddp, {.optimizer = {.lr = 0.1, .momentum = 0.9}});
+      optim::SGD ref_opt(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
+      for (int s = 0; s < 3; ++s) {
+        opt.zero_grad();
+        backward(sum(ddp(Var(full<float>({2, 4}, 1.0f)))));
+        opt.step();
+        ref_opt.zero_grad();
+        backward(sum(ref(Var(full<float>({2, 4}, 1.0f)))));
+        ref_opt.step();
+        CHECK(test::weights(ddp.parameters()) == test::weights(ref.parameters()));
+      }
+    });
+  }
+}
