@@ -1,7 +1,8 @@
 // OverlappedOptimizer (parallel/overlapped_update.hpp) on the threads backend at world sizes 1, 2 and 4: each bucket
 // updated as its reduction lands, bitwise the optimizer's step() after the round, alone and composed with
-// compressed buckets, PowerSGD, ZeRO-1 and deterministic mode; and where a round needs every bucket first, it says
-// so and steps after backward.
+// compressed buckets, PowerSGD, ZeRO-1, deterministic mode and micro-batches; a missing gradient raises on every
+// rank (or is zeros with find_unused_parameters); where a round needs every bucket first, it says so and steps
+// after backward.
 #include <doctest/doctest.h>
 
 #include "test/parallel/overlapped_cases.hpp"
@@ -116,6 +117,34 @@ TEST_CASE(
         backward(sum(ref(Var(full<float>({2, 4}, 1.0f)))));
         ref_opt.step();
         CHECK(test::weights(ddp.parameters()) == test::weights(ref.parameters()));
+      }
+    });
+  }
+}
+
+TEST_CASE("overlapped update with micro-batches (gradient accumulation): bitwise the optimizer's step") {
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    spawn(n, [&](ThreadsBackend& comm) {
+      auto data = test::make_data(8 * 4, 8, 4, 13);
+      auto m1 = test::make_mlp(8, 48, 4, 5), m2 = test::make_mlp(8, 48, 4, 5);
+      using D = DistributedDataParallel<test::Mlp, ThreadsBackend, SizeCapped, AverageAllReduce, MicroBatches>;
+      SizeCapped const buckets{{.cap_bytes = 512, .first_cap_bytes = 128}};
+      D plain(m1, comm, {}, buckets, {}, MicroBatches{.count = 4}),
+          ov(m2, comm, {}, buckets, {}, MicroBatches{.count = 4});
+      optim::AdamW ref(plain.parameters(), {.lr = 1e-2});
+      OverlappedOptimizer<optim::AdamW> opt(ov, {.optimizer = {.lr = 1e-2}});
+      for (int s = 0; s < 4; ++s) {
+        std::int64_t const local = 8 / n;
+        auto const x = test::rows(data.x, s * 8 + comm.rank() * local, local);
+        auto const y = test::rows(data.y, s * 8 + comm.rank() * local, local);
+        ref.zero_grad();
+        for (auto const& mb : plain.micro_batches(x, y)) backward(mse_loss(plain(mb), mb.y));
+        ref.step();
+        opt.zero_grad();
+        for (auto const& mb : ov.micro_batches(x, y)) backward(mse_loss(ov(mb), mb.y));
+        opt.step();
+        CHECK(test::weights(ov.parameters()) == test::weights(plain.parameters()));
       }
     });
   }
