@@ -65,13 +65,18 @@ std::vector<ZeroBucket> zero_buckets(BucketPlan const& plan, nn::ParameterArena<
   return out;
 }
 
+// Rank `rank`'s slice of one bucket: arena elements [begin, end), empty (end <= begin) where the bucket is too
+// small to reach it.
+inline optim::ArenaShard::Range zero_slice(ZeroBucket const& b, int rank) noexcept {
+  std::int64_t const lo = b.start + rank * b.chunk;
+  return {lo, std::min(b.start + b.numel, lo + b.chunk)};
+}
+
 // The arena elements rank `rank` owns: its slice of every bucket (none of a bucket too small to reach it).
 inline std::vector<optim::ArenaShard::Range> zero_ranges(std::vector<ZeroBucket> const& buckets, int rank) {
   std::vector<optim::ArenaShard::Range> ranges;
-  for (auto const& b : buckets) {
-    std::int64_t const lo = b.start + rank * b.chunk, hi = std::min(b.start + b.numel, lo + b.chunk);
-    if (lo < hi) ranges.push_back({lo, hi});
-  }
+  for (auto const& b : buckets)
+    if (auto const r = zero_slice(b, rank); r.begin < r.end) ranges.push_back(r);
   return ranges;
 }
 }  // namespace detail
@@ -240,11 +245,10 @@ class ZeroRedundancyOptimizer {
     T* const values = arena_.values().data();
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       auto const& z = buckets_[b];
-      std::int64_t const lo = z.start + rank * z.chunk, hi = std::min(z.start + z.numel, lo + z.chunk);
-      if (lo < hi) Kernels<S>::copy(hi - lo, values + lo, send_.data());
-      if (hi - lo < z.chunk)
-        Kernels<S>::fill(z.chunk - std::max<std::int64_t>(0, hi - lo), T(0),
-                         send_.data() + std::max<std::int64_t>(0, hi - lo));
+      auto const mine = detail::zero_slice(z, rank);
+      std::int64_t const n = std::max<std::int64_t>(0, mine.end - mine.begin);
+      if (n > 0) Kernels<S>::copy(n, values + mine.begin, send_.data());
+      if (n < z.chunk) Kernels<S>::fill(z.chunk - n, T(0), send_.data() + n);
       comm_->all_gather(SpaceSpan<T const, S>(send_.data(), static_cast<std::size_t>(z.chunk)),
                         SpaceSpan<T, S>(gathered_.data(), static_cast<std::size_t>(z.chunk * world)),
                         CollectiveTag{"zero.parameters", static_cast<std::int64_t>(b)});
