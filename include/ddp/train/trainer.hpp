@@ -53,7 +53,9 @@ struct TrainerOptions {
   // When set: backward runs on the loss times a dynamic scale (optim::GradScaler with these options), the
   // gradients are unscaled before clipping and the step, a step whose gradients overflow is skipped on every rank
   // alike and the scale backs off (as do steps DdpOptions::non_finite skips). loss_scale() reads the scale. Not
-  // with EpochSplit::kJoin, nor with an optimizer that updates inside backward. Checkpoints do not hold the scale:
+  // with EpochSplit::kJoin, nor with an optimizer that updates inside backward. Deterministic mode's exact sums
+  // cannot carry an Inf: there, set ddp.non_finite = NonFinite::kSkipStep, or an overflow raises on every rank
+  // instead of backing the scale off. Checkpoints do not hold the scale:
   // a resumed run starts again from init_scale (with power-of-two factors the weights do not depend on the scale,
   // barring overflow).
   std::optional<optim::GradScalerOptions> loss_scaling{};
