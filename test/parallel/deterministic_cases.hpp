@@ -151,11 +151,8 @@ std::vector<std::uint8_t> train(Comm& comm, Run const& run, CheckpointData<float
       if (!opt.updates_in_backward())
         throw std::runtime_error("OverlappedOptimizer did not attach: " + opt.waits_for());
       body(opt);
-    } else if constexpr (std::constructible_from<O, decltype(dp)&, typename O::options_type const&>) {
-      O opt(dp, o);
-      body(opt);
     } else {
-      O opt(dp.parameters(), o);
+      O opt = detail::make_optimizer<O>(dp, o);
       body(opt);
     }
   };

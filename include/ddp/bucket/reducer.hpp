@@ -337,23 +337,11 @@ class BucketReducer {
     for (bool again = true; again;) {
       again = false;
       for (std::size_t b = 0; b < works_.size(); ++b) {
-        auto& w = works_[b];
-        if (!w) continue;
-        try {
-          w->wait();
-          w.reset();
-          if (!err)
-            if (auto const next = wire_.unpack(b, slice(b))) {
-              sent_[b] += piece_bytes(*next);
-              w.emplace(comm_->all_reduce_async(next->span, next->op, CollectiveTag{next->label, std::int64_t(b)}));
-              again = true;
-              continue;
-            }
-        } catch (...) {
-          if (!err) err = std::current_exception();
-          w.reset();
-        }
-        note_complete(b);
+        if (!works_[b]) continue;
+        if (advance(b, err))
+          again = true;
+        else
+          note_complete(b);
       }
     }
     if (err) std::rethrow_exception(err);
@@ -362,22 +350,28 @@ class BucketReducer {
   // Waits for bucket b alone, with the rest of its wire's collectives (launched and waited one at a time); the
   // first failure is kept in `err` and the bucket counts as finished.
   void wait_one(std::size_t b, std::exception_ptr& err) {
-    auto& w = works_[b];
-    while (w) {
-      try {
-        w->wait();
-        w.reset();
-        if (!err)
-          if (auto const next = wire_.unpack(b, slice(b))) {
-            sent_[b] += piece_bytes(*next);
-            w.emplace(comm_->all_reduce_async(next->span, next->op, CollectiveTag{next->label, std::int64_t(b)}));
-          }
-      } catch (...) {
-        if (!err) err = std::current_exception();
-        w.reset();
-      }
-    }
+    while (works_[b] && advance(b, err)) {}
     note_complete(b);
+  }
+
+  // Waits for bucket b's collective in flight and, unless a failure was seen (kept in `err`, first one only),
+  // launches the next one its wire asks for. Returns whether one was launched.
+  bool advance(std::size_t b, std::exception_ptr& err) {
+    auto& w = works_[b];
+    try {
+      w->wait();
+      w.reset();
+      if (!err)
+        if (auto const next = wire_.unpack(b, slice(b))) {
+          sent_[b] += piece_bytes(*next);
+          w.emplace(comm_->all_reduce_async(next->span, next->op, CollectiveTag{next->label, std::int64_t(b)}));
+          return true;
+        }
+    } catch (...) {
+      if (!err) err = std::current_exception();
+      w.reset();
+    }
+    return false;
   }
 
   static std::int64_t piece_bytes(WirePiece<wire_value, S> const& p) noexcept {

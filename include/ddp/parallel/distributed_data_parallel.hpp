@@ -104,10 +104,6 @@ class DistributedDataParallel {
     reducer_.emplace(comm, std::move(plan), arena_, per_rank_,
                      ReducerOptions{.observer = timeline_ ? &*timeline_ : nullptr, .non_finite = opts_.non_finite},
                      detail::wire_config(reduction_));
-    for (auto const& b : reducer_->plan().buckets) {
-      std::int64_t const lo = arena_.entries()[b.params.front()].offset;
-      bucket_ranges_.push_back({lo, lo + b.numel});
-    }
     round_.emplace(
         comm, arena_,
         RoundOptions{.find_unused_parameters = opts_.find_unused_parameters, .non_finite = opts_.non_finite});
@@ -276,8 +272,10 @@ class DistributedDataParallel {
     // non-finite check (it may drop the whole step) or a join's divisor.
     bool const per_bucket = update_ && opts_.non_finite == NonFinite::kIgnore && !join_;
     auto const land = [this](std::size_t b) {
-      if (!round_->land(reducer_->plan().buckets[b].params, reducer_->outcome())) return false;
-      update_->on_bucket_reduced(bucket_ranges_[b].first, bucket_ranges_[b].second);
+      auto const& bucket = reducer_->plan().buckets[b];  // one contiguous slice of the arena
+      if (!round_->land(bucket.params, reducer_->outcome())) return false;
+      std::int64_t const lo = arena_.entries()[bucket.params.front()].offset;
+      update_->on_bucket_reduced(lo, lo + bucket.numel);
       return true;
     };
     round_->end(per_bucket ? reducer_->finish(land) : reducer_->finish(),
@@ -319,7 +317,6 @@ class DistributedDataParallel {
   int no_sync_depth_ = 0;
   detail::JoinHook* join_ = nullptr;      // a ddp::join running on this rank
   detail::UpdateHook* update_ = nullptr;  // an optimizer that updates each bucket as it lands
-  std::vector<std::pair<std::int64_t, std::int64_t>> bucket_ranges_;  // per bucket: its arena elements [first, second)
 };
 
 }  // namespace ddp

@@ -37,6 +37,16 @@ concept WindowedOptimizer = optim::Optimizer<O> && requires(O& o, optim::ArenaSh
 };
 
 namespace detail {
+// An optimizer for a DistributedDataParallel: built from the wrapper where it takes one (ZeroRedundancyOptimizer,
+// OverlappedOptimizer), else from its parameters.
+template <class O, class D>
+O make_optimizer(D& d, typename O::options_type const& o) {
+  if constexpr (std::constructible_from<O, D&, typename O::options_type const&>)
+    return O(d, o);
+  else
+    return O(d.parameters(), o);
+}
+
 struct UpdateAccess {
   template <class D>
   static void attach(D& d, UpdateHook* hook) {
@@ -78,7 +88,8 @@ class OverlappedOptimizer final : detail::UpdateHook {
     d.parameters();
     d.options().non_finite;
   }
-  OverlappedOptimizer(D& ddp, options_type opt) : inner_(make(ddp, opt.optimizer)), overlap_(opt.overlap) {
+  OverlappedOptimizer(D& ddp, options_type opt)
+      : inner_(detail::make_optimizer<O>(ddp, opt.optimizer)), overlap_(opt.overlap) {
     if (overlap_.update_at != UpdateAt::kBucketReduced) return;
     if (ddp.options().non_finite != NonFinite::kIgnore) {
       waits_for_ = "DdpOptions::non_finite checks every bucket before any update";
@@ -143,14 +154,6 @@ class OverlappedOptimizer final : detail::UpdateHook {
   { return inner_.state_bytes(); }
 
  private:
-  template <class D>
-  static O make(D& d, typename O::options_type const& o) {
-    if constexpr (std::constructible_from<O, D&, typename O::options_type const&>)
-      return O(d, o);
-    else
-      return O(d.parameters(), o);
-  }
-
   void on_bucket_reduced(std::int64_t begin, std::int64_t end) override {
     inner_.update({begin, end});
     landed_ = true;

@@ -22,6 +22,7 @@
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/join.hpp"
+#include "ddp/parallel/overlapped_update.hpp"
 #include "ddp/trace/timeline.hpp"
 #include "ddp/train/evaluate.hpp"
 
@@ -134,7 +135,7 @@ class basic_trainer {
         opts_(checked(opts)),
         batch_(rank_batch(opts, comm.world_size())),
         ddp_(model, comm, opts.ddp, std::move(bucketer), reduction, batching),
-        opt_(make_optimizer(ddp_, opt)) {
+        opt_(detail::make_optimizer<O>(ddp_, opt)) {
     if constexpr (requires { opt_.updates_in_backward(); })
       if ((opts_.clip_grad_norm || opts_.loss_scaling) && opt_.updates_in_backward())
         throw ArgumentError(detail::cat(
@@ -287,14 +288,6 @@ class basic_trainer {
   std::int64_t loss_scale_skipped_steps() const noexcept { return scaler_ ? scaler_->skipped_steps() : 0; }
 
  private:
-  // From the DDP wrapper where the optimizer takes one (ZeroRedundancyOptimizer), else from its parameters.
-  static O make_optimizer(ddp_type& d, typename O::options_type const& o) {
-    if constexpr (std::constructible_from<O, ddp_type&, typename O::options_type const&>)
-      return O(d, o);
-    else
-      return O(d.parameters(), o);
-  }
-
   static constexpr bool invariant = ddp_type::world_size_invariant;
 
   // This rank's samples of the epoch: DistributedSampler's (padded, or for a join), or for a world-size-invariant
