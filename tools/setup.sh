@@ -7,6 +7,7 @@ PKGS=(
   g++                  # C++20 compiler (g++ 12)
   libeigen3-dev        # host tensor math
   mpich libmpich-dev   # MPI backend and mpirun
+  libgloo-dev          # Gloo backend (TCP collectives without MPI; //:ddp_gloo)
   doctest-dev          # unit tests
   zlib1g-dev           # gzip IDX reader
   nlohmann-json3-dev   # JSON (fixture meta.json, trace files)

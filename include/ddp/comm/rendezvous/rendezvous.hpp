@@ -1,0 +1,145 @@
+// ddp::rendezvous(): how ranks launched without MPI find each other, chosen from the environment.
+//   torchrun        RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+//                   TORCHELASTIC_USE_AGENT_STORE=True: the agent serves a TCPStore on MASTER_PORT; every rank
+//                   joins it as a client (keys under ddp/attempt_<TORCHELASTIC_RESTART_COUNT>/).
+//   env             the same variables without the agent (a hand-written launcher, a container entry point):
+//                   rank 0 serves the TCPStore on MASTER_PORT, as PyTorch's env:// init does.
+//   file            DDP_STORE_FILE=<directory every rank sees> (Slurm's srun without MPI: ranks from SLURM_*):
+//                   a FileStore there. Give each job its own directory (e.g. with $SLURM_JOB_ID in it).
+// Then every rank checks in: it claims its rank (a second claim means two jobs share one store: an error), says
+// its world size, and waits for every other rank. Each rank ends with the same verdict: all arrived with one
+// world size, or an error naming the ranks missing or disagreeing, within the timeout.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/comm/env.hpp"
+#include "ddp/comm/rendezvous/file_store.hpp"
+#include "ddp/comm/rendezvous/store.hpp"
+#include "ddp/comm/rendezvous/tcp_store.hpp"
+#include "ddp/comm/watch.hpp"
+#include "ddp/error.hpp"
+
+namespace ddp {
+
+struct RendezvousOptions {
+  // How long a rank waits for the store and for the other ranks. Unset: $DDP_TIMEOUT seconds, else 5 minutes.
+  std::optional<std::chrono::milliseconds> timeout{};
+  EnvLookup env = detail::getenv_lookup;
+};
+
+// A job's meeting point: the launcher's ranks, the store (this job's keys only), and, on the rank that serves
+// it (env method, rank 0), the server.
+struct Rendezvous {
+  LaunchEnv launch;
+  std::shared_ptr<Store> store;
+  std::string method;  // "torchrun", "env", "file" or "local" (one rank, nothing set)
+  std::chrono::milliseconds timeout{};
+  std::shared_ptr<TcpStoreServer> server;  // set on rank 0 of the env method
+  // For logs: "torchrun's agent store (TCP store 127.0.0.1:29500)".
+  std::string describe() const {
+    if (method == "torchrun") return detail::cat("torchrun's agent store (", store->describe(), ")");
+    if (method == "env") return detail::cat("rank 0's store (", store->describe(), ")");
+    return store->describe();
+  }
+};
+
+namespace detail {
+
+inline std::vector<char> bytes_of(std::string const& s) { return std::vector<char>(s.begin(), s.end()); }
+inline std::string text_of(std::vector<char> const& v) { return std::string(v.begin(), v.end()); }
+
+// Claims the rank, publishes the world size, waits for everyone, and compares world sizes.
+inline void check_in(Store& store, LaunchEnv const& env, std::chrono::milliseconds timeout, std::string const& where) {
+  int const r = env.rank, n = env.world_size;
+  if (std::int64_t const claims = store.add(cat("rank_", r, "/claims"), 1); claims > 1)
+    throw CommError(cat("rendezvous at ", where, ": rank ", r, " has already joined (", claims,
+                        " claims): two jobs share this store; give each job its own MASTER_PORT (or DDP_STORE_FILE "
+                        "directory), or start this one after the other ended"),
+                    r);
+  store.set(cat("rank_", r, "/world_size"), bytes_of(std::to_string(n)));
+  auto const deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<int> missing;
+  for (int q = 0; q < n; ++q) missing.push_back(q);
+  auto pause = std::chrono::milliseconds(1);
+  while (!missing.empty()) {
+    std::erase_if(missing, [&](int q) { return store.check({cat("rank_", q, "/world_size")}); });
+    if (missing.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw CommError(cat("rendezvous at ", where, ": ", rank_list(missing), " of ", n, " did not arrive within ",
+                          seconds_text(timeout), " (seen from rank ", r,
+                          "); check that every rank was launched with the same WORLD_SIZE and store"),
+                      missing.front());
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+  std::string disagree;
+  for (int q = 0; q < n; ++q) {
+    std::string const theirs = text_of(store.get(cat("rank_", q, "/world_size"), timeout));
+    if (theirs != std::to_string(n)) disagree += cat(disagree.empty() ? "" : ", ", "rank ", q, " says ", theirs);
+  }
+  if (!disagree.empty())
+    throw CommError(cat("rendezvous at ", where, ": rank ", r, " was launched with WORLD_SIZE ", n, " but ", disagree,
+                        "; launch every rank with the same world size"),
+                    r);
+}
+
+}  // namespace detail
+
+// Collective over the job's ranks (each calls it once, at start). ArgumentError for a partial or inconsistent
+// environment (naming the variables); CommError when the store cannot be reached or the ranks do not agree.
+inline Rendezvous rendezvous(RendezvousOptions const& opt = {}) {
+  using detail::cat;
+  Rendezvous rv;
+  rv.launch = launch_env(opt.env);
+  rv.timeout = opt.timeout ? *opt.timeout
+                           : std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 detail::timeout_from_env().value_or(std::chrono::minutes(5)));
+  auto const addr = opt.env("MASTER_ADDR"), port = opt.env("MASTER_PORT"), dir = opt.env("DDP_STORE_FILE");
+  std::string prefix = "ddp/";
+  if (dir && (addr || port))
+    throw ArgumentError(cat("rendezvous: both DDP_STORE_FILE=", *dir,
+                            " and MASTER_ADDR/MASTER_PORT are set; unset "
+                            "one (DDP_STORE_FILE: a shared directory; MASTER_ADDR/PORT: a TCP store)"));
+  if (dir) {
+    if (dir->empty()) throw ArgumentError("rendezvous: DDP_STORE_FILE is set but empty; give it a shared directory");
+    rv.method = "file";
+    rv.store = std::make_shared<FileStore>(*dir);
+  } else if (addr || port) {
+    if (!addr || addr->empty() || !port || port->empty())
+      throw ArgumentError(cat("rendezvous: ", addr ? "MASTER_PORT" : "MASTER_ADDR", " is not set but ",
+                              addr ? cat("MASTER_ADDR=", *addr) : cat("MASTER_PORT=", *port),
+                              " is; set both (torchrun does)"));
+    auto const p = detail::try_parse_env_int(*port);
+    if (!p || *p < 1 || *p > 65535)
+      throw ArgumentError(cat("rendezvous: MASTER_PORT=\"", *port, "\" is not a port (1 to 65535)"));
+    auto const agent = opt.env("TORCHELASTIC_USE_AGENT_STORE");
+    bool const use_agent = agent && (*agent == "True" || *agent == "true" || *agent == "1");
+    if (use_agent) {
+      rv.method = "torchrun";
+      prefix += cat("attempt_", opt.env("TORCHELASTIC_RESTART_COUNT").value_or("0"), "/");
+    } else {
+      rv.method = "env";
+      if (rv.launch.rank == 0) rv.server = std::make_shared<TcpStoreServer>(TcpStoreServer::Options{.port = *p});
+    }
+    rv.store = std::make_shared<TcpStore>(TcpStore::Options{.host = *addr, .port = *p, .timeout = rv.timeout});
+  } else if (rv.launch.world_size == 1) {
+    rv.method = "local";
+    rv.store = std::make_shared<LocalStore>();
+  } else {
+    throw ArgumentError(cat("rendezvous: rank ", rv.launch.rank, " of ", rv.launch.world_size, " (", rv.launch.source,
+                            ") has no way to find the other ranks: set MASTER_ADDR and MASTER_PORT (torchrun does), "
+                            "or DDP_STORE_FILE=<a directory every rank sees>, or launch with mpirun and use the MPI "
+                            "backend"));
+  }
+  rv.store = std::make_shared<PrefixStore>(prefix, rv.store);
+  detail::check_in(*rv.store, rv.launch, rv.timeout, rv.describe());
+  return rv;
+}
+
+}  // namespace ddp

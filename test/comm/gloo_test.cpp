@@ -1,0 +1,140 @@
+// GlooBackend in one process: ranks are threads sharing a LocalStore, each with its own Gloo context over
+// loopback TCP. The conformance suite at world sizes 1, 2 and 4, then failures: a peer that leaves, a rank
+// that stalls past the timeout. (Ranks as processes: gloo_conformance_main.cpp under ddprun and torchrun.)
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/comm/gloo.hpp"
+#include "test/comm/conformance.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs fn(comm) on n threads, each rank with its own GlooBackend; rethrows the first rank's exception.
+template <class F>
+void gloo_spawn(int n, F const& fn, ddp::GlooOptions const& opts = {.timeout = {.after = 60s}}) {
+  auto store = std::make_shared<ddp::LocalStore>();
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ddp::GlooBackend comm(store, r, n, opts);
+        fn(comm);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+struct GlooThreads {
+  template <class F>
+  static void run(F const& fn) {
+    for (int n : {1, 2, 4}) {
+      CAPTURE(n);
+      std::mutex m;  // doctest's assertions are not thread-safe: one rank checks at a time
+      gloo_spawn(n, [&](ddp::GlooBackend& comm) {
+        // The suite's CHECKs run on every thread; doctest counts them under its own lock.
+        fn(comm);
+      });
+    }
+  }
+};
+
+using F32 = ddp::test::Case<GlooThreads, float>;
+using F64 = ddp::test::Case<GlooThreads, double>;
+using I32 = ddp::test::Case<GlooThreads, std::int32_t>;
+using I64 = ddp::test::Case<GlooThreads, std::int64_t>;
+using BF16 = ddp::test::Case<GlooThreads, ddp::bfloat16>;
+using F16 = ddp::test::Case<GlooThreads, ddp::float16>;
+
+}  // namespace
+
+TYPE_TO_STRING(F32);
+TYPE_TO_STRING(F64);
+TYPE_TO_STRING(I32);
+TYPE_TO_STRING(I64);
+TYPE_TO_STRING(BF16);
+TYPE_TO_STRING(F16);
+
+namespace ddp::test {
+TEST_CASE_TEMPLATE_INVOKE(all_reduce_suite, F32, F64, I32, I64, BF16, F16);
+TEST_CASE_TEMPLATE_INVOKE(broadcast_suite, F32, F64, I32, I64, BF16, F16);
+TEST_CASE_TEMPLATE_INVOKE(gather_suite, F32, F64, I32, I64, BF16, F16);
+TEST_CASE_TEMPLATE_INVOKE(reduce_scatter_suite, F32, F64, I32, I64, BF16, F16);
+TEST_CASE_TEMPLATE_INVOKE(async_suite, F32, F64, I32, I64, BF16, F16);
+TEST_CASE_TEMPLATE_INVOKE(errors_suite, F32, F64, I32, I64, BF16, F16);
+}  // namespace ddp::test
+
+static_assert(ddp::HalfCommunicator<ddp::GlooBackend>);
+
+TEST_CASE("a peer that leaves fails the others' collective with a CommError naming it, at once") {
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    std::vector<std::string> messages(static_cast<std::size_t>(n));
+    auto const start = std::chrono::steady_clock::now();
+    gloo_spawn(n,
+               [&](ddp::GlooBackend& comm) {
+                 std::vector<float> v(1000, 1.0f);
+                 comm.all_reduce(v, ddp::ReduceOp::kSum);
+                 if (comm.rank() == n - 1) return;  // leaves: its backend closes every connection
+                 try {
+                   comm.all_reduce(v, ddp::ReduceOp::kSum, ddp::CollectiveTag{"bucket", 7});
+                   messages[static_cast<std::size_t>(comm.rank())] = "no error";
+                 } catch (ddp::CommError const& e) {
+                   messages[static_cast<std::size_t>(comm.rank())] = e.what();
+                 }
+                 // Broken from now on, with a message that says so.
+                 CHECK_THROWS_WITH_AS(comm.barrier(), doctest::Contains("an earlier collective"), ddp::CommError);
+               },
+               {.timeout = {.after = 20s}});
+    CHECK(std::chrono::steady_clock::now() - start < 15s);
+    for (int r = 0; r + 1 < n; ++r) {
+      auto const& m = messages[static_cast<std::size_t>(r)];
+      CAPTURE(m);
+      CHECK(m.find("all_reduce #2 [bucket:7] on rank " + std::to_string(r)) != std::string::npos);
+      CHECK(m.find("rank " + std::to_string(n - 1) + " ended") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a rank that stalls past the timeout fails its peers within the timeout") {
+  std::vector<std::string> messages(2);
+  auto const start = std::chrono::steady_clock::now();
+  gloo_spawn(2,
+             [&](ddp::GlooBackend& comm) {
+               std::vector<double> v(10, 1.0);
+               if (comm.rank() == 1) {
+                 std::this_thread::sleep_for(3s);  // stalls, then leaves without joining
+                 return;
+               }
+               try {
+                 comm.all_reduce(v, ddp::ReduceOp::kSum);
+               } catch (ddp::CommError const& e) {
+                 messages[0] = e.what();
+               }
+             },
+             {.timeout = {.after = 1s}});
+  CAPTURE(messages[0]);
+  CHECK(messages[0].find("all_reduce #1 on rank 0 of 2 failed") != std::string::npos);
+  CHECK(messages[0].find("rank 1 was not in this collective within the timeout of 1 s") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
+
+TEST_CASE("layout names the transport and the store") {
+  gloo_spawn(2, [](ddp::GlooBackend& comm) {
+    CHECK(comm.layout() == "Gloo TCP over 2 ranks from 127.0.0.1, rendezvous at in-process store");
+  });
+}
