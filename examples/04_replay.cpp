@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
                                       HostStaging<std::decay_t<decltype(comm)>> staged(comm);  // MPI: host memory only
                                       o = replay_rank<DeviceSpace>(staged, f, run);
                                     }
-                                    if (comm.rank() == 0 || backend == examples::Backend::kMpi) ok = o.ok;
+                                    if (comm.rank() == 0 || backend != examples::Backend::kThreads) ok = o.ok;
                                   });
   if (rc != 0) return rc;
   return ok ? 0 : 1;

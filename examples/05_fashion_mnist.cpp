@@ -74,9 +74,7 @@ void print_header(Trainer& t, Config const& cfg, std::int64_t steps_per_epoch,
       "fashion_mnist: model %s (%s parameters), %s backend, %s tensors, world size %d, global batch %lld (%lld per "
       "rank)\n",
       cfg.model.c_str(), thousands(t.ddp().parameters().parameter_numel()).c_str(),
-      cfg.device == "cuda"                         ? "nccl"
-      : cfg.backend == examples::Backend::kThreads ? "threads"
-                                                   : "mpi",
+      cfg.device == "cuda" ? "nccl" : std::string(std::remove_cvref_t<decltype(t.comm())>::backend_name).c_str(),
       std::same_as<S, HostSpace> ? "host" : "device (cuda)", t.comm().world_size(),
       static_cast<long long>(t.global_batch()), static_cast<long long>(t.batch_size()));
   std::printf("optimizer %s lr %g, schedule %s, %lld epoch%s of %lld steps, seed %lld%s\n", cfg.optimizer.c_str(),
@@ -342,8 +340,8 @@ std::optional<Config> parse(int argc, char** argv) {
     throw ArgumentError(
         "fashion_mnist: --device cuda uses NcclBackend under mpirun (one rank per GPU); drop --backend threads");
   if (c.device == "cuda") c.backend = examples::Backend::kMpi;
-  // launch_choice took the size from mpirun for --backend mpi; --device cuda switched to MPI after it.
-  c.world_size = c.backend == examples::Backend::kMpi && !f.is_set("world-size") ? 0 : chosen.world_size;
+  // launch_choice took the size from the launcher for mpi and gloo; --device cuda switched to MPI after it.
+  c.world_size = c.backend != examples::Backend::kThreads && !f.is_set("world-size") ? 0 : chosen.world_size;
   c.epochs = f.at_least("epochs", 1);
   c.global_batch = f.at_least("batch-size", 1);
   c.limit_train = f.at_least("limit-train", 0);
