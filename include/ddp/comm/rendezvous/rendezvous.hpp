@@ -15,6 +15,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -138,7 +140,21 @@ inline Rendezvous rendezvous(RendezvousOptions const& opt = {}) {
                             "backend"));
   }
   rv.store = std::make_shared<PrefixStore>(prefix, rv.store);
-  detail::check_in(*rv.store, rv.launch, rv.timeout, rv.describe());
+  try {
+    detail::check_in(*rv.store, rv.launch, rv.timeout, rv.describe());
+  } catch (CommError const& e) {
+    // The rank serving the store keeps it up a little longer, so the others read the same verdict rather than
+    // a closed connection.
+    if (rv.server)
+      std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(rv.timeout, std::chrono::seconds(2)));
+    if (std::string_view(e.what()).starts_with("rendezvous at ")) throw;
+    throw CommError(cat("rendezvous at ", rv.describe(), ": rank ", rv.launch.rank,
+                        " lost the store while the ranks "
+                        "checked in (",
+                        e.what(), "); its host (", rv.method == "torchrun" ? "torchrun's agent" : "rank 0",
+                        ") ended: see its error"),
+                    rv.launch.rank);
+  }
   return rv;
 }
 
