@@ -8,6 +8,7 @@ PKGS=(
   libeigen3-dev        # host tensor math
   mpich libmpich-dev   # MPI backend and mpirun
   libgloo-dev          # Gloo backend (TCP collectives without MPI; //:ddp_gloo)
+  python3-torch        # torchrun, for //test/train:fashion_mnist_torchrun_test (the project never imports it)
   doctest-dev          # unit tests
   zlib1g-dev           # gzip IDX reader
   nlohmann-json3-dev   # JSON (fixture meta.json, trace files)
