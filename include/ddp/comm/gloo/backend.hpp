@@ -260,9 +260,11 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
         if (!end.empty() && what.find(end) != std::string::npos)
           who = detail::cat("rank ", q, " ended (its connection closed; seen by rank ", rank_, ")");
       }
-      if (who.empty() && what.find("imed out") != std::string::npos) {
-        store_->set(detail::cat("gloo_timed_out/", seq, "/", rank_), {'1'});
-        auto const grace = std::min<std::chrono::milliseconds>(timeout_ / 2, std::chrono::seconds(5));
+      if (who.empty()) {  // the end is not one Gloo named by a published address: ask who else saw a failure
+        bool const timed_out = what.find("imed out") != std::string::npos;
+        store_->set(detail::cat("gloo_failed/", seq, "/", rank_), {'1'});
+        auto const grace = timed_out ? std::min<std::chrono::milliseconds>(timeout_ / 2, std::chrono::seconds(5))
+                                     : std::min<std::chrono::milliseconds>(timeout_ / 4, std::chrono::seconds(1));
         std::this_thread::sleep_for(grace);
         if (store_->check({key})) {
           auto const v = store_->get(key, timeout_);
@@ -270,11 +272,14 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
         }
         std::vector<int> silent;
         for (int q = 0; q < n_; ++q)
-          if (q != rank_ && !store_->check({detail::cat("gloo_timed_out/", seq, "/", q)})) silent.push_back(q);
+          if (q != rank_ && !store_->check({detail::cat("gloo_failed/", seq, "/", q)})) silent.push_back(q);
         if (!silent.empty())
-          who = detail::cat(detail::rank_list(silent), silent.size() == 1 ? " was" : " were",
-                            " not in this collective within the timeout of ", detail::seconds_text(timeout_),
-                            " (stalled, or issuing other collectives; seen by rank ", rank_, ")");
+          who = timed_out
+                    ? detail::cat(detail::rank_list(silent), silent.size() == 1 ? " was" : " were",
+                                  " not in this collective within the timeout of ", detail::seconds_text(timeout_),
+                                  " (stalled, or issuing other collectives; seen by rank ", rank_, ")")
+                    : detail::cat(detail::rank_list(silent), " ended",
+                                  " (connection closed, no failure reported; seen by rank ", rank_, ")");
       }
       if (!who.empty() && !store_->check({key})) {
         store_->set(key, std::vector<char>(who.begin(), who.end()));
