@@ -110,8 +110,10 @@ TEST_CASE("a peer that leaves fails the others' collective with a CommError nami
   }
 }
 
-TEST_CASE("a rank that stalls past the timeout fails its peers within the timeout") {
+TEST_CASE("a rank that stalls past the timeout is warned about at half of it, then fails its peers naming it") {
   std::vector<std::string> messages(2);
+  std::mutex m;
+  std::vector<std::string> warnings;
   auto const start = std::chrono::steady_clock::now();
   gloo_spawn(2,
              [&](ddp::GlooBackend& comm) {
@@ -126,8 +128,15 @@ TEST_CASE("a rank that stalls past the timeout fails its peers within the timeou
                  messages[0] = e.what();
                }
              },
-             {.timeout = {.after = 1s}});
+             {.timeout = {.after = 1s, .on_stall = [&](std::string const& w) {
+                            std::lock_guard lock(m);
+                            warnings.push_back(w);
+                          }}});
   CAPTURE(messages[0]);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0] ==
+        "ddp gloo: warning: all_reduce #1 on rank 0 of 2 has waited 0.5 s for its peers; it fails at 1 s "
+        "(the collective timeout)");
   CHECK(messages[0].find("all_reduce #1 on rank 0 of 2 failed") != std::string::npos);
   CHECK(messages[0].find("rank 1 was not in this collective within the timeout of 1 s") != std::string::npos);
   CHECK(std::chrono::steady_clock::now() - start < 10s);

@@ -1,46 +1,15 @@
-// The SyncBatchNorm scenarios of sync_batch_norm_cases.hpp under mpirun (MpiBackend): run by mpi_test with -n 2
+// The SyncBatchNorm scenarios (sync_batch_norm_suite.hpp) under mpirun (MpiBackend): run by mpi_test with -n 2
 // and -n 4. Exits 0 when every scenario passes on every rank; a failing rank aborts the job with its message.
-#include <algorithm>
 #include <cstdio>
-#include <string>
 
 #include "ddp/comm/mpi.hpp"
-#include "test/nn/sync_batch_norm_cases.hpp"
+#include "test/nn/sync_batch_norm_suite.hpp"
 
 int main(int argc, char** argv) {
-  using namespace ddp::test::sbn;
   ddp::MpiSession session(argc, argv);
   try {
     ddp::MpiBackend comm(session);
-    double worst_float = 0, worst_double = 0, worst_ddp = 0;
-    for (BatchSplit split : {BatchSplit::kRankPlusOne, BatchSplit::kTwoRankPlusOne, BatchSplit::kNoneOnRankOne}) {
-      LayerDiffs const f = layer_equivalence<float>(comm, split);
-      expect(f.max() <= 2e-6, "float layer vs reference (" + name(split) + "): " + f.str());
-      LayerDiffs const d = layer_equivalence<double>(comm, split);
-      expect(d.max() <= 1e-12, "double layer vs reference (" + name(split) + "): " + d.str());
-      worst_float = std::max(worst_float, f.max());
-      worst_double = std::max(worst_double, d.max());
-      if (comm.rank() == 0)
-        std::printf("split %s: float %s; double max %.3g\n", name(split).c_str(), f.str().c_str(), d.max());
-    }
-    LayerDiffs const far = layer_equivalence<double>(comm, BatchSplit::kTwoRankPlusOne, 2, 1e6);
-    expect(far.max() <= 1e-9, "double layer, values around 1e6: " + far.str());
-    for (BatchSplit split : {BatchSplit::kRankPlusOne, BatchSplit::kTwoRankPlusOne})
-      for (bool broadcast : {true, false}) {
-        DdpDiffs const d = ddp_equivalence(comm, split, {.broadcast_buffers = broadcast});
-        expect(d.max() <= 2e-6, "DDP vs one process (" + name(split) + "): " + d.str());
-        worst_ddp = std::max(worst_ddp, d.max());
-        if (comm.rank() == 0)
-          std::printf("DDP split %s, broadcast_buffers %d: %s\n", name(split).c_str(), int(broadcast), d.str().c_str());
-      }
-    channel_mismatch(comm);
-    too_few_values(comm);
-    bad_input_shapes(comm);
-    if (comm.rank() == 0)
-      std::printf(
-          "sync batch norm mpi tests passed on %d ranks (max relative differences: float %.3g, double %.3g, "
-          "DDP %.3g)\n",
-          comm.world_size(), worst_float, worst_double, worst_ddp);
+    ddp::test::sbn::sync_batch_norm_suite(comm);
   } catch (std::exception const& e) {
     session.abort(e.what());
   }

@@ -48,7 +48,7 @@ for tu in "${units[@]}"; do
   # shellcheck disable=SC2086  # a source and its defines
   check "$out/syntax.log" "$cxx" "${flags[@]}" -fsyntax-only $tu
 done
-link=(-L/usr/lib/x86_64-linux-gnu -lmpich -lz -pthread)
+link=(-L/usr/lib/x86_64-linux-gnu -lmpich -L/usr/lib -lgloo -lz -pthread)
 check "$out/toy.log" "$cxx" "${flags[@]}" -O1 -march=native examples/00_toy.cpp -o "$out/toy" "${link[@]}"
 check "$out/equivalence.log" "$cxx" "${flags[@]}" -O1 -march=native examples/02_equivalence.cpp -o "$out/equivalence" "${link[@]}"
 # The hand-vectorised host kernels (GEMM paths, Winograd convolution with DDP_IVDEP loops) against their

@@ -21,9 +21,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -113,6 +115,76 @@ template <class T>
   }
 }
 
+// Warns once per collective that has run longer than the stall warning (TimeoutOptions::warn_fraction of the
+// timeout): Gloo blocks inside its algorithms, so a thread of its own watches the clock. begin() and end() bracket
+// one collective (one at a time).
+class GlooStallWatch {
+ public:
+  explicit GlooStallWatch(Deadlines d) : d_(std::move(d)) {
+    if (d_.warn.count() > 0) thread_ = std::thread([this] { watch(); });
+  }
+  GlooStallWatch(GlooStallWatch const&) = delete;
+  GlooStallWatch& operator=(GlooStallWatch const&) = delete;
+  ~GlooStallWatch() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // `what` names the collective for the warning ("all_reduce #7 [bucket:3] on rank 0 of 4").
+  void begin(std::string what) {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mu_);
+      what_ = std::move(what);
+      since_ = std::chrono::steady_clock::now();
+      ++generation_;
+      running_ = true;
+    }
+    cv_.notify_all();
+  }
+  void end() {
+    if (!thread_.joinable()) return;
+    std::lock_guard lock(mu_);
+    running_ = false;
+  }
+
+ private:
+  void watch() {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      if (!running_) {
+        cv_.wait(lock, [&] { return stop_ || running_; });
+        continue;
+      }
+      std::uint64_t const gen = generation_;
+      auto const at = since_ + d_.warn;
+      if (cv_.wait_until(lock, at, [&] { return stop_ || generation_ != gen || !running_; })) {
+        if (!running_ && generation_ == gen) cv_.wait(lock, [&] { return stop_ || generation_ != gen; });
+        continue;
+      }
+      std::string const msg =
+          cat("ddp gloo: warning: ", what_, " has waited ", seconds_text(d_.warn), " for its peers; it fails at ",
+              seconds_text(d_.timeout), " (the collective timeout)");
+      lock.unlock();
+      d_.warn_stall(msg);
+      lock.lock();
+      cv_.wait(lock, [&] { return stop_ || generation_ != gen; });  // once per collective
+    }
+  }
+
+  Deadlines d_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string what_;
+  std::chrono::steady_clock::time_point since_{};
+  std::uint64_t generation_ = 0;
+  bool running_ = false, stop_ = false;
+  std::thread thread_;
+};
+
 }  // namespace detail
 
 // Guarantees: every rank gets the same bits (Gloo's ring all-reduce sends the reduced chunks to every rank);
@@ -147,6 +219,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
       throw ArgumentError(detail::cat("ddp gloo: rank ", rank, " of world size ", world_size, " is not a rank"));
     auto const deadlines = detail::resolve(opts.timeout, backend_name);
     timeout_ = std::chrono::duration_cast<std::chrono::milliseconds>(deadlines.timeout);
+    stall_ = std::make_unique<detail::GlooStallWatch>(deadlines);
     ::gloo::transport::tcp::attr attr;
     char const* env_iface = std::getenv("GLOO_SOCKET_IFNAME");
     attr.iface = !opts.iface.empty() ? opts.iface : (env_iface != nullptr ? env_iface : "");
@@ -296,9 +369,12 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   template <class Fn>
   void run(CollectiveKind kind, CollectiveTag tag, Fn&& fn) {
     std::uint64_t const seq = ++calls_;
+    stall_->begin(detail::cat(name(kind), " #", seq, detail::tag_suffix(tag), " on rank ", rank_, " of ", n_));
     try {
       fn(static_cast<std::uint32_t>(seq));
+      stall_->end();
     } catch (::gloo::Exception const& e) {
+      stall_->end();
       broken_.store(true, std::memory_order_release);
       std::string const who = blame(e.what(), seq);
       throw CommError(
@@ -434,6 +510,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   std::uint64_t calls_ = 0;  // collectives issued (their sequence numbers and Gloo tags); one thread at a time
   std::atomic<bool> broken_{false};
   std::vector<char> scratch_;  // reduce_scatter's copy of its input
+  std::unique_ptr<detail::GlooStallWatch> stall_;
   detail::AllReduceQueue<GlooBackend> queue_;
 };
 
