@@ -202,8 +202,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
 
   // Over a job's rendezvous (ddp::rendezvous(): torchrun, env or a file store). Collective: every rank.
   explicit GlooBackend(Rendezvous rv, GlooOptions const& opts = {})
-      : GlooBackend(rv.store, rv.launch.rank, rv.launch.world_size, opts,
-                    default_host(rv.method == "torchrun" || rv.method == "env" ? master_addr() : std::string())) {
+      : GlooBackend(rv.store, rv.launch.rank, rv.launch.world_size, opts, default_host(rv.master_addr)) {
     rendezvous_ = std::make_shared<Rendezvous>(std::move(rv));
   }
   // Over any store the ranks share (LocalStore for ranks that are threads of one process). Collective.
@@ -267,10 +266,6 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   friend class detail::CollectiveFrontEnd<GlooBackend>;
   friend struct detail::AllReduceExecutor<GlooBackend>;
 
-  static std::string master_addr() {
-    char const* v = std::getenv("MASTER_ADDR");
-    return v != nullptr ? v : "";
-  }
   // The address peers reach this rank at: the one routing to MASTER_ADDR (a loopback MASTER_ADDR gives
   // 127.0.0.1), else this host's name.
   static std::string default_host(std::string const& master) {

@@ -42,6 +42,7 @@ struct Rendezvous {
   std::shared_ptr<Store> store;
   std::string method;  // "torchrun", "env", "file" or "local" (one rank, nothing set)
   std::chrono::milliseconds timeout{};
+  std::string master_addr;                 // MASTER_ADDR (torchrun and env methods), else empty
   std::shared_ptr<TcpStoreServer> server;  // set on rank 0 of the env method
   // For logs: "torchrun's agent store (TCP store 127.0.0.1:29500)".
   std::string describe() const {
@@ -120,6 +121,7 @@ inline Rendezvous rendezvous(RendezvousOptions const& opt = {}) {
     auto const p = detail::try_parse_env_int(*port);
     if (!p || *p < 1 || *p > 65535)
       throw ArgumentError(cat("rendezvous: MASTER_PORT=\"", *port, "\" is not a port (1 to 65535)"));
+    rv.master_addr = *addr;
     auto const agent = opt.env("TORCHELASTIC_USE_AGENT_STORE");
     bool const use_agent = agent && (*agent == "True" || *agent == "true" || *agent == "1");
     if (use_agent) {
