@@ -246,6 +246,15 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
     } catch (...) {  // already reported by the Work handles
     }
     queue_.stop();
+    // Say so before the connections close (the members go after this body), so a peer still in a collective
+    // with this rank names it rather than guessing. The add waits for the store's answer: the set reached it.
+    try {
+      if (context_ && n_ > 1) {
+        store_->set(detail::cat("gloo_left/", rank_), {'1'});
+        store_->add("gloo_left_count", 1);
+      }
+    } catch (...) {  // the store's host ended first: the peers fall back on Gloo's addresses and the reports
+    }
   }
 
   int rank() const noexcept { return rank_; }
@@ -311,9 +320,10 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
       peer_ends_[static_cast<std::size_t>(q)] = all.substr(at, all.find('\n', at) - at);
     }
   }
-  // Who a failure is about, from Gloo's message and the store: a closed connection names its peer by address;
-  // a timeout names the ranks that did not report a failure of their own within a grace period (stalled or
-  // gone). The first rank to see a cause posts it, so ranks that fail later, because a peer gave up on them,
+  // Who a failure is about, from the store and Gloo's message, in this order: the ranks whose backend said it was
+  // leaving (its destructor, before its connections close); else the peer a closed connection names by address;
+  // else the ranks that did not report a failure of their own within a grace period (killed, or stalled past a
+  // timeout). The first rank to see a cause posts it, so ranks that fail later, because a peer gave up on them,
   // report that first cause rather than the peer that gave up.
   std::string blame(std::string const& what, std::uint64_t seq) {
     try {
@@ -323,7 +333,14 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
         return std::string(v.begin(), v.end());
       }
       std::string who;
-      for (int q = 0; q < n_ && who.empty(); ++q) {
+      std::vector<int> left;  // ranks whose backend ended (normally, or unwinding an error) during this collective
+      for (int q = 0; q < n_; ++q)
+        if (q != rank_ && store_->check({detail::cat("gloo_left/", q)})) left.push_back(q);
+      if (!left.empty())
+        who = detail::cat(detail::rank_list(left), " left (", left.size() == 1 ? "its" : "their",
+                          " backend was destroyed while this rank was in a collective with it; seen by rank ", rank_,
+                          ")");
+      for (int q = 0; q < n_ && who.empty(); ++q) {  // else the peer Gloo names by its address
         auto const& end = peer_ends_[static_cast<std::size_t>(q)];
         if (!end.empty() && what.find(end) != std::string::npos)
           who = detail::cat("rank ", q, " ended (its connection closed; seen by rank ", rank_, ")");
@@ -331,8 +348,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
       if (who.empty()) {  // the end is not one Gloo named by a published address: ask who else saw a failure
         bool const timed_out = what.find("imed out") != std::string::npos;
         store_->set(detail::cat("gloo_failed/", seq, "/", rank_), {'1'});
-        auto const grace = timed_out ? std::min<std::chrono::milliseconds>(timeout_ / 2, std::chrono::seconds(5))
-                                     : std::min<std::chrono::milliseconds>(timeout_ / 4, std::chrono::seconds(1));
+        auto const grace = std::min<std::chrono::milliseconds>(timeout_ / 2, std::chrono::seconds(5));
         std::this_thread::sleep_for(grace);
         if (store_->check({key})) {
           auto const v = store_->get(key, timeout_);
