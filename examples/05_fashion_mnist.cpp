@@ -2,11 +2,13 @@
 // Fashion-MNIST with AdamW, on threads or under mpirun; progress bar, exact distributed evaluation,
 // atomic checkpoints with exact resume (also with another world size or bucket cap), a metrics CSV + SVG plot and a
 // per-rank Chrome/Perfetto timeline. The same code trains on host tensors (--device cpu) or, built by nvcc, on GPUs
-// (--device cuda: device tensors, NcclBackend, one GPU per rank chosen by the node-local rank, under mpirun).
+// (--device cuda: device tensors, NcclBackend, one GPU per rank chosen by the node-local rank; the ranks meet
+// over MPI under mpirun, else through the rendezvous store: torchrun, MASTER_ADDR/MASTER_PORT or DDP_STORE_FILE).
 //   bazel run //examples:fashion_mnist                       (threads, 2 ranks, CNN, 2 epochs)
 //   bazel run //examples:fashion_mnist -- --model mlp --out /tmp/fm --trace /tmp/fm
 //   mpirun -n 2 bazel-bin/examples/fashion_mnist --backend mpi
 //   mpirun -n 2 bazel-bin/examples/fashion_mnist_cuda --device cuda     (nvcc build, one GPU per rank)
+//   torchrun --redirects 1 --tee 1 --nproc_per_node=2 --no_python bazel-bin/examples/fashion_mnist_cuda --device cuda
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -70,11 +72,13 @@ template <class Trainer>
 void print_header(Trainer& t, Config const& cfg, std::int64_t steps_per_epoch,
                   TensorDataset<std::int32_t> const& train_set, TensorDataset<std::int32_t> const& test_set) {
   using S = typename Trainer::S;
+  std::string backend(std::remove_cvref_t<decltype(t.comm())>::backend_name);
+  if constexpr (requires { t.comm().bootstrap(); })
+    backend += detail::cat(" (ranks met through ", t.comm().bootstrap(), ")");
   std::printf(
       "fashion_mnist: model %s (%s parameters), %s backend, %s tensors, world size %d, global batch %lld (%lld per "
       "rank)\n",
-      cfg.model.c_str(), thousands(t.ddp().parameters().parameter_numel()).c_str(),
-      cfg.device == "cuda" ? "nccl" : std::string(std::remove_cvref_t<decltype(t.comm())>::backend_name).c_str(),
+      cfg.model.c_str(), thousands(t.ddp().parameters().parameter_numel()).c_str(), backend.c_str(),
       std::same_as<S, HostSpace> ? "host" : "device (cuda)", t.comm().world_size(),
       static_cast<long long>(t.global_batch()), static_cast<long long>(t.batch_size()));
   std::printf("optimizer %s lr %g, schedule %s, %lld epoch%s of %lld steps, seed %lld%s\n", cfg.optimizer.c_str(),
@@ -338,7 +342,8 @@ std::optional<Config> parse(int argc, char** argv) {
 #endif
   if (c.device == "cuda" && f.is_set("backend") && c.backend != examples::Backend::kMpi)
     throw ArgumentError(
-        "fashion_mnist: --device cuda uses NcclBackend under mpirun (one rank per GPU); drop --backend threads");
+        "fashion_mnist: --device cuda uses NcclBackend (one rank per GPU), whose ranks meet over MPI under mpirun, "
+        "else through torchrun's store, MASTER_ADDR/MASTER_PORT or DDP_STORE_FILE; drop --backend");
   if (c.device == "cuda") c.backend = examples::Backend::kMpi;
   // launch_choice took the size from the launcher for mpi and gloo; --device cuda switched to MPI after it.
   c.world_size = c.backend != examples::Backend::kThreads && !f.is_set("world-size") ? 0 : chosen.world_size;
@@ -415,16 +420,33 @@ int main(int argc, char** argv) {
   }
   try {
 #if defined(__CUDACC__)
-    if (cfg->device == "cuda") {  // one rank per process and GPU: NcclBackend, bootstrapped over MPI
-      MpiSession session(argc, argv);
+    if (cfg->device == "cuda") {  // one rank per process and GPU: NcclBackend
+      std::string const launcher = launch_env().source;
+      if (launcher == "mpich" || launcher == "openmpi") {  // under mpirun: the ranks meet over MPI
+        MpiSession session(argc, argv);
+        try {
+          if (cfg->world_size != 0 && cfg->world_size != session.world_size())
+            throw ArgumentError(detail::cat("--world-size ", cfg->world_size, " does not match the MPI job's ",
+                                            session.world_size(), " ranks (set it with mpirun -n)"));
+          NcclBackend comm(session, NcclOptions{.timeout = cfg->timeout});
+          run<DeviceSpace>(comm, *cfg, *train_set, *test_set);
+        } catch (std::exception const& e) {
+          session.abort(e.what());
+        }
+        return 0;
+      }
+      int rank = -1;  // else (torchrun, srun with DDP_STORE_FILE, one process): through the rendezvous store
       try {
-        if (cfg->world_size != 0 && cfg->world_size != session.world_size())
-          throw ArgumentError(detail::cat("--world-size ", cfg->world_size, " does not match the MPI job's ",
-                                          session.world_size(), " ranks (set it with mpirun -n)"));
-        NcclBackend comm(session, NcclOptions{.timeout = cfg->timeout});
+        Rendezvous rv = rendezvous({.timeout = cfg->timeout.after});
+        rank = rv.launch.rank;
+        if (cfg->world_size != 0 && cfg->world_size != rv.launch.world_size)
+          throw ArgumentError(detail::cat("--world-size ", cfg->world_size, " does not match the launcher's ",
+                                          rv.launch.world_size, " ranks (WORLD_SIZE)"));
+        NcclBackend comm(std::move(rv), NcclOptions{.timeout = cfg->timeout});
         run<DeviceSpace>(comm, *cfg, *train_set, *test_set);
       } catch (std::exception const& e) {
-        session.abort(e.what());
+        std::fprintf(stderr, "error: %s%s\n", rank >= 0 ? detail::cat("rank ", rank, ": ").c_str() : "", e.what());
+        return 1;
       }
       return 0;
     }

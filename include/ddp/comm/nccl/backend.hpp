@@ -1,5 +1,6 @@
 // NcclBackend: collectives on CUDA device buffers through NCCL, on the backend's own stream, ordered with
-// the compute stream by events; the ncclUniqueId is bootstrapped over MPI. Depend on //:ddp_nccl.
+// the compute stream by events. The ranks find each other, and share the ncclUniqueId, over MPI (under mpirun)
+// or through a rendezvous store (torchrun, srun with a file store: no MPI at run time). Depend on //:ddp_nccl.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,17 +9,21 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/detail/front_end.hpp"
 #include "ddp/comm/mpi/session.hpp"
 #include "ddp/comm/mpi/watch.hpp"
+#include "ddp/comm/rendezvous/rendezvous.hpp"
+#include "ddp/comm/rendezvous/store_watch.hpp"
 #include "ddp/comm/trace.hpp"
 #include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"
@@ -27,7 +32,7 @@
 namespace ddp {
 
 struct NcclOptions {
-  // CUDA device of this rank; -1: the node-local rank (from MPI) modulo the device count.
+  // CUDA device of this rank; -1: the node-local rank (from MPI or the launcher) modulo the device count.
   int device = -1;
   // The stream that produces and consumes the buffers (nullptr: the legacy default stream). Every
   // collective waits for work already queued on it, and work queued on it afterwards waits for the result.
@@ -93,9 +98,10 @@ class NcclWork {
 // (and synchronous copies on the legacy default stream) sees the result. barrier() and NcclWork::wait()
 // block the host. Results of kSum/kAvg follow NCCL's algorithms: identical on every rank, deterministic for
 // a fixed topology and message size (NCCL's own guarantee). One thread at a time issues collectives.
-// No hangs: the host waits poll under NcclOptions::timeout, answering and asking peers over MPI what they
-// wait for; a wait past the deadline aborts the communicator (ncclCommAbort, so kernels stuck on absent
-// peers end) and throws a CommError naming the collective and the ranks; the job then ends (mpi_main).
+// No hangs: the host waits poll under NcclOptions::timeout, learning what the peers wait for over MPI
+// (MpiWatch) or through the rendezvous store (StoreWatch, where a rank that ends also says so, and its peers
+// fail at once naming it); a wait past the deadline aborts the communicator (ncclCommAbort, so kernels stuck on
+// absent peers end) and throws a CommError naming the collective and the ranks; the job then ends.
 class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
  public:
   using accepted_spaces = SpaceList<DeviceSpace>;
@@ -108,24 +114,72 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
         session_(&session),
         rank_(session.rank()),
         n_(session.world_size()),
-        compute_(opts.compute_stream) {
+        compute_(opts.compute_stream),
+        bootstrap_("MPI") {
     try {
       watch_ =
           std::make_unique<detail::MpiWatch>(MPI_COMM_WORLD, detail::resolve(opts.timeout, backend_name), backend_name);
-      init(session, opts);
+      init(session.local_rank(), opts, [&](ncclUniqueId& id) {
+        if (rank_ == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        if (int rc = MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD); rc != MPI_SUCCESS) {
+          throw CommError(detail::cat("ddp nccl: rank ", rank_,
+                                      ": MPI_Bcast of the ncclUniqueId failed: ", detail::mpi_error_string(rc)),
+                          rank_);
+        }
+      });
     } catch (...) {
+      release();
+      throw;
+    }
+  }
+  // Over a job's rendezvous (ddp::rendezvous(): torchrun, env or a file store), with no MPI: rank 0 creates the
+  // ncclUniqueId and shares it through the store; the GPU is the launcher's LOCAL_RANK modulo the device count.
+  // Collective: every rank builds its backends in the same order (each takes its own keys in the store).
+  explicit NcclBackend(Rendezvous rv, NcclOptions const& opts = {})
+      : CollectiveFrontEnd(opts.trace),
+        rank_(rv.launch.rank),
+        n_(rv.launch.world_size),
+        compute_(opts.compute_stream),
+        bootstrap_(rv.describe()),
+        rendezvous_(std::make_shared<Rendezvous>(std::move(rv))) {
+    try {
+      Store& store = *rendezvous_->store;
+      std::string const prefix = detail::cat("nccl/", store.add(detail::cat("nccl/instances/", rank_), 1) - 1, "/");
+      watch_ = std::make_unique<detail::StoreWatch>(
+          rendezvous_->store, rank_, n_, detail::resolve(opts.timeout, backend_name), backend_name, prefix + "watch/");
+      init(rendezvous_->launch.local_rank, opts, [&](ncclUniqueId& id) {
+        auto const bytes = share_from_root(store, prefix + "unique_id", rank_, 0, rendezvous_->timeout, [&] {
+          ncclUniqueId made{};
+          nccl(ncclGetUniqueId(&made), "ncclGetUniqueId");
+          auto const* p = reinterpret_cast<char const*>(&made);
+          return std::vector<char>(p, p + sizeof made);
+        });
+        if (bytes.size() != sizeof id)
+          throw CommError(detail::cat("ddp nccl: rank ", rank_, " read a ", bytes.size(), "-byte ncclUniqueId from ",
+                                      store.describe(), " (expected ", sizeof id,
+                                      " bytes): the ranks were built against different NCCL versions"),
+                          rank_);
+        std::memcpy(&id, bytes.data(), sizeof id);
+      });
+    } catch (...) {
+      leave("its backend failed to start");
       release();
       throw;
     }
   }
   NcclBackend(NcclBackend const&) = delete;
   NcclBackend& operator=(NcclBackend const&) = delete;
-  ~NcclBackend() { release(); }
+  ~NcclBackend() {
+    release();
+    leave("its backend was destroyed");
+  }
 
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return n_; }
   int device() const noexcept { return device_; }
   cudaStream_t stream() const noexcept { return stream_; }
+  // For logs: how the ranks found each other ("MPI", "torchrun's agent store (TCP store 127.0.0.1:29500)").
+  std::string const& bootstrap() const noexcept { return bootstrap_; }
 
   // The collectives come from CollectiveFrontEnd; all_reduce_async returns an NcclWork (an event on the
   // NCCL stream). barrier() blocks the host until every rank arrived and all earlier collectives of this
@@ -145,19 +199,18 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
 
   // Blocks until `event` (recorded after collective `call`) completed, under the deadline; see the class.
   void wait_event(cudaEvent_t event, detail::CallRecord const& call) {
+    auto done = [&] {
+      cudaError_t const rc = cudaEventQuery(event);
+      if (rc == cudaErrorNotReady) {
+        check_async(name(call.collective()).data(), call.tag());
+        return false;
+      }
+      cuda(rc, "cudaEventQuery");
+      check_async(name(call.collective()).data(), call.tag());
+      return true;
+    };
     try {
-      watch_->wait_until(
-          [&] {
-            cudaError_t const rc = cudaEventQuery(event);
-            if (rc == cudaErrorNotReady) {
-              check_async(name(call.collective()).data(), call.tag());
-              return false;
-            }
-            cuda(rc, "cudaEventQuery");
-            check_async(name(call.collective()).data(), call.tag());
-            return true;
-          },
-          call);
+      std::visit([&](auto& watch) { watch->wait_until(done, call); }, watch_);
     } catch (...) {
       abort_comm();
       throw;
@@ -165,19 +218,16 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
   }
 
  private:
-  void init(MpiSession const& session, NcclOptions const& opts) {
+  // `share_id` fills the ncclUniqueId on every rank (rank 0 makes it).
+  template <class ShareId>
+  void init(int local_rank, NcclOptions const& opts, ShareId&& share_id) {
     int devices = 0;
     cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount (no usable CUDA device/driver?)");
     if (devices == 0) throw CommError(detail::cat("ddp nccl: rank ", rank_, " sees no CUDA device"), rank_);
-    device_ = opts.device >= 0 ? opts.device : session.local_rank() % devices;
+    device_ = opts.device >= 0 ? opts.device : local_rank % devices;
     cuda(cudaSetDevice(device_), "cudaSetDevice");
     ncclUniqueId id{};
-    if (rank_ == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    if (int rc = MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD); rc != MPI_SUCCESS) {
-      throw CommError(detail::cat("ddp nccl: rank ", rank_,
-                                  ": MPI_Bcast of the ncclUniqueId failed: ", detail::mpi_error_string(rc)),
-                      rank_);
-    }
+    share_id(id);
     nccl(ncclCommInitRank(&comm_, n_, id, rank_), "ncclCommInitRank");
     cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
     cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
@@ -191,8 +241,13 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
     if (comm_ != nullptr) ncclCommAbort(comm_);
     comm_ = nullptr;
     aborted_ = true;
-    session_->note_failure();
-    if (watch_) watch_->abandon();
+    if (session_ != nullptr) session_->note_failure();
+    if (auto* mpi = std::get_if<std::unique_ptr<detail::MpiWatch>>(&watch_); mpi && *mpi) (*mpi)->abandon();
+    leave("its communicator was aborted after a failed collective");
+  }
+  // Through the store: tells the peers this rank takes part in no further collective (MPI: mpi_main ends the job).
+  void leave(std::string const& why) noexcept {
+    if (auto* store = std::get_if<std::unique_ptr<detail::StoreWatch>>(&watch_); store && *store) (*store)->leave(why);
   }
 
   void release() noexcept {
@@ -352,13 +407,16 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
 
   friend class NcclWork;
 
-  MpiSession const* session_;
+  MpiSession const* session_ = nullptr;  // the MPI bootstrap's
   int rank_;
   int n_;
   int device_ = 0;
   cudaStream_t compute_;
-  std::unique_ptr<detail::MpiWatch> watch_;  // deadlines, and peers' questions over MPI
-  std::uint64_t calls_ = 0;                  // collectives enqueued (their sequence numbers)
+  std::string bootstrap_;
+  std::shared_ptr<Rendezvous> rendezvous_;  // the store bootstrap's (keeps rank 0's store server up)
+  // Deadlines, and what the peers wait for: over MPI, or through the rendezvous store.
+  std::variant<std::unique_ptr<detail::MpiWatch>, std::unique_ptr<detail::StoreWatch>> watch_;
+  std::uint64_t calls_ = 0;  // collectives enqueued (their sequence numbers)
   bool aborted_ = false;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;

@@ -160,4 +160,25 @@ inline Rendezvous rendezvous(RendezvousOptions const& opt = {}) {
   return rv;
 }
 
+// One rank's bytes to every rank, through the store: `root` sets `key` to make() (called on the root only), the
+// others wait for it (at most `timeout`). For a value made once and needed everywhere, e.g. NCCL's unique id.
+// The CommError on a rank that waits in vain names the key, the root and the store.
+template <class Make>
+std::vector<char> share_from_root(Store& store, std::string const& key, int rank, int root,
+                                  std::chrono::milliseconds timeout, Make&& make) {
+  if (rank == root) {
+    std::vector<char> bytes = make();
+    store.set(key, bytes);
+    return bytes;
+  }
+  try {
+    return store.get(key, timeout);
+  } catch (CommError const& e) {
+    throw CommError(detail::cat("rank ", rank, " waited ", detail::seconds_text(timeout), " for '", key, "' from rank ",
+                                root, " through ", store.describe(), ": ", e.what(), "; rank ", root,
+                                " failed before it set it (see its error) or never started"),
+                    root);
+  }
+}
+
 }  // namespace ddp
