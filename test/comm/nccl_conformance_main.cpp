@@ -1,5 +1,7 @@
 // NcclBackend: the conformance suite on device buffers (run on a GPU machine by run_gpu_tests.sh, world size
 // 1 per GPU). Without a usable GPU it checks that construction fails with a CommError naming the rank.
+// Under mpirun the ranks meet over MPI; with --rendezvous, through ddp::rendezvous()'s store (torchrun, a file
+// store, or one process with nothing set), with no MPI.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -7,6 +9,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,7 +33,15 @@ struct TestBuffer<DeviceSpace, T> {
 
 namespace {
 
-ddp::NcclBackend* g_comm = nullptr;  // the job's backend, set in main
+ddp::NcclBackend* g_comm = nullptr;             // the job's backend, set in main
+ddp::MpiSession* g_session = nullptr;           // how the job's ranks met: over MPI,
+std::optional<ddp::Rendezvous> g_rendezvous{};  // or through the rendezvous store
+
+// Another backend over the job's ranks, met the way the job's backend was (collective).
+ddp::NcclBackend another_backend(ddp::NcclOptions const& opts) {
+  if (g_rendezvous) return ddp::NcclBackend(*g_rendezvous, opts);
+  return ddp::NcclBackend(*g_session, opts);
+}
 
 struct Nccl {
   template <class F>
@@ -78,8 +89,7 @@ TEST_CASE("collectives order with the compute stream through events") {
   REQUIRE(cudaMemcpyAsync(buf.data(), ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice, compute) ==
           cudaSuccess);
   {
-    ddp::MpiSession session;  // MPI is already initialised by main's session: this one only observes it
-    ddp::NcclBackend comm(session, ddp::NcclOptions{.compute_stream = compute});
+    ddp::NcclBackend comm = another_backend(ddp::NcclOptions{.compute_stream = compute});
     comm.all_reduce(buf.span(), ddp::ReduceOp::kSum);
     std::vector<float> back(ones.size());
     REQUIRE(cudaMemcpyAsync(back.data(), buf.data(), back.size() * sizeof(float), cudaMemcpyDeviceToHost, compute) ==
@@ -101,8 +111,7 @@ TEST_CASE("an all-reduce waits for a slow kernel queued before it on the compute
   // ~10^8 cycles (tens of ms) before the fill: without event ordering NCCL would reduce the zeros.
   REQUIRE(ddp_test_delayed_fill(buf.data(), count, 3.0f, 100'000'000LL, compute) == cudaSuccess);
   {
-    ddp::MpiSession session;
-    ddp::NcclBackend comm(session, ddp::NcclOptions{.compute_stream = compute});
+    ddp::NcclBackend comm = another_backend(ddp::NcclOptions{.compute_stream = compute});
     comm.all_reduce(buf.span(), ddp::ReduceOp::kSum);
     std::vector<float> back(static_cast<std::size_t>(count));
     REQUIRE(cudaMemcpyAsync(back.data(), buf.data(), count * sizeof(float), cudaMemcpyDeviceToHost, compute) ==
@@ -115,29 +124,60 @@ TEST_CASE("an all-reduce waits for a slow kernel queued before it on the compute
   cudaStreamDestroy(compute);
 }
 
+// Without a usable GPU the backend must refuse with a CommError that names this rank, not crash.
+template <class Build>
+int check_refusal(int rank, Build&& build) {
+  try {
+    ddp::NcclBackend comm = build();
+    std::fprintf(stderr, "FAIL: NcclBackend constructed without a usable GPU\n");
+    return 1;
+  } catch (ddp::CommError const& e) {
+    std::string const what = e.what();
+    bool const ok = what.find("rank " + std::to_string(rank)) != std::string::npos &&
+                    what.find("cudaGetDeviceCount") != std::string::npos;
+    std::printf("no usable GPU; NcclBackend reported: %s\n%s\n", e.what(), ok ? "PASS" : "FAIL");
+    return ok ? 0 : 1;
+  }
+}
+
+bool usable_gpu(bool require_gpu) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) return true;
+  if (require_gpu) std::fprintf(stderr, "FAIL: --require-gpu but no usable CUDA device\n");
+  return false;
+}
+
 int main(int argc, char** argv) {
   bool require_gpu = false;  // --require-gpu: a missing GPU is a failure (the GPU-machine test)
-  for (int i = 1; i < argc; ++i) require_gpu = require_gpu || std::string(argv[i]) == "--require-gpu";
-  return ddp::mpi_main(argc, argv, [&](ddp::MpiSession& session) {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-      if (require_gpu) {
-        std::fprintf(stderr, "FAIL: --require-gpu but no usable CUDA device\n");
-        return 1;
-      }
-      // No GPU here: the backend must refuse with a CommError that names this rank, not crash.
-      try {
-        ddp::NcclBackend comm(session);
-        std::fprintf(stderr, "FAIL: NcclBackend constructed without a usable GPU\n");
-        return 1;
-      } catch (ddp::CommError const& e) {
-        std::string const what = e.what();
-        bool const ok = what.find("rank " + std::to_string(session.rank())) != std::string::npos &&
-                        what.find("cudaGetDeviceCount") != std::string::npos;
-        std::printf("no usable GPU; NcclBackend reported: %s\n%s\n", e.what(), ok ? "PASS" : "FAIL");
-        return ok ? 0 : 1;
-      }
+  bool store = false;        // --rendezvous: meet through ddp::rendezvous(), not MPI
+  for (int i = 1; i < argc; ++i) {
+    require_gpu = require_gpu || std::string(argv[i]) == "--require-gpu";
+    store = store || std::string(argv[i]) == "--rendezvous";
+  }
+  if (store) {
+    try {
+      g_rendezvous.emplace(ddp::rendezvous());
+      int const rank = g_rendezvous->launch.rank;
+      if (!usable_gpu(require_gpu))
+        return require_gpu ? 1 : check_refusal(rank, [&] { return ddp::NcclBackend(*g_rendezvous); });
+      ddp::NcclBackend comm(*g_rendezvous);
+      std::printf("rank %d: ranks met through %s\n", rank, comm.bootstrap().c_str());
+      g_comm = &comm;
+      doctest::Context ctx(argc, argv);
+      ctx.setOption("no-version", true);
+      int failed = ctx.run();
+      // Every rank's verdict: a failed rank fails the job (the launcher reports the first non-zero status).
+      g_comm = nullptr;
+      return failed;
+    } catch (std::exception const& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
     }
+  }
+  return ddp::mpi_main(argc, argv, [&](ddp::MpiSession& session) {
+    g_session = &session;
+    if (!usable_gpu(require_gpu))
+      return require_gpu ? 1 : check_refusal(session.rank(), [&] { return ddp::NcclBackend(session); });
     ddp::NcclBackend comm(session);
     g_comm = &comm;
     doctest::Context ctx(argc, argv);

@@ -3,7 +3,8 @@
 # GPU they skip, or are tagged "manual"): then records what a GPU session should paste into bench/RESULTS.md.
 #   1. Kernels<DeviceSpace> on the GPU (cuBLAS, cuDNN, Thrust) against the host kernels  (device_kernels_cuda_test)
 #      and every autograd op's gradient check on GPU tensors (device_ops_cuda_test; one binary, device_cuda_tests)
-#   2. the NCCL backend's conformance suite on device buffers, world size 1              (nccl_conformance_gpu_test)
+#   2. the NCCL backend's conformance suite on device buffers, world size 1, its ranks met over MPI and through
+#      a file store (no MPI)                                                  (nccl_conformance{,_store}_gpu_test)
 #   3. DDP over device tensors on NCCL, world size 1 (and 2 when two GPUs are visible)  (ddp_nccl_gpu_np*_test)
 #   4. the main job with --device cuda: ms/step of the BasicNet CNN on one GPU          (fashion_mnist_cuda)
 # usage: test/comm/run_gpu_tests.sh [extra bazel args]     (from the repository root)
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 nvidia-smi -L || { echo "no GPU visible (nvidia-smi failed)"; exit 1; }
 gpus=$(nvidia-smi -L | grep -c '^GPU')
-tests=(//test/tensor:device_kernels_cuda_test //test/autograd:device_ops_cuda_test //test/comm:nccl_conformance_gpu_test //test/parallel:ddp_nccl_gpu_np1_test)
+tests=(//test/tensor:device_kernels_cuda_test //test/autograd:device_ops_cuda_test //test/comm:nccl_conformance_gpu_test //test/comm:nccl_conformance_store_gpu_test //test/parallel:ddp_nccl_gpu_np1_test)
 if [ "$gpus" -ge 2 ]; then tests+=(//test/parallel:ddp_nccl_gpu_np2_test); fi
 # DDP_REQUIRE_GPU=1: a binary that finds no usable GPU fails instead of skipping. LD_LIBRARY_PATH: cuDNN's
 # run-time compiled engines and NVRTC, which cuDNN dlopens by name.

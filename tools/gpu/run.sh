@@ -26,6 +26,7 @@ step() {  # seconds command...: runs it, prints its tail, its status and time
 mpi=(mpiexec.hydra -launcher fork -n 1)  # one rank: one GPU
 step 600 "$here/bin/device_cuda_tests"  # device_kernels_test.cpp and device_ops_test.cpp, one binary
 step 120 "${mpi[@]}" "$here/bin/nccl_conformance" --require-gpu
+step 120 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "$here/bin/nccl_conformance" --rendezvous --require-gpu  # no MPI
 step 120 "${mpi[@]}" "$here/bin/ddp_nccl_main" --require-gpu
 if [ -e "$data/train-images-idx3-ubyte.gz" ]; then
   step 300 "${mpi[@]}" "$here/bin/fashion_mnist_cuda" --device cuda --data-dir "$data" --epochs 2 --model cnn
