@@ -131,7 +131,8 @@ TEST_CASE("a rank that stalls past the timeout is warned about at half of it, th
   CAPTURE(messages[0]);
   REQUIRE(warnings.size() == 1);
   CHECK(warnings[0] ==
-        "ddp gloo: warning: all_reduce #1 on rank 0 of 2 has waited 0.5 s for its peers; it fails at 1 s "
+        "ddp gloo: warning: all_reduce #1 (count=10, float64, sum) on rank 0 of 2 has waited 0.5 s for its peers; it "
+        "fails at 1 s "
         "(the collective timeout)");
   CHECK(messages[0].find("all_reduce #1 on rank 0 of 2 failed") != std::string::npos);
   CHECK(messages[0].find("rank 1 was not in this collective within the timeout of 1 s") != std::string::npos);

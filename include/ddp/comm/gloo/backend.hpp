@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/detail/call_record.hpp"
 #include "ddp/comm/detail/front_end.hpp"
 #include "ddp/comm/detail/progress.hpp"
 #include "ddp/comm/detail/reduce.hpp"
@@ -117,10 +118,10 @@ template <class T>
 
 // Warns once per collective that has run longer than the stall warning (TimeoutOptions::warn_fraction of the
 // timeout): Gloo blocks inside its algorithms, so a thread of its own watches the clock. begin() and end() bracket
-// one collective (one at a time).
+// one collective (one at a time); begin() copies a fixed-size record and the text is made only for a warning.
 class GlooStallWatch {
  public:
-  explicit GlooStallWatch(Deadlines d) : d_(std::move(d)) {
+  GlooStallWatch(Deadlines d, int rank, int world_size) : d_(std::move(d)), rank_(rank), n_(world_size) {
     if (d_.warn.count() > 0) thread_ = std::thread([this] { watch(); });
   }
   GlooStallWatch(GlooStallWatch const&) = delete;
@@ -133,12 +134,11 @@ class GlooStallWatch {
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
-  // `what` names the collective for the warning ("all_reduce #7 [bucket:3] on rank 0 of 4").
-  void begin(std::string what) {
+  void begin(CallRecord const& call) {
     if (!thread_.joinable()) return;
     {
       std::lock_guard lock(mu_);
-      what_ = std::move(what);
+      call_ = call;
       since_ = std::chrono::steady_clock::now();
       ++generation_;
       running_ = true;
@@ -165,9 +165,9 @@ class GlooStallWatch {
         if (!running_ && generation_ == gen) cv_.wait(lock, [&] { return stop_ || generation_ != gen; });
         continue;
       }
-      std::string const msg =
-          cat("ddp gloo: warning: ", what_, " has waited ", seconds_text(d_.warn), " for its peers; it fails at ",
-              seconds_text(d_.timeout), " (the collective timeout)");
+      std::string const msg = cat("ddp gloo: warning: ", describe(call_), " on rank ", rank_, " of ", n_,
+                                  " has waited ", seconds_text(d_.warn), " for its peers; it fails at ",
+                                  seconds_text(d_.timeout), " (the collective timeout)");
       lock.unlock();
       d_.warn_stall(msg);
       lock.lock();
@@ -176,9 +176,11 @@ class GlooStallWatch {
   }
 
   Deadlines d_;
+  int rank_;
+  int n_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::string what_;
+  CallRecord call_{};
   std::chrono::steady_clock::time_point since_{};
   std::uint64_t generation_ = 0;
   bool running_ = false, stop_ = false;
@@ -218,7 +220,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
       throw ArgumentError(detail::cat("ddp gloo: rank ", rank, " of world size ", world_size, " is not a rank"));
     auto const deadlines = detail::resolve(opts.timeout, backend_name);
     timeout_ = std::chrono::duration_cast<std::chrono::milliseconds>(deadlines.timeout);
-    stall_ = std::make_unique<detail::GlooStallWatch>(deadlines);
+    stall_ = std::make_unique<detail::GlooStallWatch>(deadlines, rank_, n_);
     ::gloo::transport::tcp::attr attr;
     char const* env_iface = std::getenv("GLOO_SOCKET_IFNAME");
     attr.iface = !opts.iface.empty() ? opts.iface : (env_iface != nullptr ? env_iface : "");
@@ -377,10 +379,12 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
 
   // Runs one Gloo collective (tagged with its sequence number, so a rank out of order never matches another
   // collective's messages); a Gloo error breaks the backend and becomes a CommError.
+  // `count`, `dtype`, `op` and `root` are for the stall warning.
   template <class Fn>
-  void run(CollectiveKind kind, CollectiveTag tag, Fn&& fn) {
+  void run(CollectiveKind kind, CollectiveTag tag, Fn&& fn, std::size_t count = 0, Dtype dtype = Dtype::kFloat32,
+           ReduceOp op = ReduceOp::kSum, int root = -1) {
     std::uint64_t const seq = ++calls_;
-    stall_->begin(detail::cat(name(kind), " #", seq, detail::tag_suffix(tag), " on rank ", rank_, " of ", n_));
+    stall_->begin(detail::CallRecord::make(seq, kind, count, dtype, op, root, tag));
     try {
       fn(static_cast<std::uint32_t>(seq));
       stall_->end();
@@ -401,44 +405,53 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
 
   template <class T>
   void run_all_reduce(HostSpan<T> buf, ReduceOp op, CollectiveTag tag) {
-    run(CollectiveKind::kAllReduce, tag, [&](std::uint32_t t) {
-      if (n_ == 1 || buf.empty()) return;
-      ::gloo::AllreduceOptions o(context_);
-      o.setOutput(buf.data(), buf.size());
-      o.setReduceFunction(detail::gloo_reduction<T>(op));
-      o.setTag(t);
-      o.setTimeout(timeout_);
-      ::gloo::allreduce(o);
-    });
+    run(
+        CollectiveKind::kAllReduce, tag,
+        [&](std::uint32_t t) {
+          if (n_ == 1 || buf.empty()) return;
+          ::gloo::AllreduceOptions o(context_);
+          o.setOutput(buf.data(), buf.size());
+          o.setReduceFunction(detail::gloo_reduction<T>(op));
+          o.setTag(t);
+          o.setTimeout(timeout_);
+          ::gloo::allreduce(o);
+        },
+        buf.size(), dtype_of<T>, op);
     if (op == ReduceOp::kAvg) detail::average(buf.data(), buf.size(), n_);
   }
 
   template <class T>
   void run_broadcast(HostSpan<T> buf, int root, CollectiveTag tag) {
-    run(CollectiveKind::kBroadcast, tag, [&](std::uint32_t t) {
-      if (n_ == 1 || buf.empty()) return;
-      ::gloo::BroadcastOptions o(context_);
-      o.setOutput(buf.data(), buf.size());
-      o.setRoot(root);
-      o.setTag(t);
-      o.setTimeout(timeout_);
-      ::gloo::broadcast(o);
-    });
+    run(
+        CollectiveKind::kBroadcast, tag,
+        [&](std::uint32_t t) {
+          if (n_ == 1 || buf.empty()) return;
+          ::gloo::BroadcastOptions o(context_);
+          o.setOutput(buf.data(), buf.size());
+          o.setRoot(root);
+          o.setTag(t);
+          o.setTimeout(timeout_);
+          ::gloo::broadcast(o);
+        },
+        buf.size(), dtype_of<T>, ReduceOp::kSum, root);
   }
 
   template <class T>
   void run_all_gather(HostSpan<T const> src, HostSpan<T> dst, CollectiveTag tag) {
-    run(CollectiveKind::kAllGather, tag, [&](std::uint32_t t) {
-      if (src.empty()) return;
-      T* const mine = dst.data() + static_cast<std::size_t>(rank_) * src.size();
-      if (src.data() != mine) std::copy(src.data(), src.data() + src.size(), mine);
-      if (n_ == 1) return;
-      ::gloo::AllgatherOptions o(context_);
-      o.setOutput(dst.data(), dst.size());  // no input: this rank's block of the output is its input
-      o.setTag(t);
-      o.setTimeout(timeout_);
-      ::gloo::allgather(o);
-    });
+    run(
+        CollectiveKind::kAllGather, tag,
+        [&](std::uint32_t t) {
+          if (src.empty()) return;
+          T* const mine = dst.data() + static_cast<std::size_t>(rank_) * src.size();
+          if (src.data() != mine) std::copy(src.data(), src.data() + src.size(), mine);
+          if (n_ == 1) return;
+          ::gloo::AllgatherOptions o(context_);
+          o.setOutput(dst.data(), dst.size());  // no input: this rank's block of the output is its input
+          o.setTag(t);
+          o.setTimeout(timeout_);
+          ::gloo::allgather(o);
+        },
+        src.size(), dtype_of<T>);
   }
 
   template <class T>
@@ -446,15 +459,18 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
     scratch_.resize(src.size_bytes());
     T* const all = reinterpret_cast<T*>(scratch_.data());
     std::copy(src.data(), src.data() + src.size(), all);
-    run(CollectiveKind::kReduceScatter, tag, [&](std::uint32_t t) {
-      if (n_ == 1 || src.empty()) return;
-      ::gloo::AllreduceOptions o(context_);
-      o.setOutput(all, src.size());
-      o.setReduceFunction(detail::gloo_reduction<T>(op));
-      o.setTag(t);
-      o.setTimeout(timeout_);
-      ::gloo::allreduce(o);
-    });
+    run(
+        CollectiveKind::kReduceScatter, tag,
+        [&](std::uint32_t t) {
+          if (n_ == 1 || src.empty()) return;
+          ::gloo::AllreduceOptions o(context_);
+          o.setOutput(all, src.size());
+          o.setReduceFunction(detail::gloo_reduction<T>(op));
+          o.setTag(t);
+          o.setTimeout(timeout_);
+          ::gloo::allreduce(o);
+        },
+        src.size(), dtype_of<T>, op);
     T const* const block = all + static_cast<std::size_t>(rank_) * dst.size();
     std::copy(block, block + dst.size(), dst.data());
     if (op == ReduceOp::kAvg) detail::average(dst.data(), dst.size(), n_);
@@ -462,41 +478,47 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
 
   template <class T>
   void run_gather(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
-    run(CollectiveKind::kGather, tag, [&](std::uint32_t t) {
-      if (src.empty()) return;
-      if (n_ == 1) {
-        if (dst.data() != src.data()) std::copy(src.data(), src.data() + src.size(), dst.data());
-        return;
-      }
-      ::gloo::GatherOptions o(context_);
-      o.setInput(const_cast<T*>(src.data()), src.size());
-      if (rank_ == root) o.setOutput(dst.data(), dst.size());
-      o.setRoot(root);
-      o.setTag(t);
-      o.setTimeout(timeout_);
-      ::gloo::gather(o);
-    });
+    run(
+        CollectiveKind::kGather, tag,
+        [&](std::uint32_t t) {
+          if (src.empty()) return;
+          if (n_ == 1) {
+            if (dst.data() != src.data()) std::copy(src.data(), src.data() + src.size(), dst.data());
+            return;
+          }
+          ::gloo::GatherOptions o(context_);
+          o.setInput(const_cast<T*>(src.data()), src.size());
+          if (rank_ == root) o.setOutput(dst.data(), dst.size());
+          o.setRoot(root);
+          o.setTag(t);
+          o.setTimeout(timeout_);
+          ::gloo::gather(o);
+        },
+        src.size(), dtype_of<T>, ReduceOp::kSum, root);
   }
 
   template <class T>
   void run_scatter(HostSpan<T const> src, HostSpan<T> dst, int root, CollectiveTag tag) {
-    run(CollectiveKind::kScatter, tag, [&](std::uint32_t t) {
-      if (dst.empty()) return;
-      if (n_ == 1) {
-        if (dst.data() != src.data()) std::copy(src.data(), src.data() + dst.size(), dst.data());
-        return;
-      }
-      ::gloo::ScatterOptions o(context_);
-      std::vector<T*> blocks;
-      if (rank_ == root)
-        for (int q = 0; q < n_; ++q) blocks.push_back(const_cast<T*>(src.data()) + q * dst.size());
-      if (rank_ == root) o.setInputs(blocks, dst.size());
-      o.setOutput(dst.data(), dst.size());
-      o.setRoot(root);
-      o.setTag(t);
-      o.setTimeout(timeout_);
-      ::gloo::scatter(o);
-    });
+    run(
+        CollectiveKind::kScatter, tag,
+        [&](std::uint32_t t) {
+          if (dst.empty()) return;
+          if (n_ == 1) {
+            if (dst.data() != src.data()) std::copy(src.data(), src.data() + dst.size(), dst.data());
+            return;
+          }
+          ::gloo::ScatterOptions o(context_);
+          std::vector<T*> blocks;
+          if (rank_ == root)
+            for (int q = 0; q < n_; ++q) blocks.push_back(const_cast<T*>(src.data()) + q * dst.size());
+          if (rank_ == root) o.setInputs(blocks, dst.size());
+          o.setOutput(dst.data(), dst.size());
+          o.setRoot(root);
+          o.setTag(t);
+          o.setTimeout(timeout_);
+          ::gloo::scatter(o);
+        },
+        dst.size(), dtype_of<T>, ReduceOp::kSum, root);
   }
 
   void run_barrier(CollectiveTag tag) {
