@@ -260,3 +260,37 @@ TEST_CASE_TEMPLATE_DEFINE("bad arguments throw ArgumentError naming the rank and
 }
 
 }  // namespace ddp::test
+
+// The whole suite over `Harness` (a type with `static void run(fn)` calling fn(comm) on every rank) for every
+// element type a backend carries: float, double, int32, int64, bfloat16, float16. One line per backend program,
+// at global scope: DDP_CONFORMANCE_SUITE(Mpi). The cases are named "<float>", "<bfloat16>", ...
+#define DDP_CONFORMANCE_SUITE(Harness)                                                                                \
+  namespace ddp::test::every_type {                                                                                   \
+  using F32 = Case<Harness, float>;                                                                                   \
+  using F64 = Case<Harness, double>;                                                                                  \
+  using I32 = Case<Harness, std::int32_t>;                                                                            \
+  using I64 = Case<Harness, std::int64_t>;                                                                            \
+  using BF16 = Case<Harness, ::ddp::bfloat16>;                                                                        \
+  using F16 = Case<Harness, ::ddp::float16>;                                                                          \
+  }                                                                                                                   \
+  TYPE_TO_STRING_AS("float", ddp::test::every_type::F32);                                                             \
+  TYPE_TO_STRING_AS("double", ddp::test::every_type::F64);                                                            \
+  TYPE_TO_STRING_AS("int32", ddp::test::every_type::I32);                                                             \
+  TYPE_TO_STRING_AS("int64", ddp::test::every_type::I64);                                                             \
+  TYPE_TO_STRING_AS("bfloat16", ddp::test::every_type::BF16);                                                         \
+  TYPE_TO_STRING_AS("float16", ddp::test::every_type::F16);                                                           \
+  namespace ddp::test {                                                                                               \
+  TEST_CASE_TEMPLATE_INVOKE(all_reduce_suite, every_type::F32, every_type::F64, every_type::I32, every_type::I64,     \
+                            every_type::BF16, every_type::F16);                                                       \
+  TEST_CASE_TEMPLATE_INVOKE(broadcast_suite, every_type::F32, every_type::F64, every_type::I32, every_type::I64,      \
+                            every_type::BF16, every_type::F16);                                                       \
+  TEST_CASE_TEMPLATE_INVOKE(gather_suite, every_type::F32, every_type::F64, every_type::I32, every_type::I64,         \
+                            every_type::BF16, every_type::F16);                                                       \
+  TEST_CASE_TEMPLATE_INVOKE(reduce_scatter_suite, every_type::F32, every_type::F64, every_type::I32, every_type::I64, \
+                            every_type::BF16, every_type::F16);                                                       \
+  TEST_CASE_TEMPLATE_INVOKE(async_suite, every_type::F32, every_type::F64, every_type::I32, every_type::I64,          \
+                            every_type::BF16, every_type::F16);                                                       \
+  TEST_CASE_TEMPLATE_INVOKE(errors_suite, every_type::F32, every_type::F64, every_type::I32, every_type::I64,         \
+                            every_type::BF16, every_type::F16);                                                       \
+  }                                                                                                                   \
+  static_assert(true, "")

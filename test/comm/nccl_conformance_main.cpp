@@ -50,30 +50,9 @@ struct Nccl {
   }
 };
 
-using F32 = ddp::test::Case<Nccl, float>;
-using F64 = ddp::test::Case<Nccl, double>;
-using I32 = ddp::test::Case<Nccl, std::int32_t>;
-using I64 = ddp::test::Case<Nccl, std::int64_t>;
-using BF16 = ddp::test::Case<Nccl, ddp::bfloat16>;
-using F16 = ddp::test::Case<Nccl, ddp::float16>;
-
 }  // namespace
 
-TYPE_TO_STRING(F32);
-TYPE_TO_STRING(F64);
-TYPE_TO_STRING(I32);
-TYPE_TO_STRING(I64);
-TYPE_TO_STRING(BF16);
-TYPE_TO_STRING(F16);
-
-namespace ddp::test {
-TEST_CASE_TEMPLATE_INVOKE(all_reduce_suite, F32, F64, I32, I64, BF16, F16);
-TEST_CASE_TEMPLATE_INVOKE(broadcast_suite, F32, F64, I32, I64, BF16, F16);
-TEST_CASE_TEMPLATE_INVOKE(gather_suite, F32, F64, I32, I64, BF16, F16);
-TEST_CASE_TEMPLATE_INVOKE(reduce_scatter_suite, F32, F64, I32, I64, BF16, F16);
-TEST_CASE_TEMPLATE_INVOKE(async_suite, F32, F64, I32, I64, BF16, F16);
-TEST_CASE_TEMPLATE_INVOKE(errors_suite, F32, F64, I32, I64, BF16, F16);
-}  // namespace ddp::test
+DDP_CONFORMANCE_SUITE(Nccl);
 
 static_assert(ddp::Communicator<ddp::NcclBackend>);
 static_assert(ddp::AsyncCommunicator<ddp::NcclBackend>);
