@@ -12,6 +12,8 @@
 #include <cstring>
 
 #include "ddp/config.hpp"
+#include "ddp/tensor/device_counters.hpp"
+#include "ddp/tensor/device_errors.hpp"
 #include "ddp/tensor/device_system.hpp"
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
@@ -31,12 +33,16 @@ void device_for(i64 n, F const& f) {
 }
 
 // op over f(i) for i in [0, n), starting from init, returned to the host. op must be associative and
-// commutative (Thrust may combine in any tree).
+// commutative (Thrust may combine in any tree). Like device_to_host, it then reports what the kernels before it
+// found wrong in their inputs (device_errors.hpp).
 template <class T, class F, class Op>
 T device_reduce(i64 n, F const& f, T init, Op op) {
   if (n <= 0) return init;
-  return thrust::transform_reduce(device_policy(), thrust::counting_iterator<i64>(0), thrust::counting_iterator<i64>(n),
-                                  f, init, op);
+  count_host_wait();
+  T const r = thrust::transform_reduce(device_policy(), thrust::counting_iterator<i64>(0),
+                                       thrust::counting_iterator<i64>(n), f, init, op);
+  check_device_errors();  // the host has waited for every kernel before this one
+  return r;
 }
 
 // Σ_{i<n} f(i) with init 0, returned to the host. The CPP system adds in index order (a left fold, like the host
@@ -49,6 +55,7 @@ T device_sum(i64 n, F const& f) {
 // Bytes between host and device memory (synchronous: the host data may be reused on return).
 inline void device_from_host(void* dst, void const* src, std::size_t bytes) {
   if (bytes == 0) return;
+  count_sync_copy(bytes);
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
   cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D (Kernels<DeviceSpace>::from_host)");
 #else
@@ -57,11 +64,13 @@ inline void device_from_host(void* dst, void const* src, std::size_t bytes) {
 }
 inline void device_to_host(void* dst, void const* src, std::size_t bytes) {
   if (bytes == 0) return;
+  count_sync_copy(bytes);
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
   cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H (Kernels<DeviceSpace>::to_host)");
 #else
   std::memcpy(dst, src, bytes);
 #endif
+  check_device_errors();  // the host has waited for every kernel before this copy
 }
 
 // Scalar math usable in device functors: libm's float/double functions (CUDA provides both sides).

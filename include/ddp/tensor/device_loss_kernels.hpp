@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "ddp/tensor/device_allocator.hpp"
+#include "ddp/tensor/device_errors.hpp"
 #include "ddp/tensor/device_launch.hpp"
 
 namespace ddp {
@@ -52,9 +54,17 @@ struct CrossEntropyFwd {  // one row per index: probabilities and the row's loss
   std::int32_t const* target;
   T* probs;
   T* row_loss;
+  DeviceErrorRecord* err;
   DDP_HOST_DEVICE void operator()(i64 r) const {
     T const* xr = logits + r * cols;
     T* pr = probs + r * cols;
+    if (target[r] < 0 || target[r] >= cols) {  // reported at the next host read; the row's outputs are NaN
+      report_device_error(err, DeviceErrorKind::kClassId, DeviceErrorOp::kCrossEntropy, r, target[r], cols);
+      T const nan = std::numeric_limits<T>::quiet_NaN();
+      for (i64 c = 0; c < cols; ++c) pr[c] = nan;
+      row_loss[r] = nan;
+      return;
+    }
     T const m = row_max(xr, cols);
     T z = 0;
     for (i64 c = 0; c < cols; ++c) z += (pr[c] = dmath::exp(xr[c] - m));
@@ -63,15 +73,29 @@ struct CrossEntropyFwd {  // one row per index: probabilities and the row's loss
   }
 };
 template <class T>
-struct CrossEntropyBwd {  // one element per index
+struct CrossEntropyBwd {  // one element per index; the scale is s, or g[0] / rows where g is given
   i64 cols;
   T const* probs;
   std::int32_t const* target;
   T s, beta;
   T* gx;
+  T const* g = nullptr;
+  T rows = T(1);
   DDP_HOST_DEVICE void operator()(i64 i) const {
-    dmath::assign_or_add(gx[i], s * probs[i], beta);
-    if (i % cols == target[i / cols]) gx[i] -= s;
+    T const scale = g ? *g / rows : s;
+    dmath::assign_or_add(gx[i], scale * probs[i], beta);
+    if (i % cols == target[i / cols]) gx[i] -= scale;
+  }
+};
+template <class T>
+struct MeanInto {  // out[0] = (x[0] + ... + x[n-1]) / n, added in index order (one thread: n is a batch's rows)
+  i64 n;
+  T const* x;
+  T* out;
+  DDP_HOST_DEVICE void operator()(i64) const {
+    T s = T(0);
+    for (i64 i = 0; i < n; ++i) s += x[i];
+    out[0] = n ? s / T(n) : T(0);
   }
 };
 template <class T>
@@ -79,7 +103,14 @@ struct NllPick {  // -logp[r, target[r]]
   i64 cols;
   T const* logp;
   std::int32_t const* target;
-  DDP_HOST_DEVICE T operator()(i64 r) const { return -logp[r * cols + target[r]]; }
+  DeviceErrorRecord* err;
+  DDP_HOST_DEVICE T operator()(i64 r) const {
+    if (target[r] < 0 || target[r] >= cols) {
+      report_device_error(err, DeviceErrorKind::kClassId, DeviceErrorOp::kNllLoss, r, target[r], cols);
+      return std::numeric_limits<T>::quiet_NaN();
+    }
+    return -logp[r * cols + target[r]];
+  }
 };
 template <class T>
 struct NllBwd {  // one element per index; beta 0 or 1
@@ -113,7 +144,8 @@ struct MseBwd {
 }  // namespace detail::dev
 
 // Part of Kernels<DeviceSpace>; contracts as Kernels<HostSpace>'s softmax family. Mean losses come back to the
-// host (a synchronising read on CUDA), as the host kernels return them.
+// host (a synchronising read on CUDA), as the host kernels return them, or, for cross-entropy (what the autograd
+// calls), stay in device memory.
 struct DeviceLossKernels {
   using i64 = std::int64_t;
 
@@ -131,7 +163,8 @@ struct DeviceLossKernels {
   static T cross_entropy_fwd(i64 rows, i64 cols, T const* logits, std::int32_t const* target, T* probs) {
     if (rows == 0) return T(0);
     detail::DeviceScratch<T> row_loss(rows);
-    detail::device_for(rows, detail::dev::CrossEntropyFwd<T>{cols, logits, target, probs, row_loss.data()});
+    detail::device_for(rows, detail::dev::CrossEntropyFwd<T>{cols, logits, target, probs, row_loss.data(),
+                                                             detail::device_error_slot().device});
     return detail::device_sum<T>(rows, detail::dev::Load<T>{row_loss.data()}) / T(rows);
   }
   // gx = beta gx + g * (probs - onehot(target)) / rows
@@ -140,10 +173,32 @@ struct DeviceLossKernels {
     T const s = rows ? g / T(rows) : T(0);
     detail::device_for(rows * cols, detail::dev::CrossEntropyBwd<T>{cols, probs, target, s, beta, gx});
   }
+  // The same two with the loss and its gradient in device memory (loss[0], g[0]): no host wait, no copy. The mean
+  // adds the rows in order on one device thread (on Thrust's CPU system bitwise the value above).
+  template <class T>
+  static void cross_entropy_fwd(i64 rows, i64 cols, T const* logits, std::int32_t const* target, T* probs, T* loss) {
+    if (rows == 0) {
+      detail::device_for(1, detail::dev::MeanInto<T>{0, nullptr, loss});
+      return;
+    }
+    detail::DeviceScratch<T> row_loss(rows);
+    detail::device_for(rows, detail::dev::CrossEntropyFwd<T>{cols, logits, target, probs, row_loss.data(),
+                                                             detail::device_error_slot().device});
+    detail::device_for(1, detail::dev::MeanInto<T>{rows, row_loss.data(), loss});
+  }
+  template <class T>
+  static void cross_entropy_bwd(i64 rows, i64 cols, T const* probs, std::int32_t const* target, T const* g, T beta,
+                                T* gx) {
+    detail::device_for(rows * cols,
+                       detail::dev::CrossEntropyBwd<T>{cols, probs, target, T(0), beta, gx, g, static_cast<T>(rows)});
+  }
   // Mean negative log-likelihood of log-probabilities (rows, cols).
   template <class T>
   static T nll_fwd(i64 rows, i64 cols, T const* logp, std::int32_t const* target) {
-    return rows ? detail::device_sum<T>(rows, detail::dev::NllPick<T>{cols, logp, target}) / T(rows) : T(0);
+    return rows ? detail::device_sum<T>(
+                      rows, detail::dev::NllPick<T>{cols, logp, target, detail::device_error_slot().device}) /
+                      T(rows)
+                : T(0);
   }
   template <class T>
   static void nll_bwd(i64 rows, i64 cols, std::int32_t const* target, T g, T beta, T* gx) {

@@ -453,6 +453,17 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
     detail::assign_or_add(detail::MapArr<T>(gx, rows * cols), s * detail::CMapArr<T>(probs, rows * cols), beta);
     for (i64 r = 0; r < rows; ++r) gx[r * cols + target[r]] -= s;
   }
+  // The same two with the loss and its gradient in the tensors' memory (loss[0], g[0]), as the autograd calls them:
+  // on a device nothing comes back to the host.
+  template <class T>
+  static void cross_entropy_fwd(i64 rows, i64 cols, T const* logits, std::int32_t const* target, T* probs, T* loss) {
+    *loss = cross_entropy_fwd(rows, cols, logits, target, probs);
+  }
+  template <class T>
+  static void cross_entropy_bwd(i64 rows, i64 cols, T const* probs, std::int32_t const* target, T const* g, T beta,
+                                T* gx) {
+    cross_entropy_bwd(rows, cols, probs, target, *g, beta, gx);
+  }
   // Mean negative log-likelihood of log-probabilities (rows, cols).
   template <class T>
   static T nll_fwd(i64 rows, i64 cols, T const* logp, std::int32_t const* target) {

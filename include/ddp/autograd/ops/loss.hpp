@@ -23,13 +23,10 @@ void check_targets(char const* op, Tensor<std::int32_t, S> const& target, std::i
   if (!(target.shape() == Shape{rows}))
     throw ShapeError(
         detail::cat(op, ": targets have shape ", target.shape(), ", expected [", rows, "] (one class id per row)"));
+  // Device targets are checked by the loss kernels themselves, and a bad id is reported at the next host read
+  // (device_errors.hpp): reading them back here would make every step wait for the device.
+  if constexpr (!std::same_as<S, HostSpace>) return;
   std::int32_t const* ids = target.data();
-  std::vector<std::int32_t> copied;  // device targets are checked on a host copy (rows ints)
-  if constexpr (!std::same_as<S, HostSpace>) {
-    copied.resize(static_cast<std::size_t>(rows));
-    Kernels<S>::to_host(rows, target.data(), copied.data());
-    ids = copied.data();
-  }
   for (std::int64_t r = 0; r < rows; ++r)
     if (ids[r] < 0 || ids[r] >= cols)
       throw ArgumentError(detail::cat(op, ": target ", ids[r], " at row ", r, " is not a class id in [0, ", cols, ")"));
@@ -95,13 +92,14 @@ Variable<T, S> cross_entropy(Variable<T, S> const& logits, Tensor<std::int32_t, 
   std::int64_t const rows = rc.first, cols = rc.second;
   detail::check_targets("cross_entropy", target, rows, cols);
   Tensor<T, S> probs(logits.shape());
-  T const loss = K::cross_entropy_fwd(rows, cols, logits.value().data(), target.data(), probs.data());
+  Tensor<T, S> loss(Shape{1});  // stays where the tensors are: on a device, nothing is read back here
+  K::cross_entropy_fwd(rows, cols, logits.value().data(), target.data(), probs.data(), loss.data());
   return detail::record(
-      "cross_entropy", detail::scalar_tensor<T, S>(loss),
+      "cross_entropy", std::move(loss),
       [logits, target, probs, rows, cols](Node<T, S>& self) {
         auto& ln = logits.node();
         T const beta = detail::grad_beta(ln);
-        K::cross_entropy_bwd(rows, cols, probs.data(), target.data(), detail::scalar_grad(self), beta, ln.grad.data());
+        K::cross_entropy_bwd(rows, cols, probs.data(), target.data(), self.grad.data(), beta, ln.grad.data());
       },
       logits);
 }
