@@ -88,9 +88,8 @@ inline std::string name(Model m) { return m == Model::kCnn ? "cnn" : "mlp"; }
 
 }  // namespace device_counters_test
 
-using namespace device_counters_test;
-
 TEST_CASE("device counters: each choke point counts once, with its bytes") {
+  using device_counters_test::Dev;
   using K = ddp::Kernels<Dev>;
   std::int64_t const n = 123'457;  // a size no other test of this binary frees: the cache cannot serve it
   auto const before = ddp::device_counts();
@@ -122,6 +121,7 @@ TEST_CASE("device counters: each choke point counts once, with its bytes") {
 }
 
 TEST_CASE("device counters: after warm-up every training step does the same device work, within today's bound") {
+  using namespace device_counters_test;
   // Today's counts per step (AdamW, batch 16 per rank), the bound each step must stay within. Zero is the goal;
   // DDP's are its status words: one copy to the device and one back per bucket (the MLP has 1, the CNN 2).
   struct Bound {

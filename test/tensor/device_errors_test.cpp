@@ -34,9 +34,8 @@ inline bool contains(std::string const& s, std::string const& part) { return s.f
 
 }  // namespace device_errors_test
 
-using namespace device_errors_test;
-
 TEST_CASE("device errors: a bad class id in cross_entropy is reported at the next host read, naming row and value") {
+  using namespace device_errors_test;
   auto x = logits<Dev>(4, 10);
   auto const before = device_counts();
   auto loss = cross_entropy(x, ids<Dev>({1, 2, 12, 3}));  // no throw here: nothing was read back
@@ -59,6 +58,7 @@ TEST_CASE("device errors: a bad class id in cross_entropy is reported at the nex
 }
 
 TEST_CASE("device errors: a negative id in nll_loss fails at its own reduction; host tensors fail at once") {
+  using namespace device_errors_test;
   auto x = logits<Dev>(3, 5);
   CHECK_THROWS_WITH_AS(nll_loss(log_softmax(x), ids<Dev>({0, -1, 2})),
                        doctest::Contains("nll_loss: target -1 at row 1 is not a class id in [0, 5)"), ArgumentError);

@@ -31,7 +31,10 @@ namespace ddp {
 // channel-wise ones (softmax rows, bias sums, batch-norm statistics) one thread per row, plane or channel, which
 // is enough for the classifier heads and channel counts of the examples but not a tuned segmented reduction;
 // dropout masks are drawn on the device (PCG32 jump-ahead), bitwise the host's.
-// Each loss reads its value and its class ids on the host (a synchronisation per step, as loss.item() is).
+// Host work per step (device_counters.hpp counts it): after the first step, tensors come from a per-thread cache of
+// freed blocks (no allocation); cross_entropy keeps its loss and gradient in device memory and checks its class
+// ids in the kernel, reporting a bad one at the next host read (device_errors.hpp). nll_loss and mse_loss still
+// return their value to the host (a wait per step), and so does loss.item().
 template <>
 struct Kernels<DeviceSpace> : DeviceElementwiseKernels,
                               DeviceLossKernels,
