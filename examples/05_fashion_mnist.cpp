@@ -21,6 +21,7 @@
 
 #include <ddp/data/global_batch_sampler.hpp>
 #include <ddp/ddp.hpp>
+#include <ddp/tensor/precision.hpp>
 #include <ddp/train/checkpoint.hpp>
 #include <ddp/train/evaluate.hpp>
 #include <ddp/train/metrics_log.hpp>
@@ -47,9 +48,10 @@ struct Config {
   std::string model, optimizer, device;
   optim::ScheduleKind schedule = optim::ScheduleKind::kCosine;
   examples::Backend backend = examples::Backend::kThreads;
-  int world_size = 2;        // 0: take it from mpirun
-  TimeoutOptions timeout{};  // --timeout
-  MpiNodeOptions node{};     // --mpi-allreduce
+  int world_size = 2;                      // 0: take it from mpirun
+  TimeoutOptions timeout{};                // --timeout
+  MpiNodeOptions node{};                   // --mpi-allreduce
+  Precision precision = Precision::kFp32;  // --precision (device tensors)
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
                max_steps = 0;
   examples::ReductionChoice reduction{};  // --deterministic, --micro-batches, --comm-hook
@@ -94,6 +96,10 @@ void print_header(Trainer& t, Config const& cfg, std::int64_t steps_per_epoch,
               static_cast<long long>(test_set.size()), cfg.data_dir.string().c_str());
   std::printf("%s\n", t.ddp().describe().c_str());
   std::printf("%s\n", t.optimizer().describe().c_str());
+  if constexpr (!std::same_as<S, HostSpace>)
+    std::printf("precision %s: GEMM and convolution operands in %s, float accumulation and master weights%s\n",
+                std::string(name(cfg.precision)).c_str(), std::string(name(cfg.precision)).c_str(),
+                cfg.precision == Precision::kFp16 ? ", dynamic loss scaling" : "");
   std::fflush(stdout);
 }
 
@@ -196,6 +202,9 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
     log.add(m);
     if (leader) {
       std::printf("%s\n", format_epoch_summary(m, cfg.epochs).c_str());
+      if (auto const scale = t.loss_scale())
+        std::printf("loss scale %g (%lld steps skipped for an overflow so far)\n", *scale,
+                    static_cast<long long>(t.loss_scale_skipped_steps()));
       std::fflush(stdout);
     }
     schedule.end_epoch(epoch + 1);
@@ -256,7 +265,14 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                             .drop_last = false,
                             .ddp = {.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
                             .global_batch = cfg.global_batch,
-                            .clip_grad_norm = cfg.clip_grad_norm};
+                            .clip_grad_norm = cfg.clip_grad_norm,
+                            .loss_scaling = cfg.precision == Precision::kFp16
+                                                ? std::optional<optim::GradScalerOptions>(optim::GradScalerOptions{})
+                                                : std::nullopt};
+  // --precision: this rank's thread runs its GEMMs and convolutions in it (device tensors; parse() refuses it on
+  // host tensors, and so would the compiler).
+  std::optional<autocast> precision;
+  if constexpr (!std::same_as<S, HostSpace>) precision.emplace(cfg.precision);
   // The one training loop, for every composition the flags choose (examples/common/reduction.hpp).
   // The optimizer always under ZeroRedundancyOptimizer, whose stage 0 is the optimizer itself, and under
   // OverlappedOptimizer, which with UpdateAt::kStep steps after backward: --zero and --overlap-update are values,
@@ -295,6 +311,10 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("device", "cpu",
            "cpu (host tensors) or cuda (device tensors, NCCL, one GPU per rank, under mpirun; needs the "
            "nvcc build //examples:fashion_mnist_cuda)")
+      .add("precision", "fp32",
+           "fp32, tf32, bf16 or fp16: the precision of the GEMM and convolution operands on device tensors (float "
+           "accumulation, float master weights and optimizer state; fp16 adds dynamic loss scaling). Device tensors "
+           "only (--device cuda)")
       .add("epochs", "2", "epochs to train (a resumed run continues up to this many)")
       .add("batch-size", "64", "global batch: samples per step over all ranks (a multiple of the world size)")
       .add("lr", "", "learning rate (default: 0.001 for cnn, 0.002 for mlp)")
@@ -340,6 +360,11 @@ std::optional<Config> parse(int argc, char** argv) {
         "fashion_mnist: --device cuda needs the CUDA build: bazel build //examples:fashion_mnist_cuda "
         "(nvcc), then mpirun -n <GPUs> bazel-bin/examples/fashion_mnist_cuda --device cuda");
 #endif
+  c.precision = parse_precision(f.choice("precision", {"fp32", "tf32", "bf16", "fp16"}));
+  if (c.precision != Precision::kFp32 && c.device != "cuda")
+    throw ArgumentError(detail::cat("--precision ", name(c.precision),
+                                    " is for device tensors (--device cuda, the nvcc build "
+                                    "//examples:fashion_mnist_cuda): host tensors compute in float"));
   if (c.device == "cuda" && f.is_set("backend") && c.backend != examples::Backend::kMpi)
     throw ArgumentError(
         "fashion_mnist: --device cuda uses NcclBackend (one rank per GPU), whose ranks meet over MPI under mpirun, "

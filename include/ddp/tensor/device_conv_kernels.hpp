@@ -3,12 +3,15 @@
 // Eigen, fused pooling included).
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 
 #include "ddp/config.hpp"
+#include "ddp/tensor/device_blas.hpp"  // rounded_copy
 #include "ddp/tensor/device_system.hpp"
 #include "ddp/tensor/host_conv_kernels.hpp"
 #include "ddp/tensor/kernels.hpp"
+#include "ddp/tensor/precision.hpp"
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include <cudnn.h>
@@ -153,8 +156,8 @@ struct DeviceConvKernels {
 
   // y = conv(x, w) + bias, then max(0, y) when g.relu().
   template <class T>
-  static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y,
-                         std::uint8_t* codes = nullptr) {
+  static void conv2d_fwd_in_float(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y,
+                                  std::uint8_t* codes = nullptr) {
     (void)codes;
     DDP_ASSERT(!g.pool2(), "conv2d_fwd: fused pooling is not available on CUDA (fuses_pool2 is false)");
     auto const& d = detail::cudnn_conv<T>(g);
@@ -173,8 +176,8 @@ struct DeviceConvKernels {
 
   // Null outputs are skipped; beta 0 overwrites (never reads), 1 accumulates. With g.relu(), gy is masked by y > 0.
   template <class T>
-  static void conv2d_bwd(ConvGeometry const& g, T const* x, T const* w, T const* y, T const* gy, T beta_x, T* gx,
-                         T beta_w, T* gw, T beta_b, T* gb, std::uint8_t const* codes = nullptr) {
+  static void conv2d_bwd_in_float(ConvGeometry const& g, T const* x, T const* w, T const* y, T const* gy, T beta_x,
+                                  T* gx, T beta_w, T* gw, T beta_b, T* gb, std::uint8_t const* codes = nullptr) {
     (void)codes;
     DDP_ASSERT(!g.pool2(), "conv2d_bwd: fused pooling is not available on CUDA (fuses_pool2 is false)");
     i64 const ny = g.N * g.O * g.L();
@@ -211,16 +214,48 @@ struct DeviceConvKernels {
   // Host-accessible memory: the host convolution runs on it directly (same algorithms, same results).
   static bool fuses_pool2(ConvGeometry const& g) noexcept { return HostConvKernels::fuses_pool2(g); }
   template <class T>
-  static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y,
-                         std::uint8_t* codes = nullptr) {
+  static void conv2d_fwd_in_float(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y,
+                                  std::uint8_t* codes = nullptr) {
     HostConvKernels::conv2d_fwd(g, x, w, bias, y, codes);
   }
   template <class T>
-  static void conv2d_bwd(ConvGeometry const& g, T const* x, T const* w, T const* y, T const* gy, T beta_x, T* gx,
-                         T beta_w, T* gw, T beta_b, T* gb, std::uint8_t const* codes = nullptr) {
+  static void conv2d_bwd_in_float(ConvGeometry const& g, T const* x, T const* w, T const* y, T const* gy, T beta_x,
+                                  T* gx, T beta_w, T* gw, T beta_b, T* gb, std::uint8_t const* codes = nullptr) {
     HostConvKernels::conv2d_bwd(g, x, w, y, gy, beta_x, gx, beta_w, gw, beta_b, gb, codes);
   }
 #endif
+
+ public:
+  // y = conv(x, w) + bias (then the epilogue), with x and w in this thread's precision (precision.hpp).
+  template <class T>
+  static void conv2d_fwd(ConvGeometry const& g, T const* x, T const* w, T const* bias, T* y,
+                         std::uint8_t* codes = nullptr) {
+    if constexpr (std::same_as<T, float>) {
+      if (Precision const p = matmul_precision(); p != Precision::kFp32) {
+        auto const xr = detail::rounded_copy(p, g.N * g.C * g.H * g.W, x);
+        auto const wr = detail::rounded_copy(p, g.O * g.patch(), w);
+        conv2d_fwd_in_float(g, xr.data(), wr.data(), bias, y, codes);
+        return;
+      }
+    }
+    conv2d_fwd_in_float(g, x, w, bias, y, codes);
+  }
+  // The gradients, with x, w and gy in this thread's precision (y, the epilogue's mask, as it is).
+  template <class T>
+  static void conv2d_bwd(ConvGeometry const& g, T const* x, T const* w, T const* y, T const* gy, T beta_x, T* gx,
+                         T beta_w, T* gw, T beta_b, T* gb, std::uint8_t const* codes = nullptr) {
+    if constexpr (std::same_as<T, float>) {
+      if (Precision const p = matmul_precision(); p != Precision::kFp32) {
+        i64 const ny = g.N * g.O * (g.pool2() ? (g.OH() / 2) * (g.OW() / 2) : g.L());
+        auto const xr = detail::rounded_copy(p, g.N * g.C * g.H * g.W, x);
+        auto const wr = detail::rounded_copy(p, g.O * g.patch(), w);
+        auto const gyr = detail::rounded_copy(p, ny, gy);
+        conv2d_bwd_in_float(g, xr.data(), wr.data(), y, gyr.data(), beta_x, gx, beta_w, gw, beta_b, gb, codes);
+        return;
+      }
+    }
+    conv2d_bwd_in_float(g, x, w, y, gy, beta_x, gx, beta_w, gw, beta_b, gb, codes);
+  }
 };
 
 }  // namespace ddp
