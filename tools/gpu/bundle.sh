@@ -49,7 +49,7 @@ for t in ip tc; do
   chmod +x "$stage/net/bin/$t"
 done
 cp tools/cluster/cluster.sh tools/cluster/mpiexec.sh tools/cluster/ns_rsh.sh "$stage/cluster/"
-cp tools/gpu/run.sh tools/gpu/host_bench.sh tools/gpu/cluster_bench.sh tools/gpu/step.sh "$stage/"
+cp tools/gpu/run.sh tools/gpu/host_bench.sh tools/gpu/cluster_bench.sh tools/gpu/step.sh bench/gpu/torch_step.py "$stage/"
 chmod -R u+w "$stage"
 tar -C "$stage" -cJf "$out" bin lib net cluster run.sh host_bench.sh cluster_bench.sh step.sh
 echo "wrote $out ($(du -h "$out" | cut -f1)): $(ls "$stage/bin" | tr '\n' ' ')"

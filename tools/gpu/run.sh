@@ -31,8 +31,32 @@ step 120 "${mpi[@]}" "$here/bin/ddp_nccl_main" --require-gpu
 if [ -e "$data/train-images-idx3-ubyte.gz" ]; then
   step 300 "${mpi[@]}" "$here/bin/fashion_mnist_cuda" --device cuda --data-dir "$data" --epochs 2 --model cnn
   step 120 "${mpi[@]}" "$here/bin/fashion_mnist_cuda" --device cuda --data-dir "$data" --epochs 1 --model mlp
+  # Issue 42: mixed precision, 2 epochs each (test accuracy within 0.3 points of fp32's), and the step table.
+  for p in bf16 fp16; do
+    for m in cnn mlp; do
+      step 300 "${mpi[@]}" "$here/bin/fashion_mnist_cuda" --device cuda --data-dir "$data" --epochs 2 --model $m \
+        --precision $p
+    done
+  done
+  for p in fp32 bf16; do
+    for b in 64 256; do
+      for m in cnn mlp; do
+        step 120 "${mpi[@]}" "$here/bin/fashion_mnist_cuda" --device cuda --data-dir "$data" --epochs 1 --model $m \
+          --batch-size $b --precision $p
+      done
+    done
+  done
 else
   echo "Fashion-MNIST not found in $data: the main job's step time is not measured"
+fi
+# PyTorch on the same GPU, like for like (where this machine has it): eager fp32 and autocast bf16, and CUDA graphs.
+if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  for args in "" "--precision bf16" "--cuda-graph" "--precision bf16 --cuda-graph"; do
+    # shellcheck disable=SC2086
+    step 600 python3 "$here/torch_step.py" --deterministic $args
+  done
+else
+  echo "PyTorch with CUDA not found: the PyTorch side of the step table is not measured"
 fi
 echo "GPU suite: $failed failed step(s) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)"
 exit "$failed"
