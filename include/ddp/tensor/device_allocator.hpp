@@ -45,6 +45,18 @@ class DeviceBlockCache {
   DeviceBlockCache(DeviceBlockCache const&) = delete;
   DeviceBlockCache& operator=(DeviceBlockCache const&) = delete;
 
+  // The current device (CUDA: cudaGetDevice; CPU systems: 0): a block is handed back with the device it came from.
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+  static int current_device() noexcept {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    return dev;
+  }
+#else
+  static int current_device() noexcept { return 0; }
+#endif
+
+  // A block of at least `bytes` on the current device.
   static void* allocate(std::size_t bytes) {
     Key const key{current_device(), round(bytes)};
     if (!destroyed()) {
@@ -62,8 +74,10 @@ class DeviceBlockCache {
     if (void* p = raw_allocate(key.bytes)) return p;
     throw_out_of_memory(key.bytes);
   }
-  static void deallocate(void* p, std::size_t bytes) noexcept {
-    Key const key{current_device(), round(bytes)};
+  // Back to this thread's cache: `device` is the one the block was allocated on (the freeing thread may be on
+  // another).
+  static void deallocate(void* p, std::size_t bytes, int device) noexcept {
+    Key const key{device, round(bytes)};
     if (!destroyed()) {
       auto& c = local();
       if (c.cached_ + key.bytes <= kMaxCachedBytes) {
@@ -96,11 +110,6 @@ class DeviceBlockCache {
   }
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
-  static int current_device() noexcept {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    return dev;
-  }
   static void* raw_allocate(std::size_t bytes) {
     keep_pool_memory();
     void* p = nullptr;
@@ -130,7 +139,6 @@ class DeviceBlockCache {
     configured = dev;
   }
 #else
-  static int current_device() noexcept { return 0; }
   static void* raw_allocate(std::size_t bytes) noexcept { return std::aligned_alloc(64, bytes); }
   static void raw_free(void* p) noexcept { std::free(p); }
   [[noreturn]] static void throw_out_of_memory(std::size_t) { throw std::bad_alloc(); }
@@ -160,8 +168,9 @@ struct SpaceAllocator<DeviceSpace> {
   static std::shared_ptr<T[]> allocate(std::size_t n) {
     std::size_t const bytes = n * sizeof(T);
     if (bytes == 0) return {};
+    int const device = detail::DeviceBlockCache::current_device();
     return std::shared_ptr<T[]>(static_cast<T*>(detail::DeviceBlockCache::allocate(bytes)),
-                                [bytes](T* q) { detail::DeviceBlockCache::deallocate(q, bytes); });
+                                [bytes, device](T* q) { detail::DeviceBlockCache::deallocate(q, bytes, device); });
   }
 };
 
