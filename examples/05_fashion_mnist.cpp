@@ -52,6 +52,7 @@ struct Config {
   TimeoutOptions timeout{};                // --timeout
   MpiNodeOptions node{};                   // --mpi-allreduce
   Precision precision = Precision::kFp32;  // --precision (device tensors)
+  std::int64_t loss_every = 1;             // --loss-every
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
                max_steps = 0;
   examples::ReductionChoice reduction{};  // --deterministic, --micro-batches, --comm-hook
@@ -268,7 +269,8 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                             .clip_grad_norm = cfg.clip_grad_norm,
                             .loss_scaling = cfg.precision == Precision::kFp16
                                                 ? std::optional<optim::GradScalerOptions>(optim::GradScalerOptions{})
-                                                : std::nullopt};
+                                                : std::nullopt,
+                            .loss_every = cfg.loss_every};
   // --precision: this rank's thread runs its GEMMs and convolutions in it (device tensors; parse() refuses it on
   // host tensors, and so would the compiler).
   std::optional<autocast> precision;
@@ -315,6 +317,9 @@ std::optional<Config> parse(int argc, char** argv) {
            "fp32, tf32, bf16 or fp16: the precision of the GEMM and convolution operands on device tensors (float "
            "accumulation, float master weights and optimizer state; fp16 adds dynamic loss scaling). Device tensors "
            "only (--device cuda)")
+      .add("loss-every", "1",
+           "read the loss on the host every N steps (and at each epoch's end): on device tensors the host then "
+           "waits for the device once per N steps, not every step; the progress line shows the latest loss read")
       .add("epochs", "2", "epochs to train (a resumed run continues up to this many)")
       .add("batch-size", "64", "global batch: samples per step over all ranks (a multiple of the world size)")
       .add("lr", "", "learning rate (default: 0.001 for cnn, 0.002 for mlp)")
@@ -373,6 +378,7 @@ std::optional<Config> parse(int argc, char** argv) {
   // launch_choice took the size from the launcher for mpi and gloo; --device cuda switched to MPI after it.
   c.world_size = c.backend != examples::Backend::kThreads && !f.is_set("world-size") ? 0 : chosen.world_size;
   c.epochs = f.at_least("epochs", 1);
+  c.loss_every = f.at_least("loss-every", 1);
   c.global_batch = f.at_least("batch-size", 1);
   c.limit_train = f.at_least("limit-train", 0);
   c.limit_test = f.at_least("limit-test", 0);

@@ -40,6 +40,7 @@ expect "--zero 2: only stage 1 (optimizer state sharded) is built; gradients are
 expect "--zero must be 0 or 1, got 'yes'" --zero yes
 expect "--precision bf16 is for device tensors (--device cuda" --precision bf16
 expect "--precision must be one of fp32|tf32|bf16|fp16, got 'fp8'" --precision fp8
+expect "--loss-every must be at least 1" --loss-every 0
 expect "--clip-grad-norm with --overlap-update: clipping needs every bucket's gradient" --overlap-update --clip-grad-norm 1
 expect "--overlap-update must be true or false, got 'maybe'" --overlap-update maybe
 expect "--powersgd-warmup must be at least 0, got -1" --comm-hook powersgd --powersgd-warmup -1

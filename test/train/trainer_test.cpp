@@ -219,3 +219,39 @@ TEST_CASE("trainer: loss_scaling is bitwise the unscaled run (clipping included)
                          doctest::Contains("loss_scaling with EpochSplit::kJoin"), ArgumentError);
   });
 }
+
+TEST_CASE("trainer: loss_every N reads the loss every N steps: the same mean loss and weights as every step") {
+  auto data = blobs(203, 1);
+  spawn(2, [&](ThreadsBackend& comm) {
+    auto ce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
+    auto train = [&](std::int64_t every, std::vector<double>& seen) {
+      auto m = test::make_blobs_model();
+      trainer<decltype(m), ThreadsBackend> t(m, comm, {.lr = 0.1, .momentum = 0.9},
+                                             {.batch_size = 8, .seed = 3, .loss_every = every});
+      StepHooks const hooks{.after_step = [&](StepPosition const&, double l) {
+        seen.push_back(l);
+        return StepControl::kContinue;
+      }};
+      EpochResult const r = t.fit_epoch(data, EpochStart{}, ce, hooks);
+      return std::pair{r.mean_loss, values(t.ddp().parameters())};
+    };
+    std::vector<double> each, every5;
+    auto const one = train(1, each);
+    auto const five = train(5, every5);
+    CHECK(one.first == five.first);  // the same losses, accounted in the same order
+    CHECK(one.second == five.second);
+    REQUIRE(each.size() == 12);  // 101 or 102 samples per rank, 8 per batch, the last dropped
+    REQUIRE(every5.size() == each.size());
+    for (std::size_t i = 0; i < each.size(); ++i) {
+      CAPTURE(i);
+      bool const read = (i + 1) % 5 == 0 || i + 1 == each.size();
+      // A step that reads sees its own loss; the others the latest one read (none before step 5).
+      CHECK(every5[i] == (read ? each[i] : i >= 5 ? each[(i / 5) * 5 - 1] : 0.0));
+    }
+  });
+  spawn(1, [&](ThreadsBackend& comm) {
+    auto m = test::make_blobs_model();
+    CHECK_THROWS_WITH_AS((trainer<decltype(m), ThreadsBackend>(m, comm, {.lr = 0.1}, {.loss_every = 0})),
+                         doctest::Contains("loss_every must be at least 1"), ArgumentError);
+  });
+}

@@ -60,6 +60,11 @@ struct TrainerOptions {
   // a resumed run starts again from init_scale (with power-of-two factors the weights do not depend on the scale,
   // barring overflow).
   std::optional<optim::GradScalerOptions> loss_scaling{};
+  // How often a step reads its loss on the host, which on a device waits for the step to finish: every step (1),
+  // or every loss_every-th step and the epoch's last. Between reads the losses stay in device memory (copied into
+  // one buffer, read at once), so the epoch's mean loss is the same as with 1; StepHooks::after_step then gets
+  // the latest loss read (of an earlier step). A positive number, checked when the trainer is built.
+  std::int64_t loss_every = 1;
 };
 
 // Where an epoch starts: fit_epoch(data, EpochStart{.epoch = e, .step = s, .global_step = g}, ...) visits
@@ -187,21 +192,72 @@ class basic_trainer {
     std::vector<double> micro_losses;      // world-size-invariant reductions: every micro-batch loss, in order
     std::int64_t const skipped_before = scaler_ ? scaler_->skipped_steps() : ddp_.skipped_steps();
     auto const t0 = std::chrono::steady_clock::now();
+    // The losses of the steps not yet read (TrainerOptions::loss_every): each micro-batch's loss is copied into
+    // `unread` on the device; the host keeps what it needs to account for them once they are read.
+    struct UnreadStep {
+      std::int64_t batch_size, parts;
+      bool stepped;
+    };
+    using Elem = typename M::value_type;
+    std::vector<UnreadStep> unread_steps;
+    Tensor<Elem, S> unread;
+    std::int64_t unread_count = 0, unread_capacity = 0;
+    double last_read = 0;  // what after_step gets between reads
+    auto account = [&](std::int64_t batch_size, bool stepped, double const* items, std::int64_t parts) {
+      double lv = 0;
+      for (std::int64_t i = 0; i < parts; ++i) {
+        lv += items[i];
+        if constexpr (invariant) micro_losses.push_back(items[i]);
+      }
+      lv /= static_cast<double>(parts);
+      if (stepped) {  // a skipped step's loss is not counted (it may be the Inf that caused it)
+        local.add_batch(0, batch_size, lv);
+        sum[0] += lv;
+        ++counted[0];
+      }
+      return lv;
+    };
+    auto read_unread = [&] {  // one copy to the host for every loss since the last read
+      if (unread_count == 0) return;
+      std::vector<Elem> host(static_cast<std::size_t>(unread_count));
+      Kernels<S>::to_host(unread_count, unread.data(), host.data());
+      std::vector<double> items(host.begin(), host.end());
+      std::int64_t at = 0;
+      for (auto const& u : unread_steps) {
+        last_read = account(u.batch_size, u.stepped, items.data() + at, u.parts);
+        at += u.parts;
+      }
+      unread_steps.clear();
+      unread_count = 0;
+    };
     auto run = [&] {
       for (auto const& batch : loader.from(std::min(start.step, loader.num_batches()))) {
         if (hooks.before_step) hooks.before_step(p);
         opt_.zero_grad();
-        double lv = 0;
         auto const parts =
             ddp_.micro_batches(to_space<S>(batch.x), batch.y, {.step = static_cast<std::uint64_t>(p.global_step)});
+        // Read this step's loss now (the default), or keep it on the device until the next read.
+        bool const read_now = opts_.loss_every <= 1 || (p.step + 1) % opts_.loss_every == 0 || p.step + 1 >= longest;
+        std::vector<double> items;
+        std::int64_t const first = unread_count;
         for (auto const& mb : parts) {  // one under OnePass
           V l = loss(ddp_(mb), mb);
           backward(scaler_ ? scaler_->scale(l) : l);
-          double const item = l.item();
-          lv += item;
-          if constexpr (invariant) micro_losses.push_back(item);
+          if (opts_.loss_every <= 1) {
+            items.push_back(l.item());
+            continue;
+          }
+          if (unread_capacity < unread_count + 1) {  // room for loss_every steps of micro-batches
+            std::int64_t const capacity =
+                std::max<std::int64_t>(2 * unread_capacity, opts_.loss_every * static_cast<std::int64_t>(parts.size()));
+            Tensor<Elem, S> grown(Shape{capacity});
+            if (unread_count > 0) Kernels<S>::copy(unread_count, unread.data(), grown.data());
+            unread = std::move(grown);
+            unread_capacity = capacity;
+          }
+          Kernels<S>::copy(std::int64_t{1}, l.value().data(), unread.data() + unread_count);
+          ++unread_count;
         }
-        lv /= static_cast<double>(parts.size());
         bool stepped = !ddp_.step_skipped();
         if (stepped) {
           Timeline::Scope span(opts_.ddp.timeline, "optimizer step", "step", Timeline::kCompute);
@@ -221,16 +277,18 @@ class basic_trainer {
         ++p.step;
         ++p.global_step;
         ++r.steps;
-        if (stepped) {  // a skipped step's loss is not counted (it may be the Inf that caused it)
-          local.add_batch(0, batch.size(), lv);
-          sum[0] += lv;
-          ++counted[0];
+        if (opts_.loss_every <= 1) {
+          last_read = account(batch.size(), stepped, items.data(), static_cast<std::int64_t>(items.size()));
+        } else {
+          unread_steps.push_back({batch.size(), unread_count - first, stepped});
+          if (read_now) read_unread();
         }
-        if (hooks.after_step && hooks.after_step(p, lv) == StepControl::kStop) {
+        if (hooks.after_step && hooks.after_step(p, last_read) == StepControl::kStop) {
           r.stopped = true;
           break;
         }
       }
+      read_unread();  // a stop, or an epoch that ended early (a join)
     };
     std::int64_t rounds = 0;
     if (even) {
@@ -339,6 +397,8 @@ class basic_trainer {
           "scale while the others go on; use EpochSplit::kPad");
     if (o.clip_grad_norm && !(std::isfinite(*o.clip_grad_norm) && *o.clip_grad_norm >= 0))
       throw ArgumentError(detail::cat("trainer: clip_grad_norm must be a finite number >= 0, got ", *o.clip_grad_norm));
+    if (o.loss_every < 1)
+      throw ArgumentError(detail::cat("trainer: loss_every must be at least 1 (read every step), got ", o.loss_every));
     return o;
   }
   static std::int64_t rank_batch(TrainerOptions const& o, int world) {
