@@ -217,11 +217,13 @@ class basic_trainer {
       }
       return lv;
     };
-    auto read_unread = [&] {  // one copy to the host for every loss since the last read
+    std::vector<Elem> read_back;  // the losses read at once (reused: no allocation per read once grown)
+    std::vector<double> items;    // one step's or one read's losses, as the accounting takes them (reused)
+    auto read_unread = [&] {      // one copy to the host for every loss since the last read
       if (unread_count == 0) return;
-      std::vector<Elem> host(static_cast<std::size_t>(unread_count));
-      Kernels<S>::to_host(unread_count, unread.data(), host.data());
-      std::vector<double> items(host.begin(), host.end());
+      read_back.resize(static_cast<std::size_t>(unread_count));
+      Kernels<S>::to_host(unread_count, unread.data(), read_back.data());
+      items.assign(read_back.begin(), read_back.end());
       std::int64_t at = 0;
       for (auto const& u : unread_steps) {
         last_read = account(u.batch_size, u.stepped, items.data() + at, u.parts);
@@ -238,7 +240,7 @@ class basic_trainer {
             ddp_.micro_batches(to_space<S>(batch.x), batch.y, {.step = static_cast<std::uint64_t>(p.global_step)});
         // Read this step's loss now (the default), or keep it on the device until the next read.
         bool const read_now = opts_.loss_every <= 1 || (p.step + 1) % opts_.loss_every == 0 || p.step + 1 >= longest;
-        std::vector<double> items;
+        items.clear();
         std::int64_t const first = unread_count;
         for (auto const& mb : parts) {  // one under OnePass
           V l = loss(ddp_(mb), mb);

@@ -49,10 +49,6 @@ class StoreWatch {
   StoreWatch(StoreWatch const&) = delete;
   StoreWatch& operator=(StoreWatch const&) = delete;
 
-  Deadlines const& deadlines() const noexcept { return deadlines_; }
-  int rank() const noexcept { return rank_; }
-  int world_size() const noexcept { return n_; }
-
   // Tells the peers this rank takes part in no further collective, and why ("its backend was destroyed"). The
   // first reason stands. Never throws: a store that is gone leaves the peers to their deadline.
   void leave(std::string const& why) noexcept {
