@@ -262,15 +262,18 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
   if constexpr (std::same_as<S, HostSpace>) {
     if (cfg.auto_cap) bucketer = auto_bucket_cap(comm, net.seq, train_set, cfg.global_batch, cfg.calibration_cache);
   }
-  TrainerOptions const opts{.seed = static_cast<std::uint64_t>(cfg.seed),
-                            .drop_last = false,
-                            .ddp = {.timeline = cfg.trace_dir.empty() ? nullptr : &timeline},
-                            .global_batch = cfg.global_batch,
-                            .clip_grad_norm = cfg.clip_grad_norm,
-                            .loss_scaling = cfg.precision == Precision::kFp16
-                                                ? std::optional<optim::GradScalerOptions>(optim::GradScalerOptions{})
-                                                : std::nullopt,
-                            .loss_every = cfg.loss_every};
+  TrainerOptions const opts{
+      .seed = static_cast<std::uint64_t>(cfg.seed),
+      .drop_last = false,
+      // Device tensors: these models give every parameter a gradient every step, so
+      // DDP's bookkeeping stays on the device after the first (no copy per step).
+      .ddp = {.timeline = cfg.trace_dir.empty() ? nullptr : &timeline, .static_graph = !std::same_as<S, HostSpace>},
+      .global_batch = cfg.global_batch,
+      .clip_grad_norm = cfg.clip_grad_norm,
+      .loss_scaling = cfg.precision == Precision::kFp16
+                          ? std::optional<optim::GradScalerOptions>(optim::GradScalerOptions{})
+                          : std::nullopt,
+      .loss_every = cfg.loss_every};
   // --precision: this rank's thread runs its GEMMs and convolutions in it (device tensors; parse() refuses it on
   // host tensors, and so would the compiler).
   std::optional<autocast> precision;

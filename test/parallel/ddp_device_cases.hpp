@@ -73,11 +73,11 @@ inline std::vector<float> host_reference(Data const& data, std::int64_t global_b
 // N ranks, each on its B/N rows, training a device model under DDP (SGD with momentum). Returns the weights.
 template <AsyncCommunicator C>
 std::vector<float> device_ddp(C& comm, Data const& data, std::int64_t global_batch, int steps,
-                              BucketConfig buckets = {}) {
+                              BucketConfig buckets = {}, DdpOptions opts = {}) {
   int const n = comm.world_size(), r = comm.rank();
   std::int64_t const local = global_batch / n;
   auto model = make_mlp<Dev>(8, 32, 4, 1 + static_cast<std::uint64_t>(r));  // rank 0's weights are broadcast
-  DistributedDataParallel ddp(model, comm, {}, SizeCapped{buckets});
+  DistributedDataParallel ddp(model, comm, opts, SizeCapped{buckets});
   optim::basic_sgd<float, Dev> opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
   for (int s = 0; s < steps; ++s) {
     std::int64_t const base = s * global_batch + r * local;

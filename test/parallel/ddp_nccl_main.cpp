@@ -35,11 +35,16 @@ int main(int argc, char** argv) {
     double const mlp_small =
         dt::rel_diff(dt::device_ddp(comm, data, B, steps, {.cap_bytes = 256, .first_cap_bytes = 64}), host);
     double const cnn = dt::cnn_equivalence(comm);
+    // static_graph: the status words stay on the device after the first step; the same collectives, the same bits.
+    ddp::BucketConfig const small{.cap_bytes = 256, .first_cap_bytes = 64};
+    bool const static_same = dt::device_ddp(comm, data, B, steps, small, {.static_graph = true}) ==
+                             dt::device_ddp(comm, data, B, steps, small);
     // cuBLAS/cuDNN sum in other orders than Eigen: agreement to float rounding, not bitwise.
     ddp::test::expect(mlp <= 1e-5, "MLP: device DDP vs host differs by " + std::to_string(mlp));
     ddp::test::expect(mlp_small <= 1e-5,
                       "MLP, small buckets: device DDP vs host differs by " + std::to_string(mlp_small));
     ddp::test::expect(cnn <= 1e-4, "CNN: device DDP vs host differs by " + std::to_string(cnn));
+    ddp::test::expect(static_same, "MLP: static_graph changed the weights");
     if (comm.rank() == 0)
       std::printf(
           "ddp nccl tests passed on %d rank(s), device %d: MLP %.3g, %.3g; CNN %.3g (relative to the host run)\n",

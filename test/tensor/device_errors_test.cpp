@@ -67,3 +67,43 @@ TEST_CASE("device errors: a negative id in nll_loss fails at its own reduction; 
                        ArgumentError);
   check_device_errors();
 }
+
+TEST_CASE(
+    "device errors: check_ids reports the first rank slot that does not hold the bucket's id, at the next "
+    "host read") {
+  using namespace device_errors_test;
+  using K = Kernels<Dev>;
+  // Averaged rank slots of bucket 3 (id 4) on 4 ranks: each holds id / 4, which ×4 recovers.
+  auto slots = [](std::vector<float> const& v) {
+    Tensor<float> t(Shape{4});
+    for (std::int64_t i = 0; i < 4; ++i) t[i] = v[static_cast<std::size_t>(i)];
+    return to_space<Dev>(t);
+  };
+  auto const good = slots({1.0f, 1.0f, 1.0f, 1.0f});
+  K::check_ids(4, good.data(), 4.0f, 4, 3);
+  CHECK_NOTHROW(check_device_errors());
+
+  struct Case {
+    std::vector<float> words;
+    std::string says;
+  };
+  Case const cases[] = {
+      {{1.0f, 1.0f, 0.5f, 1.0f}, "bucket 3 was reduced together with another collective: rank 2 sent bucket 1"},
+      {{1.0f, 0.0f, 1.0f, 1.0f}, "rank 1 sent no bucket id"},
+      {{1.0f, 1.0f, 1.0f, 0.37f}, "rank 3 sent not a bucket"},
+  };
+  for (auto const& c : cases) {
+    CAPTURE(c.says);
+    auto const w = slots(c.words);
+    K::check_ids(4, w.data(), 4.0f, 4, 3);  // nothing waits here
+    std::string what;
+    try {
+      check_device_errors();
+    } catch (DdpError const& e) {
+      what = e.what();
+    }
+    CHECK(contains(what, c.says));
+    CHECK(contains(what, "reported at the next host read"));
+    CHECK_NOTHROW(check_device_errors());  // reported once
+  }
+}

@@ -41,6 +41,10 @@ struct ReducerOptions {
   // Whether to look for NaN/Inf: each rank flags its own gradients before the reduction (so the outcome can
   // name the ranks) and the reduced ones after it (ReduceOutcome::non_finite).
   NonFinite non_finite = NonFinite::kIgnore;
+  // Whether every step gives gradients to the same parameters as the first (PyTorch's static_graph). The stage
+  // may then stop reading the round's bookkeeping on the host after the first step (BucketReducer: the status
+  // words, which cost a copy each way per bucket on device tensors) and check it where the data lives instead.
+  bool static_graph = false;
 };
 
 // What a reduction stage's finish(landed) calls as each bucket's gradients become final: landed(b) in plan order,

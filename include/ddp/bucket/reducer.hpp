@@ -35,6 +35,13 @@ namespace ddp {
 // scaled by 1/N), and each rank slot holds one rank's id / N, which ×N recovers exactly: so the
 // fingerprint check is exact for any world size and names the ranks that reduced something else.
 //
+// Static graph (ReducerOptions::static_graph), on device tensors: after the first round this rank completes
+// actively without an error, the outcome is kept (every step has the same gradients, as PyTorch's static_graph
+// assumes) and the status words stop crossing to the host. Each bucket's words, as this rank sends them, are
+// uploaded once and copied on the device at launch; after the reduction a device kernel checks the rank slots
+// and reports a mismatch at the next host read (device_errors.hpp) instead of at once. A rank whose gradients
+// change sends 0 in its slot, so every rank reports it. Non-finite checks need the flags on the host each round
+// and keep the host path; so do shadow rounds. Host tensors read their words directly (a memcpy) and ignore it.
 // One rank: nothing is exchanged or launched; mark_ready() writes the outcome (this rank's own flags) as it goes,
 // and begin()/finish() skip the bucket bookkeeping, which would otherwise cost a 10-10-5 model's one-rank step
 // about 0.1 us (bench/RESULTS.md, "The one-rank step").
@@ -155,7 +162,7 @@ class BucketReducer {
       launch(b, Participation::kShadow);
     }
     next_launch_ = plan_.buckets.size();
-    return finish();
+    return finish_round(NoLanding{}, Participation::kShadow);
   }
 
   // Backward is over and every parameter was marked ready: waits for every bucket, checks the fingerprints
@@ -165,49 +172,11 @@ class BucketReducer {
   // all are reduced). Nothing lands after a failure: the error is rethrown once every bucket has finished.
   template <class Landed = NoLanding>
   ReduceOutcome const& finish(Landed&& landed = {}) {
-    if (unready_ != 0)
-      for (std::size_t i = 0; i < ready_.size(); ++i)
-        if (!ready_[i])
-          throw ArgumentError(detail::cat("BucketReducer::finish: parameter ", i, " was never marked ready"));
-    std::size_t const nb = plan_.buckets.size();
-    bool landing = !std::same_as<std::remove_cvref_t<Landed>, NoLanding>;
-    auto land = [&](std::size_t b) {
-      if (per_rank_ > 1)  // the sum of this rank's micro-batch gradients, averaged over ranks: divide by their count
-        Kernels<S>::axpby(plan_.buckets[b].numel, T(1) / T(per_rank_), slice(b), T(0), slice(b));
-      if (landing) landing = landed(b);
-    };
-    if (world_ == 1) {  // mark_ready() wrote the outcome, nothing is in flight
-      for (std::size_t b = 0; b < nb; ++b) land(b);
-      return outcome_;
-    }
-    if (observer_) observer_->on_wait_begin();
-    std::fill(non_finite_here_.begin(), non_finite_here_.end(), 0);
-    if (landing && wire_t::single_collective) {
-      std::exception_ptr err;
-      for (std::size_t b = 0; b < nb; ++b) {
-        wait_one(b, err);
-        if (err) continue;
-        try {
-          decode(b);
-        } catch (...) {
-          err = std::current_exception();
-          continue;
-        }
-        land(b);
-      }
-      if (observer_) observer_->on_wait_end();
-      if (err) std::rethrow_exception(err);
-    } else {
-      wait_all();
-      if (observer_) observer_->on_wait_end();
-      for (std::size_t b = 0; b < nb; ++b) decode(b);
-      for (std::size_t b = 0; b < nb; ++b) land(b);
-    }
-    outcome_.non_finite_ranks.clear();
-    for (int r = 0; r < world_; ++r)
-      if (non_finite_here_[static_cast<std::size_t>(r)]) outcome_.non_finite_ranks.push_back(r);
-    return outcome_;
+    return finish_round(std::forward<Landed>(landed), Participation::kActive);
   }
+
+  // Whether the status words no longer reach the host (static_graph, after the first round; see the class).
+  bool graph_frozen() const noexcept { return frozen_.has_value(); }
 
   // Whether the round's last bucket is reduced on the progress thread like the others (true) or on the caller's
   // thread once backward completes it (false, the default: nothing is left to overlap with, and the hand-off costs
@@ -234,6 +203,7 @@ class BucketReducer {
         grads_(std::move(grads)),
         observer_(opts.observer),
         flag_non_finite_(opts.non_finite != NonFinite::kIgnore),
+        static_graph_(opts.static_graph),
         world_(comm.world_size()),
         rank_(comm.rank()),
         wire_(std::move(layout), world_, wire) {
@@ -258,6 +228,115 @@ class BucketReducer {
 
   using work_t = decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<wire_value, S>>(), ReduceOp::kAvg,
                                                               CollectiveTag{}));
+
+  // finish() of a round this rank took part in as `part` (shadow_round() passes kShadow).
+  template <class Landed>
+  ReduceOutcome const& finish_round(Landed&& landed, Participation part) {
+    if (unready_ != 0)
+      for (std::size_t i = 0; i < ready_.size(); ++i)
+        if (!ready_[i])
+          throw ArgumentError(detail::cat("BucketReducer::finish: parameter ", i, " was never marked ready"));
+    std::size_t const nb = plan_.buckets.size();
+    bool landing = !std::same_as<std::remove_cvref_t<Landed>, NoLanding>;
+    auto land = [&](std::size_t b) {
+      if (per_rank_ > 1)  // the sum of this rank's micro-batch gradients, averaged over ranks: divide by their count
+        Kernels<S>::axpby(plan_.buckets[b].numel, T(1) / T(per_rank_), slice(b), T(0), slice(b));
+      if (landing) landing = landed(b);
+    };
+    if (world_ == 1) {  // mark_ready() wrote the outcome, nothing is in flight
+      for (std::size_t b = 0; b < nb; ++b) land(b);
+      return outcome_;
+    }
+    // Static graph, once frozen: the words are checked on the device and the outcome is the first round's.
+    bool const on_device = frozen_ && part == Participation::kActive;
+    auto const read = [&](std::size_t b) {
+      if (on_device)
+        check_on_device(b);
+      else
+        decode(b);
+    };
+    if (observer_) observer_->on_wait_begin();
+    std::fill(non_finite_here_.begin(), non_finite_here_.end(), 0);
+    if (landing && wire_t::single_collective) {
+      std::exception_ptr err;
+      for (std::size_t b = 0; b < nb; ++b) {
+        wait_one(b, err);
+        if (err) continue;
+        try {
+          read(b);
+        } catch (...) {
+          err = std::current_exception();
+          continue;
+        }
+        land(b);
+      }
+      if (observer_) observer_->on_wait_end();
+      if (err) std::rethrow_exception(err);
+    } else {
+      wait_all();
+      if (observer_) observer_->on_wait_end();
+      for (std::size_t b = 0; b < nb; ++b) read(b);
+      for (std::size_t b = 0; b < nb; ++b) land(b);
+    }
+    outcome_.non_finite_ranks.clear();
+    for (int r = 0; r < world_; ++r)
+      if (non_finite_here_[static_cast<std::size_t>(r)]) outcome_.non_finite_ranks.push_back(r);
+    if (part == Participation::kActive) freeze();
+    return outcome_;
+  }
+
+  // static_graph: whether the status words can stay on the device (see the class).
+  static constexpr bool kFreezable = !std::same_as<S, HostSpace>;
+
+  // Writes bucket b's status words into its slice, from this rank's flags; `own` in its rank slot.
+  void encode(std::size_t b, Participation part, T own) {
+    auto const& bucket = plan_.buckets[b];
+    std::size_t const p = bucket.params.size();
+    encode_into(b, part, own, staging_.data());
+    Kernels<S>::from_host(status_slots(p, world_), staging_.data(), slice(b) + bucket.numel);
+  }
+  void encode_into(std::size_t b, Participation part, T own, T* out) const {
+    auto const& bucket = plan_.buckets[b];
+    std::size_t const p = bucket.params.size();
+    bool const active = part == Participation::kActive;
+    for (std::size_t k = 0; k < p; ++k) {
+      char const g = has_grad_[bucket.params[k]];
+      out[k] = active && !g ? T(1) : T(0);
+      out[p + k] = active && g ? T(1) : T(0);
+    }
+    for (int r = 0; r < world_; ++r) out[2 * p + static_cast<std::size_t>(r)] = r == rank_ ? own : T(0);
+  }
+
+  // The first round this rank completed actively: keep its flags and upload every bucket's words (static_graph).
+  void freeze() {
+    if constexpr (kFreezable) {
+      if (frozen_ || !static_graph_ || flag_non_finite_) return;
+      Frozen f{.has_grad = has_grad_, .offsets = {}, .words = {}};
+      std::int64_t total = 0;
+      for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
+        f.offsets.push_back(total), total += status_slots(plan_.buckets[b].params.size(), world_);
+      std::vector<T> host(static_cast<std::size_t>(total));
+      for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
+        encode_into(b, Participation::kActive, T(id(b)), host.data() + f.offsets[b]);
+      f.words = Tensor<T, S>(Shape{total});
+      Kernels<S>::from_host(total, host.data(), f.words.data());
+      frozen_.emplace(std::move(f));
+    }
+  }
+  // Whether this round's flags for bucket b are the frozen round's.
+  bool same_as_frozen(std::size_t b) const noexcept {
+    for (auto const i : plan_.buckets[b].params)
+      if (has_grad_[i] != frozen_->has_grad[i]) return false;
+    return true;
+  }
+  // Bucket b's rank slots, checked where they live; a mismatch surfaces at the next host read on every rank.
+  void check_on_device(std::size_t b) {
+    if constexpr (kFreezable) {
+      auto const& bucket = plan_.buckets[b];
+      T const* const slots = slice(b) + bucket.numel + 2 * static_cast<std::int64_t>(bucket.params.size());
+      Kernels<S>::check_ids(world_, slots, T(world_), id(b), static_cast<std::int64_t>(b));
+    }
+  }
 
   // Each bucket as one vector of its gradients.
   static std::vector<WireBucket> vector_layout(BucketPlan const& plan, int world) {
@@ -295,18 +374,17 @@ class BucketReducer {
   void launch(std::size_t b, Participation part) {
     if (world_ == 1) return;  // nothing to exchange
     auto const& bucket = plan_.buckets[b];
-    std::size_t const p = bucket.params.size();
-    std::int64_t const nst = status_slots(p, world_);
     bool const active = part == Participation::kActive;
-    for (std::size_t k = 0; k < p; ++k) {
-      char const g = has_grad_[bucket.params[k]];
-      staging_[k] = active && !g ? T(1) : T(0);
-      staging_[p + k] = active && g ? T(1) : T(0);
+    if (frozen_ && active) {  // static_graph: the frozen words, or 0 in this rank's slot if its flags changed
+      if (same_as_frozen(b))
+        Kernels<S>::copy(status_slots(bucket.params.size(), world_), frozen_->words.data() + frozen_->offsets[b],
+                         slice(b) + bucket.numel);
+      else
+        encode(b, part, T(0));
+    } else {
+      bool const bad = active && flag_non_finite_ && !detail::all_finite<T, S>(bucket.numel, slice(b));
+      encode(b, part, bad ? -T(id(b)) : T(id(b)));
     }
-    bool const bad = active && flag_non_finite_ && !detail::all_finite<T, S>(bucket.numel, slice(b));
-    for (int r = 0; r < world_; ++r)
-      staging_[2 * p + static_cast<std::size_t>(r)] = r == rank_ ? (bad ? -T(id(b)) : T(id(b))) : T(0);
-    Kernels<S>::from_host(nst, staging_.data(), slice(b) + bucket.numel);
     completed_[b] = 0;
     if (observer_) observer_->on_launch(b);
     auto const piece = wire_.pack(b, slice(b), part);
@@ -427,13 +505,20 @@ class BucketReducer {
   Tensor<T, S> grads_;
   ReducerObserver* observer_;
   bool flag_non_finite_;
+  bool static_graph_;
   int world_, rank_;
   wire_t wire_;
 
   std::vector<char> ready_, has_grad_, completed_, non_finite_here_;
   std::vector<std::int64_t> pending_, sent_;  // sent_: bytes launched per bucket this round
   std::vector<std::optional<work_t>> works_;
-  std::vector<T> staging_;  // one bucket's status words on the host
+  std::vector<T> staging_;              // one bucket's status words on the host
+  struct Frozen {                       // static_graph, after the first round (freeze())
+    std::vector<char> has_grad;         // this rank's flags then, per parameter
+    std::vector<std::int64_t> offsets;  // bucket b's words in `words`
+    Tensor<T, S> words;                 // every bucket's status words as this rank sends them
+  };
+  std::optional<Frozen> frozen_;
   std::size_t next_launch_ = 0;
   std::size_t unready_ = 0;    // parameters not yet marked ready in this round
   std::int64_t per_rank_ = 1;  // micro-batches per round on this rank

@@ -33,6 +33,12 @@ struct DdpOptions {
   Timeline* timeline = nullptr;
   // NaN/Inf in the reduced gradients: ignored, an error on every rank, or the step skipped on every rank.
   NonFinite non_finite = NonFinite::kIgnore;
+  // Every step gives gradients to the same parameters (PyTorch's static_graph). On device tensors, after the
+  // first step the round's bookkeeping (each bucket's status words) no longer crosses to the host: a DDP step then
+  // makes no synchronous copy, and a desync or a changed graph is reported at the next host read (a loss read,
+  // an evaluation) on every rank instead of at once. A non-finite check keeps the host read. Host tensors and
+  // deterministic mode (ExactSum) read their bookkeeping on the host regardless.
+  bool static_graph = false;
 };
 
 // Wraps a model whose replicas live on the ranks of `comm`. Guarantees:
@@ -102,7 +108,9 @@ class DistributedDataParallel {
     if constexpr (R::world_size_invariant) detail::broadcast_generators(comm, nn::generators_of(model), 0);
     if (opts_.timeline) timeline_.emplace(*opts_.timeline);
     reducer_.emplace(comm, std::move(plan), arena_, per_rank_,
-                     ReducerOptions{.observer = timeline_ ? &*timeline_ : nullptr, .non_finite = opts_.non_finite},
+                     ReducerOptions{.observer = timeline_ ? &*timeline_ : nullptr,
+                                    .non_finite = opts_.non_finite,
+                                    .static_graph = opts_.static_graph},
                      detail::wire_config(reduction_));
     round_.emplace(
         comm, arena_,

@@ -232,6 +232,23 @@ struct SigmoidBwd {
   T* gx;
   DDP_HOST_DEVICE void operator()(i64 i) const { dmath::assign_or_add(gx[i], gy[i] * y[i] * (T(1) - y[i]), beta); }
 };
+// Status-word check of a reduced gradient bucket (bucket/reducer.hpp, static_graph): word i times `scale` must
+// be within 0.25 of `id`; a word that is not is recorded as a device error (bucket `tag`, rank i).
+template <class T>
+struct CheckIds {
+  T const* words;
+  double scale;
+  std::int64_t id, tag;
+  DeviceErrorRecord* err;
+  DDP_HOST_DEVICE void operator()(std::int64_t i) const {
+    double const got = static_cast<double>(words[i]) * scale;
+    double const off = got - static_cast<double>(id);
+    if (off < 0.25 && off > -0.25) return;
+    std::int64_t const k = static_cast<std::int64_t>(got < 0 ? got - 0.5 : got + 0.5);
+    bool const integral = got - static_cast<double>(k) < 0.25 && got - static_cast<double>(k) > -0.25;
+    report_device_error(err, DeviceErrorKind::kBucketId, DeviceErrorOp::kBucketCheck, tag, i, integral ? k : -1);
+  }
+};
 }  // namespace detail::dev
 
 // Part of Kernels<DeviceSpace> (device.hpp); the contracts are Kernels<HostSpace>'s (host_kernels.hpp).
@@ -247,6 +264,14 @@ struct DeviceElementwiseKernels {
   template <class T>
   static void copy(i64 n, T const* x, T* y) {
     if (x != y) detail::device_for(n, detail::dev::Copy<T>{x, y});
+  }
+  // Checks that each of n words, times `scale`, is `id` (within 0.25), without a host wait: a word that is not
+  // is a DdpError at the next host read (device_errors.hpp), naming bucket `tag` and the word's index as the rank.
+  // Only non-host spaces have it: the host reads its words directly (bucket/reducer.hpp).
+  template <class T>
+  static void check_ids(i64 n, T const* words, T scale, i64 id, i64 tag) {
+    detail::device_for(
+        n, detail::dev::CheckIds<T>{words, static_cast<double>(scale), id, tag, detail::device_error_slot().device});
   }
   // y = To(float(x) * scale) (host_kernels.hpp)
   template <class From, class To>
@@ -296,10 +321,15 @@ struct DeviceElementwiseKernels {
   static void add_scalar(i64 n, T v, T beta, T* y) {
     detail::device_for(n, detail::dev::AddScalar<T>{v, beta, y});
   }
-  // Element-wise copies between host memory and device memory (synchronous).
+  // Element-wise copies between host memory and device memory: synchronous, except from_host_async, which the
+  // host does not wait for (device_launch.hpp: pinned staging and cudaMemcpyAsync on CUDA).
   template <class T>
   static void from_host(i64 n, T const* src, T* dst) {
     detail::device_from_host(dst, src, sizeof(T) * static_cast<std::size_t>(n));
+  }
+  template <class T>
+  static void from_host_async(i64 n, T const* src, T* dst) {
+    detail::device_from_host_async(dst, src, sizeof(T) * static_cast<std::size_t>(n));
   }
   template <class T>
   static void to_host(i64 n, T const* src, T* dst) {

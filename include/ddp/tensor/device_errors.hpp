@@ -1,4 +1,5 @@
-// Device errors: bad input a device kernel finds (a class id outside [0, classes)), reported on the host where it
+// Device errors: bad input a device kernel finds (a class id outside [0, classes); a gradient bucket reduced with
+// another collective, found by DistributedDataParallel's static_graph check), reported on the host where it
 // waits for the device anyway: after a copy to the host, after a reduction read on the host, or at
 // check_device_errors(). The error is an ArgumentError naming the operation, the row and the value, as on host
 // tensors, but a step no longer reads its inputs back to check them (a synchronisation per step), and, unlike a
@@ -24,7 +25,7 @@ namespace ddp {
 
 namespace detail {
 
-enum class DeviceErrorKind : std::int32_t { kNone = 0, kClassId = 1 };
+enum class DeviceErrorKind : std::int32_t { kNone = 0, kClassId = 1, kBucketId = 2 };
 
 // What a kernel writes: which check failed, for which operation, where, and the offending value.
 struct DeviceErrorRecord {
@@ -35,9 +36,17 @@ struct DeviceErrorRecord {
   std::int64_t bound = 0;
 };
 
-enum class DeviceErrorOp : std::int32_t { kCrossEntropy = 1, kNllLoss = 2 };
+enum class DeviceErrorOp : std::int32_t { kCrossEntropy = 1, kNllLoss = 2, kBucketCheck = 3 };
 inline char const* name(DeviceErrorOp op) noexcept {
-  return op == DeviceErrorOp::kCrossEntropy ? "cross_entropy" : "nll_loss";
+  switch (op) {
+    case DeviceErrorOp::kCrossEntropy:
+      return "cross_entropy";
+    case DeviceErrorOp::kNllLoss:
+      return "nll_loss";
+    case DeviceErrorOp::kBucketCheck:
+      return "DistributedDataParallel";
+  }
+  return "a device kernel";
 }
 
 // Called by a device functor: records the error unless one is already recorded.
@@ -108,6 +117,20 @@ inline void check_device_errors() {
   detail::DeviceErrorRecord const e = *rec;
   *rec = detail::DeviceErrorRecord{};
   auto const op = detail::name(static_cast<detail::DeviceErrorOp>(e.op));
+  if (e.kind == static_cast<std::int32_t>(detail::DeviceErrorKind::kBucketId)) {
+    // row: the bucket; value: the rank whose status slot is wrong; bound: what it holds, rounded (an id is
+    // bucket + 1; 0: no id at all).
+    std::string const sent = e.bound > 0 ? detail::cat("bucket ", e.bound - 1)
+                             : e.bound == 0
+                                 ? std::string(
+                                       "no bucket id: its parameters with gradients differ from the first step's, "
+                                       "which static_graph requires, or it reduced another collective")
+                                 : std::string("not a bucket");
+    throw DdpError(detail::cat(op, ": bucket ", e.row, " was reduced together with another collective: rank ", e.value,
+                               " sent ", sent,
+                               ". Ranks issued collectives in different orders, or the graph changed under "
+                               "static_graph (found on the device; reported at the next host read)"));
+  }
   throw ArgumentError(detail::cat(op, ": target ", e.value, " at row ", e.row, " is not a class id in [0, ", e.bound,
                                   ") (found on the device; reported at the next host read)"));
 }

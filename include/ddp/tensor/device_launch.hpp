@@ -62,6 +62,91 @@ inline void device_from_host(void* dst, void const* src, std::size_t bytes) {
   std::memcpy(dst, src, bytes);
 #endif
 }
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+// One thread's pinned staging for device_from_host_async: a ring of buffers, each with the event of the copy that
+// last read it, so a buffer is refilled only once its copy has run (on the device where it was recorded).
+class PinnedStaging {
+ public:
+  static constexpr std::size_t kSlots = 4;  // two tensors a step (inputs, targets), double-buffered
+  PinnedStaging() = default;
+  PinnedStaging(PinnedStaging const&) = delete;
+  PinnedStaging& operator=(PinnedStaging const&) = delete;
+  ~PinnedStaging() {
+    for (auto& s : slots_) {  // at thread exit; errors (a context already torn down) are ignored
+      if (s.done) cudaEventDestroy(s.done);
+      if (s.data) cudaFreeHost(s.data);
+    }
+  }
+  // A buffer of at least `bytes` whose previous copy has completed; `waited` tells whether the host had to wait.
+  void* take(std::size_t bytes, int device, bool& waited) {
+    Slot& s = slots_[next_++ % kSlots];
+    waited = false;
+    if (s.done) {
+      cudaError_t const rc = cudaEventQuery(s.done);
+      if (rc == cudaErrorNotReady) {
+        waited = true;
+        cuda_check(cudaEventSynchronize(s.done), "cudaEventSynchronize (pinned staging)");
+      } else {
+        cuda_check(rc, "cudaEventQuery (pinned staging)");
+      }
+      if (s.device != device) {  // events belong to a device
+        cudaEventDestroy(s.done);
+        s.done = nullptr;
+      }
+    }
+    if (!s.done) {
+      cuda_check(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "cudaEventCreate (pinned staging)");
+      s.device = device;
+    }
+    if (s.capacity < bytes) {
+      if (s.data) cuda_check(cudaFreeHost(s.data), "cudaFreeHost (pinned staging)");
+      s.data = nullptr;
+      s.capacity = 0;
+      cuda_check(cudaHostAlloc(&s.data, bytes, cudaHostAllocPortable), "cudaHostAlloc (pinned staging)");
+      s.capacity = bytes;
+    }
+    current_ = &s;
+    return s.data;
+  }
+  // The copy out of the buffer take() returned is queued on `stream`.
+  void queued(cudaStream_t stream) { cuda_check(cudaEventRecord(current_->done, stream), "cudaEventRecord (staging)"); }
+
+ private:
+  struct Slot {
+    void* data = nullptr;
+    std::size_t capacity = 0;
+    cudaEvent_t done = nullptr;
+    int device = -1;
+  };
+  Slot slots_[kSlots];
+  std::size_t next_ = 0;
+  Slot* current_ = nullptr;
+};
+#endif
+
+// Host memory to device memory without the host waiting for the copy: later device work (on the compute stream)
+// sees the data, and `src` may be reused on return. CUDA: `src` is copied into one of this thread's pinned
+// staging buffers, then cudaMemcpyAsync on the legacy default stream; the host waits only if that buffer's
+// previous copy (four uploads ago) is still queued, counted as a host wait. CPU systems: a memcpy.
+inline void device_from_host_async(void* dst, void const* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  count_async_copy(bytes);
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+  thread_local PinnedStaging staging;
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  bool waited = false;
+  void* const pinned = staging.take(bytes, device, waited);
+  if (waited) count_host_wait();
+  std::memcpy(pinned, src, bytes);
+  cuda_check(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, cudaStream_t{}),
+             "cudaMemcpyAsync H2D (Kernels<DeviceSpace>::from_host_async)");
+  staging.queued(cudaStream_t{});
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
 inline void device_to_host(void* dst, void const* src, std::size_t bytes) {
   if (bytes == 0) return;
   count_sync_copy(bytes);

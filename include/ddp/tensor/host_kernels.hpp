@@ -349,6 +349,10 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
     copy(n, src, dst);
   }
   template <class T>
+  static void from_host_async(i64 n, T const* src, T* dst) {
+    copy(n, src, dst);
+  }
+  template <class T>
   static void to_host(i64 n, T const* src, T* dst) {
     copy(n, src, dst);
   }

@@ -75,6 +75,19 @@ Tensor<T, To> to_space(Tensor<T, From> const& t) {
   }
 }
 
+// A copy of a host tensor in space To that the host does not wait for (Kernels<To>::from_host_async): work queued
+// on the device afterwards sees it, and `t` may change at once. The same tensor when To is the host.
+template <MemorySpace To, class T>
+Tensor<T, To> to_space_async(Tensor<T, HostSpace> const& t) {
+  if constexpr (std::same_as<To, HostSpace>) {
+    return t;
+  } else {
+    Tensor<T, To> d(t.shape());
+    Kernels<To>::from_host_async(t.numel(), t.data(), d.data());
+    return d;
+  }
+}
+
 namespace detail {
 // Whether n elements hold no NaN or Inf. One vectorised sum first (finite exactly when every element is, bar
 // an overflow of huge finite values); only a non-finite sum pays for the element-by-element look (on the host:
