@@ -404,6 +404,7 @@ TEST_CASE(
       Switchable model(g);
       Variable<float, Dev> x(to_space<Dev>(full<float>({2, 4}, 1.0f)));
       DistributedDataParallel ddp(model, comm, {.find_unused_parameters = true, .static_graph = true});
+      CHECK(ddp.describe().find(" ranks, static graph: 4 parameters") != std::string::npos);
       optim::basic_sgd<float, Dev> opt(ddp.parameters(), {.lr = 0.1});
       for (int s = 0; s < 3; ++s) {
         model.use_extra = !(s == 2 && comm.rank() == 1);  // rank 1 drops `extra` at step 2
