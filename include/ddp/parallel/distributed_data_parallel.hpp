@@ -202,8 +202,8 @@ class DistributedDataParallel {
       wire = detail::cat(", ", reducer_->wire_bytes(), " bytes a step");
     return detail::cat("DistributedDataParallel<", bucketer_.name(), ", ", reduction_.name(), ", ", batching_.name(),
                        "> over ", comm_->world_size(), " ranks", opts_.static_graph ? ", static graph" : "", ": ",
-                       arena_.count(), " parameters (",
-                       arena_.parameter_numel(), " elements) in ", reducer_->plan().buckets.size(), " buckets", wire);
+                       arena_.count(), " parameters (", arena_.parameter_numel(), " elements) in ",
+                       reducer_->plan().buckets.size(), " buckets", wire);
   }
 
  private:
