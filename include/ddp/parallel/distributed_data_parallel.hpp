@@ -200,10 +200,12 @@ class DistributedDataParallel {
     std::string wire;  // what the reduction stage sends per step, where it says
     if constexpr (requires { reducer_->wire_bytes(); })
       wire = detail::cat(", ", reducer_->wire_bytes(), " bytes a step");
+    // static_graph changes nothing on host tensors (their status words are read in place): named where it acts.
+    bool const frozen = opts_.static_graph && !std::same_as<S, HostSpace>;
     return detail::cat("DistributedDataParallel<", bucketer_.name(), ", ", reduction_.name(), ", ", batching_.name(),
-                       "> over ", comm_->world_size(), " ranks", opts_.static_graph ? ", static graph" : "", ": ",
-                       arena_.count(), " parameters (", arena_.parameter_numel(), " elements) in ",
-                       reducer_->plan().buckets.size(), " buckets", wire);
+                       "> over ", comm_->world_size(), " ranks", frozen ? ", static graph" : "", ": ", arena_.count(),
+                       " parameters (", arena_.parameter_numel(), " elements) in ", reducer_->plan().buckets.size(),
+                       " buckets", wire);
   }
 
  private:
