@@ -243,6 +243,12 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   else if (!stopped)
     std::printf("nothing to train: the checkpoint is already at epoch %lld of %lld\n",
                 static_cast<long long>(pos.epoch), static_cast<long long>(cfg.epochs));
+  if (cfg.reduction.zero == 2) {  // what this rank's gradient pages hold between steps (resident, measured)
+    auto const& zero = t.optimizer().optimizer();
+    std::printf("ZeRO-2: rank 0 keeps %lld of %lld gradient bytes between steps (%.3f; 1/%d is %.3f)\n",
+                static_cast<long long>(zero.gradient_bytes()), static_cast<long long>(zero.unsharded_gradient_bytes()),
+                double(zero.gradient_bytes()) / double(zero.unsharded_gradient_bytes()), world, 1.0 / world);
+  }
   if (cfg.reduction.deterministic)
     std::printf("weights: %s (FNV-1a 64 of the final parameters; the same for every world size dividing %lld)\n",
                 weights_digest(net.seq).c_str(), static_cast<long long>(cfg.reduction.micro_batches));
@@ -390,6 +396,10 @@ std::optional<Config> parse(int argc, char** argv) {
   c.max_steps = f.at_least("max-steps", 0);
   c.reduction =
       examples::reduction_choice(f, c.backend == examples::Backend::kThreads ? c.world_size : 0, c.global_batch);
+  if (c.device == "cuda" && c.reduction.zero == 2)
+    throw ArgumentError(
+        "fashion_mnist: --zero 2 releases the gradient pages outside each rank's slices, which needs host memory; "
+        "with --device cuda use --zero 1");
   if (c.device == "cuda" && (c.reduction.deterministic || c.reduction.comm_hook != "none"))
     throw ArgumentError(detail::cat(
         "fashion_mnist: ", c.reduction.deterministic ? "--deterministic" : "--comm-hook " + c.reduction.comm_hook,

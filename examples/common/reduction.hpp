@@ -37,8 +37,9 @@ inline Flags& add_reduction_flags(Flags& f) {
            "PowerSgd)")
       .add("powersgd-warmup", "100", "with --comm-hook powersgd: plain all-reduces per bucket before compressing")
       .add("zero", "0",
-           "ZeRO stage: 0 (every rank keeps the whole optimizer state) or 1 (each rank keeps and updates its slice "
-           "of every bucket, then the parameters are all-gathered; ZeroRedundancyOptimizer)")
+           "ZeRO stage: 0 (every rank keeps the whole optimizer state), 1 (each rank keeps and updates its slice "
+           "of every bucket, then the parameters are all-gathered; ZeroRedundancyOptimizer) or 2 (and after each "
+           "step keeps only its slices' gradients; host tensors)")
       .add("overlap-update", "false",
            "step each bucket's parameters as soon as its reduction lands, while later buckets are still in flight "
            "(OverlappedOptimizer; the same weights, bit for bit)");
@@ -71,13 +72,13 @@ inline ReductionChoice reduction_choice(Flags const& f, int world_size, std::int
     throw ArgumentError(detail::cat(f.program(), ": --comm-hook must be one of none|bf16|fp16|powersgd[:rank], got '",
                                     c.comm_hook, "'"));
   std::string const zero = f.str("zero");
-  if (zero == "2" || zero == "3")
-    throw ArgumentError(detail::cat(f.program(), ": --zero ", zero,
-                                    ": only stage 1 (optimizer state sharded) is built; gradients are not sharded "
-                                    "yet. Use --zero 1"));
-  if (zero != "0" && zero != "1")
-    throw ArgumentError(detail::cat(f.program(), ": --zero must be 0 or 1, got '", zero, "'"));
-  c.zero = zero == "1" ? 1 : 0;
+  if (zero == "3")
+    throw ArgumentError(detail::cat(f.program(),
+                                    ": --zero 3: stage 3 (parameters sharded too) is not built; stage 2 shards "
+                                    "the optimizer state and keeps each rank's slices of the gradients. Use --zero 2"));
+  if (zero != "0" && zero != "1" && zero != "2")
+    throw ArgumentError(detail::cat(f.program(), ": --zero must be 0, 1 or 2, got '", zero, "'"));
+  c.zero = zero[0] - '0';
   c.update = f.boolean("overlap-update") ? UpdateAt::kBucketReduced : UpdateAt::kStep;
   if (!rank && f.is_set("powersgd-warmup"))
     throw ArgumentError(

@@ -81,8 +81,8 @@ std::vector<float> policy_run(ThreadsBackend& comm, test::Data const& data, std:
 }
 
 TEST_CASE(
-    "device tensors: ZeRO-1, the overlapped update and static_graph give the unsharded weights and state bit for "
-    "bit, alone and composed") {
+    "device tensors: ZeRO-1 and 2, the overlapped update and static_graph give the unsharded weights and state bit "
+    "for bit, alone and composed") {
   std::int64_t const B = 16;
   int const steps = 6;
   auto data = test::make_data(B * steps, 8, 4, 99);
@@ -97,11 +97,12 @@ TEST_CASE(
         auto const o = policy_run<Dev>(comm, data, B, steps, reduction, 0, &overlapped, UpdateAt::kBucketReduced);
         auto const z = policy_run<Dev>(comm, data, B, steps, reduction, 1, &both, UpdateAt::kBucketReduced);
         auto const h = policy_run<HostSpace>(comm, data, B, steps, reduction, 1);
-        optim::OptimizerState<float> frozen;  // and all of it with the status words kept on the device
+        optim::OptimizerState<float> frozen, second;  // and all of it with the status words kept on the device
         auto const f = policy_run<Dev>(comm, data, B, steps, reduction, 1, &frozen, UpdateAt::kBucketReduced,
                                        {.static_graph = true});
+        auto const t = policy_run<Dev>(comm, data, B, steps, reduction, 2, &second, UpdateAt::kBucketReduced);
         return a == b && sharded == whole && o == b && overlapped == whole && z == b && both == whole &&
-               rel_diff(a, h) <= 1e-5 && f == b && frozen == whole;
+               rel_diff(a, h) <= 1e-5 && f == b && frozen == whole && t == b && second == whole;
       };
       CHECK(same(AverageAllReduce{}));
       CHECK(same(Bf16AllReduce{}));

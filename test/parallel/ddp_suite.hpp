@@ -58,11 +58,14 @@ void ddp_suite(C& comm, HalfSum sum) {
   // ZeRO-1: bitwise the unsharded optimizer's weights, the state cut 1/world and put back together.
   for (auto which : {ddp::test::ZeroOpt::kSgdMomentum, ddp::test::ZeroOpt::kAdamW})
     ddp::test::zero_matches_unsharded(comm, which, ddp::BucketConfig{.cap_bytes = 512, .first_cap_bytes = 128});
+  // ZeRO-2: ZeRO-1's weights, keeping 1/world of the gradient pages between steps (MPI: its shared-memory window).
+  ddp::test::zero2_keeps_its_slices(comm);
   // The update overlapped with the reductions: bitwise step(), alone, over ZeRO-1 and with compressed buckets.
   {
     ddp::BucketConfig const cfg{.cap_bytes = 512, .first_cap_bytes = 128};
     ddp::test::overlapped_matches_step(comm, ddp::test::ZeroOpt::kSgdMomentum, cfg);
     ddp::test::overlapped_matches_step(comm, ddp::test::ZeroOpt::kAdamW, cfg, 4, ddp::AverageAllReduce{}, 1);
+    ddp::test::overlapped_matches_step(comm, ddp::test::ZeroOpt::kSgdMomentum, cfg, 4, ddp::AverageAllReduce{}, 2);
     ddp::test::overlapped_matches_step(comm, ddp::test::ZeroOpt::kAdamW, cfg, 4, ddp::Bf16AllReduce{}, 1);
     ddp::test::overlapped_matches_step(comm, ddp::test::ZeroOpt::kSgdMomentum, cfg, 4,
                                        ddp::PowerSgd{{.rank = 2, .warmup_steps = 1, .min_compression_rate = 1.0}});

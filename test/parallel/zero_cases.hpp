@@ -83,4 +83,57 @@ void zero_matches_unsharded(C& comm, ZeroOpt which, BucketConfig buckets, int st
     run(std::type_identity<optim::AdamW>{}, {.lr = 1e-2, .weight_decay = 0.01});
 }
 
+// ZeRO-2 on an MLP 64-2048-64 (1 MB of gradients, buckets of 256 KB): trained in lockstep with stage 1 for
+// `steps` SGD-momentum steps. Checks, on every rank:
+//  - the weights are bitwise stage 1's after every step, and so is the consolidated state at the end;
+//  - after backward every gradient page is resident (gradient_bytes() is the whole arena, less a page at each end);
+//  - after step() a rank holds its slices' gradients only: 1/world of the arena, within the partial pages at the
+//    ends of its slices and the status words after each bucket (6 pages a bucket, and 2 for the arena's ends);
+//  - a stage-2 optimizer on one rank releases nothing (it owns everything).
+template <AsyncCommunicator C>
+void zero2_keeps_its_slices(C& comm, int steps = 3) {
+  int const n = comm.world_size(), r = comm.rank();
+  std::int64_t const local = 4;
+  auto data = make_data(local * n * steps, 64, 64, 37);
+  auto one_model = make_mlp(64, 2048, 64, 7);
+  auto two_model = make_mlp(64, 2048, 64, 7);
+  SizeCapped const buckets{{.cap_bytes = 256 << 10, .first_cap_bytes = 64 << 10}};
+  DistributedDataParallel<Mlp, C> one_ddp(one_model, comm, {}, buckets);
+  DistributedDataParallel<Mlp, C> two_ddp(two_model, comm, {}, buckets);
+  using Zero = ZeroRedundancyOptimizer<optim::SGD, C>;
+  optim::SgdOptions const o{.lr = 0.05, .momentum = 0.9};
+  Zero one(one_ddp, {.optimizer = o, .zero = {.stage = 1}});
+  Zero two(two_ddp, {.optimizer = o, .zero = {.stage = 2}});
+  std::int64_t const total = two.unsharded_gradient_bytes(), page = static_cast<std::int64_t>(detail::host_page_size());
+  std::int64_t const nb = static_cast<std::int64_t>(two_ddp.plan().buckets.size());
+  expect(nb >= 2, detail::cat("rank ", r, ": expected several buckets, got ", nb));
+  for (int s = 0; s < steps; ++s) {
+    Tensor<float> const x = rows(data.x, (s * n + r) * local, local);
+    Tensor<float> const y = rows(data.y, (s * n + r) * local, local);
+    one.zero_grad();
+    backward(mse_loss(one_ddp(Var(x)), y));
+    one.step();
+    two.zero_grad();
+    backward(mse_loss(two_ddp(Var(x)), y));
+    std::int64_t const written = two.gradient_bytes();
+    expect(written >= total - 2 * page, detail::cat("rank ", r, ": step ", s, ": after backward only ", written, " of ",
+                                                    total, " gradient bytes are resident"));
+    two.step();
+    expect(weights(two_ddp.parameters()) == weights(one_ddp.parameters()),
+           detail::cat("rank ", r, ": after step ", s, " the ZeRO-2 weights differ from ZeRO-1's"));
+    std::int64_t const kept = two.gradient_bytes();
+    std::int64_t const bound = n == 1 ? total + 2 * page : total / n + (6 * nb + 2) * page;
+    expect(kept <= bound, detail::cat("rank ", r, ": step ", s, ": ", kept, " gradient bytes kept of ", total, " on ",
+                                      n, " ranks (bound ", bound, ")"));
+    if (n > 1)
+      expect(kept < total / 2 + (6 * nb + 2) * page,
+             detail::cat("rank ", r, ": step ", s, ": ZeRO-2 kept ", kept, " of ", total, " gradient bytes"));
+  }
+  expect(two.consolidated_state() == one.consolidated_state(),
+         detail::cat("rank ", r, ": the ZeRO-2 state differs from ZeRO-1's"));
+  expect(two.describe().find(n > 1 ? "gradients outside its slices released after each step" : "ZeRO-2") !=
+             std::string::npos,
+         "ZeRO-2's describe()");
+}
+
 }  // namespace ddp::test

@@ -1,6 +1,7 @@
-// ZeroRedundancyOptimizer (ZeRO-1, parallel/zero_redundancy.hpp) on the threads backend at world sizes 1, 2 and 4:
-// bitwise the unsharded optimizer's weights under every reduction policy, the state cut into 1/world pieces that
-// put together give the unsharded state, and bad options and shard states refused. Deterministic mode and
+// ZeroRedundancyOptimizer (ZeRO-1 and 2, parallel/zero_redundancy.hpp) on the threads backend at world sizes 1, 2
+// and 4: bitwise the unsharded optimizer's weights under every reduction policy, the state cut into 1/world pieces
+// that put together give the unsharded state, stage 2's gradients kept 1/world, and bad options and shard states
+// refused. Deterministic mode and
 // resharded checkpoints: deterministic_test.cpp.
 #include <doctest/doctest.h>
 
@@ -33,13 +34,20 @@ TEST_CASE("ZeRO-1 composes with compressed buckets and PowerSGD") {
   }
 }
 
+TEST_CASE("ZeRO-2: stage 1's weights and state, bit for bit, keeping 1/world of the gradients after each step") {
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    spawn(n, [](ThreadsBackend& comm) { test::zero2_keeps_its_slices(comm); });
+  }
+}
+
 TEST_CASE("ZeRO: bad stages and one rank's shard of the state are refused") {
   spawn(2, [](ThreadsBackend& comm) {
     auto model = test::make_mlp(8, 48, 4, 5);
     DistributedDataParallel<test::Mlp, ThreadsBackend> ddp(model, comm);
     using Zero = ZeroRedundancyOptimizer<optim::AdamW, ThreadsBackend>;
     CHECK_THROWS_WITH_AS(Zero(ddp, {.zero = {.stage = 3}}),
-                         doctest::Contains("stage must be 0 (unsharded) or 1 (optimizer state sharded), got 3"),
+                         doctest::Contains("stage must be 0 (unsharded), 1 (optimizer state sharded) or 2"),
                          ArgumentError);
     Zero zero(ddp, {});
     auto const shard = zero.state();

@@ -3,8 +3,8 @@
 # for world sizes 1, 2 and 4 (threads) and under mpirun -n 2, for bucket caps 1 KiB and 25 MiB, for the CNN (with
 # dropout) and the MLP; and a run stopped mid-epoch at world size 2 and resumed at world size 4 ends with the
 # uninterrupted run's digest; with --clip-grad-norm too. With --zero 1 (the optimizer state sharded) the digests
-# are the same, and a sharded checkpoint from world size 2 resumes at 1 and 4, sharded or not; with
-# --overlap-update (each bucket updated as it lands) too.
+# are the same, and a sharded checkpoint from world size 2 resumes at 1 and 4, sharded or not; with --zero 2 (and
+# the gradients kept per slice between steps) and --overlap-update (each bucket updated as it lands) too.
 set -euo pipefail
 bin="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/fmdet"
@@ -44,7 +44,7 @@ for model in cnn mlp; do
   grep -q '^ZeRO-1 adamw over 2 ranks: optimizer state [0-9]* bytes on rank 0 (unsharded: ' "$log" ||
     fail "$model: --zero 1 printed no state bytes"
   digest "$bin" "${common[@]}" --world-size 2 --max-steps 11 --zero 1 --checkpoint "$dir/$model.zero.ckpt" >/dev/null
-  for resume in "--world-size 1 --zero 0" "--world-size 4 --zero 1"; do
+  for resume in "--world-size 1 --zero 0" "--world-size 4 --zero 1" "--world-size 4 --zero 2"; do
     # shellcheck disable=SC2086
     got=$(digest "$bin" "${common[@]}" $resume --resume "$dir/$model.zero.ckpt")
     [[ "$got" == "$ref" ]] || fail "$model: ZeRO-1 checkpoint resumed with $resume: weights $got, uninterrupted: $ref"
@@ -55,7 +55,14 @@ for model in cnn mlp; do
   grep -q 'each bucket updated as its reduction lands' "$log" || fail "$model: --overlap-update did not say so"
   got=$(digest mpirun -n 2 "$bin" "${common[@]}" --backend mpi --bucket-cap-mb 0.001 --zero 1 --overlap-update)
   [[ "$got" == "$ref" ]] || fail "$model: --zero 1 --overlap-update under mpirun -n 2: weights $got, world size 1: $ref"
-  echo "$model: weights $ref at world sizes 1, 2, 4, caps 1 KiB and 25 MiB, under MPI, and resumed at another world size; the same with --zero 1 and --overlap-update"
+  # ZeRO-2 (each rank keeps its slices' gradients between steps): threads, and MPI's shared-memory gradients.
+  got=$(digest "$bin" "${common[@]}" --world-size 2 --bucket-cap-mb 0.001 --zero 2)
+  [[ "$got" == "$ref" ]] || fail "$model: --zero 2 at world size 2: weights $got, world size 1: $ref"
+  grep -q '^ZeRO-2: rank 0 keeps [0-9]* of [0-9]* gradient bytes between steps' "$log" ||
+    fail "$model: --zero 2 printed no gradient bytes"
+  got=$(digest mpirun -n 2 "$bin" "${common[@]}" --backend mpi --zero 2 --overlap-update)
+  [[ "$got" == "$ref" ]] || fail "$model: --zero 2 --overlap-update under mpirun -n 2: weights $got, world size 1: $ref"
+  echo "$model: weights $ref at world sizes 1, 2, 4, caps 1 KiB and 25 MiB, under MPI, and resumed at another world size; the same with --zero 1, --zero 2 and --overlap-update"
 done
 # --clip-grad-norm keeps it: the clipped gradients are the same at every world size, and clipping changes the run.
 base=(--deterministic --model mlp --micro-batches 4 --batch-size 32 --limit-train 256 --limit-test 128 --epochs 2)
@@ -67,6 +74,8 @@ got=$(digest "$bin" "${clip[@]}" --world-size 4)
 [[ "$got" == "$ref" ]] || fail "clipped mlp: world size 4: weights $got, world size 1: $ref"
 got=$(digest mpirun -n 2 "$bin" "${clip[@]}" --backend mpi)
 [[ "$got" == "$ref" ]] || fail "clipped mlp: mpirun -n 2: weights $got, world size 1: $ref"
+got=$(digest "$bin" "${clip[@]}" --world-size 4 --zero 2)  # clipping sees the whole gradients before the step
+[[ "$got" == "$ref" ]] || fail "clipped mlp: world size 4, --zero 2: weights $got, world size 1: $ref"
 echo "mlp with --clip-grad-norm 0.05: weights $ref at world sizes 1, 4 and under MPI (unclipped: $unclipped)"
 # Misuse: a world size that does not divide the micro-batches.
 if "$bin" --deterministic --micro-batches 4 --world-size 3 --batch-size 24 --limit-train 64 --limit-test 32 >"$log" 2>&1; then

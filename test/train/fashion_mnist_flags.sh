@@ -36,8 +36,9 @@ expect "--comm-hook powersgd:RANK needs a rank of at least 1, got '0'" --comm-ho
 expect "--comm-hook powersgd:RANK needs a rank of at least 1, got 'x'" --comm-hook powersgd:x
 expect "--comm-hook powersgd with --deterministic: PowerSGD's low-rank factors" --comm-hook powersgd:2 --deterministic true
 expect "--powersgd-warmup is for --comm-hook powersgd; --comm-hook is none" --powersgd-warmup 5
-expect "--zero 2: only stage 1 (optimizer state sharded) is built; gradients are not sharded yet. Use --zero 1" --zero 2
-expect "--zero must be 0 or 1, got 'yes'" --zero yes
+expect "--zero 3: stage 3 (parameters sharded too) is not built" --zero 3
+expect "--zero must be 0, 1 or 2, got 'yes'" --zero yes
+expect "--zero must be 0, 1 or 2, got '12'" --zero 12
 expect "--precision bf16 is for device tensors (--device cuda" --precision bf16
 expect "--precision must be one of fp32|tf32|bf16|fp16, got 'fp8'" --precision fp8
 expect "--loss-every must be at least 1" --loss-every 0

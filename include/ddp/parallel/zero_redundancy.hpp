@@ -1,7 +1,9 @@
-// ZeroRedundancyOptimizer<O, C>: ZeRO stage 1 (Rajbhandari et al., 2020; PyTorch's ZeroRedundancyOptimizer) over
-// DistributedDataParallel. Each rank owns one slice of every gradient bucket, keeps the optimizer state of its
-// slices only (1/world_size of the unsharded state, to within a 64-byte line per bucket), updates them with the
-// optimizer's own kernel, and all-gathers every bucket's parameters after the step.
+// ZeroRedundancyOptimizer<O, C>: ZeRO stages 1 and 2 (Rajbhandari et al., 2020; PyTorch's ZeroRedundancyOptimizer
+// is stage 1) over DistributedDataParallel. Each rank owns one slice of every gradient bucket, keeps the optimizer
+// state of its slices only (1/world_size of the unsharded state, to within a 64-byte line per bucket), updates them
+// with the optimizer's own kernel, and all-gathers every bucket's parameters after the step. Stage 2 also keeps
+// only its slices' gradients once the step has used them: the rest of each bucket's gradient memory goes back to
+// the kernel (host_pages.hpp) until the next backward writes it.
 #pragma once
 
 #include <algorithm>
@@ -20,11 +22,14 @@
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/shard.hpp"
 #include "ddp/parallel/join.hpp"
+#include "ddp/tensor/host_pages.hpp"
 
 namespace ddp {
 
 struct ZeroOptions {
-  // 0: every rank keeps the whole optimizer state (the optimizer itself); 1: each rank keeps its slices' state.
+  // 0: every rank keeps the whole optimizer state (the optimizer itself); 1: each rank keeps its slices' state;
+  // 2: and, after each step, its slices' gradients only (host-addressable memory: host tensors, or device tensors
+  // on Thrust's CPU systems).
   int stage = 1;
 };
 
@@ -91,8 +96,16 @@ inline std::vector<optim::ArenaShard::Range> zero_ranges(std::vector<ZeroBucket>
 //    and the non-finite checks see them as without sharding);
 //  - state() is this rank's pieces (ParameterState::begin); consolidated_state() (collective) is the full state,
 //    which is what save_checkpoint writes; load_state() takes a full state and keeps this rank's pieces, so a
-//    checkpoint written at one world size (sharded or not) resumes at any other, re-cut at load.
-// Cost: one all-gather per bucket after each step (the parameters' bytes), on the caller's thread.
+//    checkpoint written at one world size (sharded or not) resumes at any other, re-cut at load;
+//  - stage 2: between backward and step() the gradients are DDP's, complete (clipping, GradScaler and the
+//    non-finite checks see them whole); step() then zeroes each bucket's gradients outside this rank's slice and
+//    hands their pages back, so from one step's end to the next backward a rank holds 1/world_size of the
+//    gradients (gradient_bytes(), to within the two pages at each end of a slice). Backward writes them all
+//    again: the peak is not lowered, the memory between steps (forward, data loading, evaluation) is. Call
+//    zero_grad() before each step's backward, as the loop does: accumulating into a released gradient would add
+//    to zeros where stage 1 adds to the last round's average.
+// Cost: one all-gather per bucket after each step (the parameters' bytes), on the caller's thread; stage 2 adds
+// the madvise calls (no copies).
 template <class O, Communicator C>
 class ZeroRedundancyOptimizer {
  public:
@@ -114,6 +127,11 @@ class ZeroRedundancyOptimizer {
         arena_(arena),
         buckets_(detail::zero_buckets(plan, arena, comm.world_size())),
         inner_(arena, opt.optimizer, shard(buckets_, zero_, comm.rank())) {
+    if (zero_.stage == 2 && !host_accessible_v<S>)
+      throw ArgumentError(
+          "ZeroRedundancyOptimizer: stage 2 hands the gradient pages outside this rank's slices back to the system, "
+          "which needs memory the host addresses (host tensors, or device tensors on Thrust's CPU systems). On CUDA "
+          "use stage 1");
     unsharded_bytes_ = static_cast<std::int64_t>(inner_.state().buffer_names.size()) * arena_.numel() *
                        static_cast<std::int64_t>(sizeof(T));
     std::int64_t widest = 0;
@@ -154,6 +172,7 @@ class ZeroRedundancyOptimizer {
           "of batches (EpochSplit::kPad, GlobalBatchSampler) or use ZeRO stage 0 there");
     inner_.step();
     if (sharded()) gather_parameters();
+    release_gradients();
   }
   // step() in two parts, for OverlappedOptimizer (overlapped_update.hpp): this rank's slices of the whole
   // parameters in arena elements `window` (no communication), then, once every bucket was updated, the
@@ -161,18 +180,33 @@ class ZeroRedundancyOptimizer {
   void update(optim::ArenaShard::Range window) { inner_.update(window); }
   void complete_step() {
     if (sharded()) gather_parameters();
+    release_gradients();
   }
   void zero_grad() { inner_.zero_grad(); }
   double lr() const noexcept { return inner_.lr(); }
   void set_lr(double lr) { inner_.set_lr(lr); }
   O const& optimizer() const noexcept { return inner_; }
   ZeroOptions const& zero_options() const noexcept { return zero_; }
-  // Whether step() shards (stage 1 on more than one rank): ddp::join refuses such an optimizer.
+  // Whether step() shards (stage 1 or 2 on more than one rank): ddp::join refuses such an optimizer.
   bool sharded() const noexcept { return zero_.stage >= 1 && comm_->world_size() > 1; }
 
   // Optimizer-state bytes on this rank, and what the unsharded optimizer would hold.
   std::int64_t state_bytes() const noexcept { return inner_.state_bytes(); }
   std::int64_t unsharded_state_bytes() const noexcept { return unsharded_bytes_; }
+  // Gradient bytes resident on this rank (the pages of the arena's gradients in memory now: after a stage-2
+  // step, its slices' and the pages at their ends; otherwise every gradient page backward wrote), and the
+  // arena's gradient bytes (what stage 0 and 1 keep). Host-addressable memory only; elsewhere the whole size.
+  std::int64_t gradient_bytes() const {
+    auto const& g = arena_.grads();
+    std::size_t const bytes = static_cast<std::size_t>(g.numel()) * sizeof(T);
+    if constexpr (host_accessible_v<S>)
+      return static_cast<std::int64_t>(std::min(bytes, detail::resident_bytes(g.data(), bytes)));
+    else
+      return static_cast<std::int64_t>(bytes);
+  }
+  std::int64_t unsharded_gradient_bytes() const noexcept {
+    return arena_.grads().numel() * static_cast<std::int64_t>(sizeof(T));
+  }
   // Parameter bytes this rank sends per step in the all-gathers (its slice of every bucket, padded).
   std::int64_t gather_bytes() const noexcept {
     std::int64_t n = 0;
@@ -186,7 +220,8 @@ class ZeroRedundancyOptimizer {
       return detail::cat("ZeRO-0 (unsharded) ", O::name(), ": optimizer state ", state_bytes(), " bytes on each rank");
     return detail::cat("ZeRO-", zero_.stage, " ", O::name(), " over ", comm_->world_size(), " ranks: optimizer state ",
                        state_bytes(), " bytes on rank ", comm_->rank(), " (unsharded: ", unsharded_state_bytes(),
-                       "), parameter all-gathers ", gather_bytes(), " bytes a step");
+                       "), parameter all-gathers ", gather_bytes(), " bytes a step",
+                       zero_.stage == 2 ? "; gradients outside its slices released after each step" : "");
   }
 
   // This rank's pieces (sharded) or the whole state.
@@ -229,16 +264,31 @@ class ZeroRedundancyOptimizer {
 
  private:
   static ZeroOptions checked(ZeroOptions z) {
-    if (z.stage != 0 && z.stage != 1)
+    if (z.stage < 0 || z.stage > 2)
       throw ArgumentError(
-          detail::cat("ZeroRedundancyOptimizer: stage must be 0 (unsharded) or 1 (optimizer state "
-                      "sharded), got ",
+          detail::cat("ZeroRedundancyOptimizer: stage must be 0 (unsharded), 1 (optimizer state sharded) or 2 (and the "
+                      "gradients kept only for this rank's slices after each step), got ",
                       z.stage));
     return z;
   }
   static optim::ArenaShard shard(std::vector<detail::ZeroBucket> const& buckets, ZeroOptions z, int rank) {
     if (z.stage == 0) return {};
     return optim::ArenaShard(detail::zero_ranges(buckets, rank));
+  }
+  // Stage 2, after the step: each bucket's gradients outside this rank's slice are zeroed and their whole pages
+  // handed back (nothing reads them until the next backward writes them again).
+  void release_gradients() {
+    if constexpr (host_accessible_v<S>) {
+      if (zero_.stage != 2 || !sharded()) return;
+      T* const grads = arena_.grads().data();
+      for (auto const& z : buckets_) {
+        auto const mine = detail::zero_slice(z, comm_->rank());
+        std::int64_t const lo = z.start, hi = z.start + z.numel;
+        std::int64_t const own_lo = std::clamp(mine.begin, lo, hi), own_hi = std::clamp(mine.end, own_lo, hi);
+        detail::zero_and_release(grads + lo, static_cast<std::size_t>(own_lo - lo) * sizeof(T));
+        detail::zero_and_release(grads + own_hi, static_cast<std::size_t>(hi - own_hi) * sizeof(T));
+      }
+    }
   }
   void gather_parameters() {
     int const world = comm_->world_size(), rank = comm_->rank();
