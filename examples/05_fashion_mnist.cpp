@@ -243,10 +243,11 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   else if (!stopped)
     std::printf("nothing to train: the checkpoint is already at epoch %lld of %lld\n",
                 static_cast<long long>(pos.epoch), static_cast<long long>(cfg.epochs));
-  if (cfg.reduction.zero == 2) {  // what this rank's gradient pages hold between steps (resident, measured)
+  if (cfg.reduction.zero >= 1) {  // what this rank's gradient pages hold between steps (resident, measured)
     auto const& zero = t.optimizer().optimizer();
-    std::printf("ZeRO-2: rank 0 keeps %lld of %lld gradient bytes between steps (%.3f; 1/%d is %.3f)\n",
-                static_cast<long long>(zero.gradient_bytes()), static_cast<long long>(zero.unsharded_gradient_bytes()),
+    std::printf("ZeRO-%d: rank 0 keeps %lld of %lld gradient bytes between steps (%.3f; 1/%d is %.3f)\n",
+                cfg.reduction.zero, static_cast<long long>(zero.gradient_bytes()),
+                static_cast<long long>(zero.unsharded_gradient_bytes()),
                 double(zero.gradient_bytes()) / double(zero.unsharded_gradient_bytes()), world, 1.0 / world);
   }
   if (cfg.reduction.deterministic)
