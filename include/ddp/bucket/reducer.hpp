@@ -175,9 +175,6 @@ class BucketReducer {
     return finish_round(std::forward<Landed>(landed), Participation::kActive);
   }
 
-  // Whether the status words no longer reach the host (static_graph, after the first round; see the class).
-  bool graph_frozen() const noexcept { return frozen_.has_value(); }
-
   // Whether the round's last bucket is reduced on the progress thread like the others (true) or on the caller's
   // thread once backward completes it (false, the default: nothing is left to overlap with, and the hand-off costs
   // more). A finish() that lands buckets overlaps their landing with the last bucket's reduction only when true.
