@@ -22,8 +22,8 @@ inline std::uintptr_t host_page_size() noexcept { return static_cast<std::uintpt
 // Zeroes bytes [p, p + bytes). The whole pages inside the range go back to the kernel: MADV_REMOVE where the
 // memory is shared (an MPI shared-memory window), MADV_DONTNEED where it is private (malloc, aligned_alloc);
 // either way they read as zero and take no memory until written again. The partial pages at the two ends are
-// memset. Returns the bytes handed back. Throws Error (naming errno) if the kernel refuses both, after zeroing
-// the range by memset, so the contents are zero either way.
+// memset. Returns the bytes handed back: 0 where the kernel refuses both (locked memory, say); the range is then
+// zeroed by memset and keeps its memory, which resident_bytes() shows. The contents are zero either way.
 inline std::size_t zero_and_release(void* p, std::size_t bytes) {
   if (bytes == 0) return 0;
   auto* const base = static_cast<unsigned char*>(p);
@@ -39,14 +39,13 @@ inline std::size_t zero_and_release(void* p, std::size_t bytes) {
   std::size_t const n = last - first;
   if (::madvise(whole, n, MADV_REMOVE) == 0) return n;  // shared memory: the backing pages are freed
   if (errno == EINVAL && ::madvise(whole, n, MADV_DONTNEED) == 0) return n;  // private memory
-  int const err = errno;
   std::memset(whole, 0, n);
-  throw Error(cat("zero_and_release: madvise of ", n, " bytes at ", whole, " failed (", std::strerror(err),
-                  "); the range was zeroed but keeps its memory"));
+  return 0;
 }
 
 // Bytes of the pages overlapping [p, p + bytes) that are resident now (mincore), so the ends may count a page
-// the range shares with its neighbours.
+// the range shares with its neighbours. A released page that was read since counts too (the read maps the
+// kernel's shared zero page), so the figure errs high, never low.
 inline std::size_t resident_bytes(void const* p, std::size_t bytes) {
   if (bytes == 0) return 0;
   std::uintptr_t const page = host_page_size(), lo = reinterpret_cast<std::uintptr_t>(p);
