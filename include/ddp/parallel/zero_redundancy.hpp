@@ -221,7 +221,7 @@ class ZeroRedundancyOptimizer {
     return detail::cat("ZeRO-", zero_.stage, " ", O::name(), " over ", comm_->world_size(), " ranks: optimizer state ",
                        state_bytes(), " bytes on rank ", comm_->rank(), " (unsharded: ", unsharded_state_bytes(),
                        "), parameter all-gathers ", gather_bytes(), " bytes a step",
-                       zero_.stage == 2 ? "; gradients outside its slices released after each step" : "");
+                       zero_.stage == 2 && sharded() ? "; gradients outside its slices released after each step" : "");
   }
 
   // This rank's pieces (sharded) or the whole state.
