@@ -101,28 +101,31 @@ void shape_mismatch(C& comm) {
   throw std::runtime_error("no DdpError on rank " + std::to_string(comm.rank()) + " for mismatched shapes");
 }
 
-// A model with a branch only rank 0 uses: fc_extra gets no gradient on the other ranks.
-struct Branchy {
+// fc1, then `extra` where use_extra holds: a branch some ranks skip (extra gets no gradient there), or that a rank
+// drops between steps. Over host tensors (Branchy) or any other space.
+template <MemorySpace S>
+struct BasicBranchy {
   using value_type = float;
-  using space = HostSpace;
-  nn::Linear fc1, extra;
+  using space = S;
+  nn::basic_linear<float, S> fc1, extra;
   bool use_extra = true;
-  Branchy(Generator& g) : fc1(4, 3, g), extra(3, 3, g) {}
-  Var forward(Var const& x) {
-    Var h = fc1(x);
+  explicit BasicBranchy(Generator& g) : fc1(4, 3, g), extra(3, 3, g) {}
+  Variable<float, S> forward(Variable<float, S> const& x) {
+    auto h = fc1(x);
     return use_extra ? extra(h) : h;
   }
-  std::vector<nn::NamedParameter<float, HostSpace>> named_parameters() const {
-    std::vector<nn::NamedParameter<float, HostSpace>> ps;
-    std::vector<nn::NamedBuffer<float, HostSpace>> bs;
+  std::vector<nn::NamedParameter<float, S>> named_parameters() const {
+    std::vector<nn::NamedParameter<float, S>> ps;
+    std::vector<nn::NamedBuffer<float, S>> bs;
     nn::append_prefixed("fc1", fc1, ps, bs);
     nn::append_prefixed("extra", extra, ps, bs);
     return ps;
   }
-  std::vector<nn::NamedBuffer<float, HostSpace>> named_buffers() const { return {}; }
+  std::vector<nn::NamedBuffer<float, S>> named_buffers() const { return {}; }
   void set_mode(Mode) {}
   Mode mode() const { return Mode::kTrain; }
 };
+using Branchy = BasicBranchy<HostSpace>;
 
 template <AsyncCommunicator C>
 void unused_parameter(C& comm) {

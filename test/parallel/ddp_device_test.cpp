@@ -168,28 +168,8 @@ TEST_CASE("device tensors through HostStaging<ThreadsBackend> train as through t
 }
 
 TEST_CASE("device tensors: an unused parameter is an error on every rank; find_unused_parameters averages") {
-  // fc2 only on rank 0: the other ranks' forward stops at fc1.
-  struct Branchy {
-    using value_type = float;
-    using space = Dev;
-    nn::basic_linear<float, Dev> fc1, extra;
-    bool use_extra = true;
-    explicit Branchy(Generator& g) : fc1(4, 3, g), extra(3, 3, g) {}
-    Variable<float, Dev> forward(Variable<float, Dev> const& x) {
-      auto h = fc1(x);
-      return use_extra ? extra(h) : h;
-    }
-    std::vector<nn::NamedParameter<float, Dev>> named_parameters() const {
-      std::vector<nn::NamedParameter<float, Dev>> ps;
-      std::vector<nn::NamedBuffer<float, Dev>> bs;
-      nn::append_prefixed("fc1", fc1, ps, bs);
-      nn::append_prefixed("extra", extra, ps, bs);
-      return ps;
-    }
-    std::vector<nn::NamedBuffer<float, Dev>> named_buffers() const { return {}; }
-    void set_mode(Mode) {}
-    Mode mode() const { return Mode::kTrain; }
-  };
+  // extra only on rank 0: the other ranks' forward stops at fc1.
+  using Branchy = test::BasicBranchy<Dev>;
   spawn(2, [](ThreadsBackend& comm) {
     Generator g(5);
     Branchy model(g);
@@ -355,31 +335,6 @@ TEST_CASE("device tensors: GradScaler's run is bitwise the unscaled one, and an 
   }
 }
 
-namespace ddp_static_graph_test {
-// fc1, then `extra` where use_extra holds: a graph a rank can change between steps.
-struct Switchable {
-  using value_type = float;
-  using space = Dev;
-  nn::basic_linear<float, Dev> fc1, extra;
-  bool use_extra = true;
-  explicit Switchable(Generator& g) : fc1(4, 3, g), extra(3, 3, g) {}
-  Variable<float, Dev> forward(Variable<float, Dev> const& x) {
-    auto h = fc1(x);
-    return use_extra ? extra(h) : h;
-  }
-  std::vector<nn::NamedParameter<float, Dev>> named_parameters() const {
-    std::vector<nn::NamedParameter<float, Dev>> ps;
-    std::vector<nn::NamedBuffer<float, Dev>> bs;
-    nn::append_prefixed("fc1", fc1, ps, bs);
-    nn::append_prefixed("extra", extra, ps, bs);
-    return ps;
-  }
-  std::vector<nn::NamedBuffer<float, Dev>> named_buffers() const { return {}; }
-  void set_mode(Mode) {}
-  Mode mode() const { return Mode::kTrain; }
-};
-}  // namespace ddp_static_graph_test
-
 TEST_CASE("device tensors: static_graph gives the same bits as the host-read bookkeeping, at 1, 2 and 4 ranks") {
   std::int64_t const B = 16;
   int const steps = 6;
@@ -399,13 +354,13 @@ TEST_CASE("device tensors: static_graph gives the same bits as the host-read boo
 TEST_CASE(
     "device tensors: under static_graph, a rank whose gradients change is named on every rank at the next "
     "host read") {
-  using ddp_static_graph_test::Switchable;
+  using Branchy = test::BasicBranchy<Dev>;  // rank 1 drops `extra` at step 2
   for (int n : {2, 4}) {
     CAPTURE(n);
     std::vector<std::string> errors(n);
     spawn(n, [&](ThreadsBackend& comm) {
       Generator g(5);
-      Switchable model(g);
+      Branchy model(g);
       Variable<float, Dev> x(to_space<Dev>(full<float>({2, 4}, 1.0f)));
       DistributedDataParallel ddp(model, comm, {.find_unused_parameters = true, .static_graph = true});
       CHECK(ddp.describe().find(" ranks, static graph: 4 parameters") != std::string::npos);
