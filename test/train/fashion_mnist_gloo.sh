@@ -61,7 +61,15 @@ done
 rm -rf "$dir/store.2"
 launch 2 file --model mlp --epochs 5 --backend gloo &
 launcher=$!
-for _ in $(seq 150); do grep -q "step" "$dir/rank0.log" 2>/dev/null && break; sleep 0.2; done
+# Wait for rank 0's first progress line while the job runs (an instrumented build on a loaded machine can take
+# much longer than a plain one to get there), at most 300 s.
+for _ in $(seq 1500); do
+  grep -q "step" "$dir/rank0.log" 2>/dev/null && break
+  kill -0 "$launcher" 2>/dev/null || break
+  sleep 0.2
+done
+kill -0 "$launcher" 2>/dev/null || fail "the 5-epoch job ended before rank 1 could be killed"
+grep -q "step" "$dir/rank0.log" || fail "rank 0 printed no progress line within 300 s"
 pid1=""
 for p in $(pgrep -f "$bin" || true); do
   [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == timeout ]] && continue  # the job itself, not its timeout wrapper
