@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,69 @@ void zero2_keeps_its_slices(C& comm, int steps = 3) {
   expect(two.describe().find(n > 1 ? "gradients outside its slices released after each step" : "ZeRO-2") !=
              std::string::npos,
          "ZeRO-2's describe()");
+}
+
+// OwnerReduce (ranks sharing one address space): the MLP 8-48-4 trained in lockstep under AverageAllReduce with
+// the optimizer itself and under OwnerReduce with ZeroRedundancyOptimizer (stage `stage`, UpdateAt `at` through
+// OverlappedOptimizer), each step `micro` micro-batches per rank of 4 rows. Checks, on every rank:
+//  - the weights are bitwise AverageAllReduce's after every step;
+//  - in this rank's slices the gradients are AverageAllReduce's reduced gradients, bit for bit (stage 1);
+//  - the consolidated state is the unsharded optimizer's;
+//  - only status words crossed the wire (wire_bytes), and describe() names the composition.
+template <SharedAddressSpace C>
+void owner_reduce_matches(C& comm, ZeroOpt which, BucketConfig buckets, int stage, UpdateAt at, std::int64_t micro,
+                          int steps = 4) {
+  int const n = comm.world_size(), r = comm.rank();
+  std::int64_t const local = 4 * micro;
+  auto data = make_data(local * n * steps, 8, 4, 41);
+  auto plain_model = make_mlp(8, 48, 4, 5);
+  auto owner_model = make_mlp(8, 48, 4, 5);
+  using Plain = DistributedDataParallel<Mlp, C, SizeCapped, AverageAllReduce, MicroBatches>;
+  using Owner = DistributedDataParallel<Mlp, C, SizeCapped, OwnerReduce, MicroBatches>;
+  MicroBatches const mb{.count = micro * n};
+  Plain plain_ddp(plain_model, comm, {}, SizeCapped{buckets}, {}, mb);
+  Owner owner_ddp(owner_model, comm, {}, SizeCapped{buckets}, {}, mb);
+  expect(owner_ddp.plan().buckets.size() == plain_ddp.plan().buckets.size(), "the same bucket plan");
+  auto run = [&]<class O>(std::type_identity<O>, typename O::options_type const& o) {
+    using Zero = ZeroRedundancyOptimizer<O, C>;
+    O plain(plain_ddp.parameters(), o);
+    OverlappedOptimizer<Zero> owner(owner_ddp, {.optimizer = {.optimizer = o, .zero = {.stage = stage}},
+                                                .overlap = {.update_at = at}});
+    expect(owner.optimizer().owner_reduces(), "the ZeRO optimizer reduces under OwnerReduce");
+    std::vector<detail::ZeroBucket> const zb =
+        detail::zero_buckets(owner_ddp.plan(), owner_ddp.parameters(), n);
+    for (int s = 0; s < steps; ++s) {
+      Tensor<float> const x = rows(data.x, (s * n + r) * local, local);
+      Tensor<float> const y = rows(data.y, (s * n + r) * local, local);
+      plain.zero_grad();
+      for (auto const& m : plain_ddp.micro_batches(x, y, {.step = static_cast<std::uint64_t>(s)})) backward(mse_loss(plain_ddp(m), m.y));
+      plain.step();
+      owner.zero_grad();
+      for (auto const& m : owner_ddp.micro_batches(x, y, {.step = static_cast<std::uint64_t>(s)})) backward(mse_loss(owner_ddp(m), m.y));
+      owner.step();
+      expect(weights(owner_ddp.parameters()) == weights(plain_ddp.parameters()),
+             detail::cat("rank ", r, ": after step ", s, " the OwnerReduce weights differ from AverageAllReduce's"));
+      if (stage == 1) {
+        float const* a = owner_ddp.parameters().grads().data();
+        float const* b = plain_ddp.parameters().grads().data();
+        for (auto const& z : zb) {
+          auto const mine = detail::zero_slice(z, r);
+          for (std::int64_t i = mine.begin; i < std::min(mine.end, z.start + z.numel); ++i)
+            if (std::memcmp(a + i, b + i, sizeof(float)) != 0)
+              throw std::runtime_error(detail::cat("rank ", r, ": step ", s, ": the averaged gradient at arena element ",
+                                                   i, " is ", a[i], ", AverageAllReduce's ", b[i]));
+        }
+      }
+    }
+    expect(owner.consolidated_state() == plain.state(),
+           detail::cat("rank ", r, ": the OwnerReduce state differs from the unsharded optimizer's"));
+    expect(owner.describe().find("(OwnerReduce)") != std::string::npos, "describe() names OwnerReduce");
+    expect(owner_ddp.describe().find("OwnerReduce") != std::string::npos, "the DDP's describe() names OwnerReduce");
+  };
+  if (which == ZeroOpt::kSgdMomentum)
+    run(std::type_identity<optim::SGD>{}, {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4});
+  else
+    run(std::type_identity<optim::AdamW>{}, {.lr = 1e-2, .weight_decay = 0.01});
 }
 
 }  // namespace ddp::test

@@ -41,6 +41,53 @@ TEST_CASE("ZeRO-2: stage 1's weights and state, bit for bit, keeping 1/world of 
   }
 }
 
+TEST_CASE("OwnerReduce: the ZeRO optimizer reduces its own slices, bit for bit AverageAllReduce's") {
+  for (int n : {1, 2, 4}) {
+    for (BucketConfig cfg : {BucketConfig{}, BucketConfig{.cap_bytes = 512, .first_cap_bytes = 128}}) {
+      CAPTURE(n);
+      CAPTURE(cfg.cap_bytes);
+      spawn(n, [&](ThreadsBackend& comm) {
+        test::owner_reduce_matches(comm, test::ZeroOpt::kSgdMomentum, cfg, 1, UpdateAt::kStep, 1);
+        test::owner_reduce_matches(comm, test::ZeroOpt::kAdamW, cfg, 1, UpdateAt::kBucketReduced, 1);
+        test::owner_reduce_matches(comm, test::ZeroOpt::kSgdMomentum, cfg, 2, UpdateAt::kBucketReduced, 1);
+        test::owner_reduce_matches(comm, test::ZeroOpt::kAdamW, cfg, 1, UpdateAt::kStep, 3);
+      });
+    }
+  }
+}
+
+TEST_CASE("OwnerReduce refuses what would see unreduced gradients, on every rank") {
+  spawn(2, [](ThreadsBackend& comm) {
+    using Owner = DistributedDataParallel<test::Mlp, ThreadsBackend, SizeCapped, OwnerReduce>;
+    auto data = test::make_data(8, 8, 4, 3);
+    Tensor<float> const x = test::rows(data.x, 4 * comm.rank(), 4), y = test::rows(data.y, 4 * comm.rank(), 4);
+    {  // a non-finite check needs reduced gradients
+      auto model = test::make_mlp(8, 16, 4, 5);
+      CHECK_THROWS_WITH_AS(Owner(model, comm, {.non_finite = NonFinite::kRaise}),
+                           doctest::Contains("OwnerReduce leaves the gradients unreduced until the optimizer's step"),
+                           ArgumentError);
+    }
+    {  // an optimizer that does not reduce: the first forward says so, before anything is launched
+      auto model = test::make_mlp(8, 16, 4, 5);
+      Owner ddp(model, comm);
+      optim::SGD plain(ddp.parameters(), {.lr = 0.1});
+      CHECK_THROWS_WITH_AS(ddp(Var(x)), doctest::Contains("no optimizer reduces them: build a ZeroRedundancyOptimizer"),
+                           ArgumentError);
+      // Stage 0 would leave every rank updating with unreduced gradients.
+      using Zero = ZeroRedundancyOptimizer<optim::SGD, ThreadsBackend>;
+      CHECK_THROWS_WITH_AS(Zero(ddp, {.zero = {.stage = 0}}), doctest::Contains("which needs stage 1 or 2"),
+                           ArgumentError);
+      {  // attached while it lives, detached after: the next forward refuses again
+        Zero zero(ddp, {.optimizer = {.lr = 0.1}});
+        zero.zero_grad();
+        backward(mse_loss(ddp(Var(x)), y));
+        zero.step();
+      }
+      CHECK_THROWS_WITH_AS(ddp(Var(x)), doctest::Contains("no optimizer reduces them"), ArgumentError);
+    }
+  });
+}
+
 TEST_CASE("ZeRO: bad stages and one rank's shard of the state are refused") {
   spawn(2, [](ThreadsBackend& comm) {
     auto model = test::make_mlp(8, 48, 4, 5);

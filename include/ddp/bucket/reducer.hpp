@@ -236,7 +236,9 @@ class BucketReducer {
     std::size_t const nb = plan_.buckets.size();
     bool landing = !std::same_as<std::remove_cvref_t<Landed>, NoLanding>;
     auto land = [&](std::size_t b) {
-      if (per_rank_ > 1)  // the sum of this rank's micro-batch gradients, averaged over ranks: divide by their count
+      // The sum of this rank's micro-batch gradients, averaged over ranks: divide by their count (a wire that
+      // leaves the gradients local leaves this to whoever reduces them).
+      if (wire_reduces_gradients<wire_t> && per_rank_ > 1)
         Kernels<S>::axpby(plan_.buckets[b].numel, T(1) / T(per_rank_), slice(b), T(0), slice(b));
       if (landing) landing = landed(b);
     };

@@ -128,6 +128,47 @@ class BucketWire<T, W, S> {
   std::shared_ptr<W[]> owner_;  // every bucket's wire slice, in plan order
 };
 
+// The wire of the OwnerReduce policy (parallel/policies.hpp): only the status words travel (averaged, as with
+// the float wire, so the reducer reads them as after kAvg); the gradients stay where backward wrote them, and
+// the ZeroRedundancyOptimizer built from the DDP reduces each rank's slices straight from every rank's
+// gradients into its update. `reduces_gradients = false` tells the reducer to leave the gradients alone (no
+// micro-batch division: the optimizer does it with the reduction).
+struct StatusOnly {};
+
+template <class T, MemorySpace S>
+class BucketWire<T, StatusOnly, S> {
+ public:
+  using value_type = T;
+  using config = NoWireConfig;
+  static constexpr bool single_collective = true;
+  static constexpr bool reduces_gradients = false;
+  static constexpr std::int64_t id_modulus = std::int64_t{1} << 20;
+
+  BucketWire(std::vector<WireBucket> layout, int /*world*/, config = {}) : layout_(std::move(layout)) {}
+  WirePiece<T, S> pack(std::size_t b, T* slice, Participation /*part*/) noexcept {
+    return {SpaceSpan<T, S>(slice + layout_[b].grads, static_cast<std::size_t>(layout_[b].status)), ReduceOp::kAvg,
+            "status"};
+  }
+  std::optional<WirePiece<T, S>> unpack(std::size_t /*b*/, T* /*slice*/) noexcept { return std::nullopt; }
+  std::int64_t bytes() const noexcept {
+    std::int64_t n = 0;
+    for (auto const& b : layout_) n += b.status;
+    return n * static_cast<std::int64_t>(sizeof(T));
+  }
+
+ private:
+  std::vector<WireBucket> layout_;
+};
+
+// Whether a wire leaves the slice holding the averaged gradients (every wire but StatusOnly).
+template <class Wire>
+inline constexpr bool wire_reduces_gradients = [] {
+  if constexpr (requires { Wire::reduces_gradients; })
+    return static_cast<bool>(Wire::reduces_gradients);
+  else
+    return true;
+}();
+
 // What BucketReducer needs of a wire (see the top of this file).
 template <class Wire, class T, class S>
 concept BucketWireFormat = requires(Wire& w, Wire const& cw, std::vector<WireBucket> layout, T* slice,

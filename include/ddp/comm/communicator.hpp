@@ -203,6 +203,14 @@ concept HalfCommunicator =
     AsyncCommunicator<C> && detail::CollectivesFor<C, bfloat16> && detail::CollectivesFor<C, float16> &&
     detail::AsyncCollectivesFor<C, bfloat16> && detail::AsyncCollectivesFor<C, float16>;
 
+// A Communicator whose ranks share one address space (ThreadsBackend: threads of one process), so a rank may read
+// and write another rank's buffers directly once it has their addresses (OwnerReduce, parallel/policies.hpp). The
+// collectives still order those accesses: what a rank wrote before a collective, its peers see after it.
+template <class C>
+concept SharedAddressSpace = Communicator<C> && requires {
+  requires C::shares_address_space;
+};
+
 namespace detail {
 
 template <class T>

@@ -199,6 +199,17 @@ void for_each_run(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_
   }
 }
 
+// How an optimizer's update runs its kernel over one stretch of the arena (elements [off, off + n)): `run(o, k)`
+// applies the kernel to elements [o, o + k) of the stretch, element by element, so any partition of the stretch
+// gives the same bits. WholeRun runs it once; ZeroRedundancyOptimizer under OwnerReduce runs it a chunk at a
+// time, reducing each chunk's gradients just before and sending its parameters just after.
+struct WholeRun {
+  template <class Run>
+  void operator()(std::int64_t off, std::int64_t n, Run&& run) const {
+    run(off, n);
+  }
+};
+
 // for_each_run cut to the arena elements of `window`: the stretches' parts inside it, with their state offsets.
 // One step of an optimizer is its kernel over every stretch; over the windows of a partition of the arena (the
 // buckets, as they are reduced) it is the same step, element by element.

@@ -90,6 +90,12 @@ class DistributedDataParallel {
     using Arena = nn::ParameterArena<T, S>;
     auto const params = Arena::trainable(model.named_parameters());
     int const world = comm.world_size();
+    if constexpr (!detail::reduces_gradients<R>)
+      if (opts_.non_finite != NonFinite::kIgnore)
+        throw ArgumentError(detail::cat("DistributedDataParallel: ", reduction_.name(),
+                                        " leaves the gradients unreduced until the optimizer's step, so there are no "
+                                        "reduced gradients to check for NaN/Inf: use NonFinite::kIgnore with it, or "
+                                        "AverageAllReduce with ZeroRedundancyOptimizer for the checks"));
     if (world > 1) detail::verify_parameters_match(comm, detail::signatures(model));
     // An arena made before wrapping (say, an optimizer's) would keep updating storage the model no longer reads
     // once this wrapper re-packs the parameters. The same on every rank (same model everywhere).
@@ -195,6 +201,8 @@ class DistributedDataParallel {
   // Micro-batches per step on this rank.
   std::int64_t micro_batches_per_rank() const noexcept { return per_rank_; }
   static constexpr bool world_size_invariant = R::world_size_invariant;
+  // Whether the reduced gradients are in the arena after backward (false under OwnerReduce: the optimizer reduces).
+  static constexpr bool reduces_gradients = detail::reduces_gradients<R>;
   // What was composed, for logs.
   std::string describe() const {
     std::string wire;  // what the reduction stage sends per step, where it says
@@ -211,6 +219,7 @@ class DistributedDataParallel {
  private:
   friend struct detail::JoinAccess;
   friend struct detail::UpdateAccess;
+  friend struct detail::OwnerAccess;
 
   // The synchronised round in progress: which micro-batch's backward is due, what the round was agreed to be.
   struct Open {
@@ -246,6 +255,12 @@ class DistributedDataParallel {
   }
 
   void open_round(SampleKey const* key) {
+    if constexpr (!reduces_gradients)
+      if (!reduction_owner_)
+        throw ArgumentError(detail::cat("DistributedDataParallel: ", reduction_.name(),
+                                        " leaves each rank's gradients local for the optimizer to reduce, and no "
+                                        "optimizer reduces them: build a ZeroRedundancyOptimizer (stage 1 or 2) from "
+                                        "this DistributedDataParallel before the first step"));
     detail::JoinRound const agreed = join_ ? join_->on_round() : detail::JoinRound{};
     if (opts_.broadcast_buffers && comm_->world_size() > 1)
       detail::broadcast_buffers(*comm_, *model_, agreed.buffer_root);
@@ -303,6 +318,9 @@ class DistributedDataParallel {
       reducer_->reduce_last_bucket_async(hook != nullptr && reducer_->plan().buckets.size() > 1);
   }
 
+  // ZeroRedundancyOptimizer under OwnerReduce: the optimizer that reduces the gradients (nullptr: none).
+  void attach_reduction_owner(void const* owner) noexcept { reduction_owner_ = owner; }
+
   // Join (join.hpp): while attached, a round's first forward agrees on the round with the hook first.
   void attach_join(detail::JoinHook* hook) noexcept { join_ = hook; }
   // Join: this rank has no batch; it answers the round the others agreed on (buffers from round.buffer_root,
@@ -328,6 +346,7 @@ class DistributedDataParallel {
   int no_sync_depth_ = 0;
   detail::JoinHook* join_ = nullptr;      // a ddp::join running on this rank
   detail::UpdateHook* update_ = nullptr;  // an optimizer that updates each bucket as it lands
+  void const* reduction_owner_ = nullptr; // OwnerReduce: the optimizer that reduces the gradients
 };
 
 }  // namespace ddp

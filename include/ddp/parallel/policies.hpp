@@ -69,6 +69,28 @@ struct PowerSgd {
   }
 };
 
+// Reduction: each bucket's gradients stay where backward wrote them and only its status words are all-reduced
+// (the desync and unused-parameter checks are unchanged). The ZeroRedundancyOptimizer built from the DDP (stage 1
+// or 2; required: a round without one is an error) then reduces each rank's slice of every bucket straight from
+// every rank's gradients, a cache-sized chunk at a time, applies its optimizer's kernel to the chunk and writes the
+// updated parameters into every rank's replica: the reduce-scatter, the update and the all-gather in one pass, so
+// the averaged gradient never makes a trip through memory of its own (bench/RESULTS.md: the wide model's step).
+// The reduced values are the backend's all-reduce's bit for bit (comm/detail/reduce.hpp), so the weights are
+// AverageAllReduce's with the same optimizer. Needs ranks that share one address space (ThreadsBackend). After the
+// step each rank's gradients hold the reduced values in its own slices and its local gradients elsewhere, so
+// anything that reads whole gradients between backward and step() (clip_grad_norm, GradScaler, DdpOptions::
+// non_finite, ddp::join) does not compose with it; DistributedDataParallel refuses a non-finite check.
+struct OwnerReduce {
+  template <class T, MemorySpace S, AsyncCommunicator C>
+  using stage = BucketReducer<T, S, C, StatusOnly>;
+  template <class T>
+  static constexpr std::size_t element_bytes = sizeof(T);
+  static constexpr bool world_size_invariant = false;
+  // The gradients are reduced by the optimizer, not by the stage.
+  static constexpr bool reduces_gradients = false;
+  std::string name() const { return "OwnerReduce"; }
+};
+
 // Reduction of deterministic mode: the round's micro-batch gradients are added exactly, as integers, once
 // backward is over (ExactReducer; docs/deterministic.md). Bitwise identical for every world size that divides
 // the micro-batch count, every bucket plan and every host backend; host tensors only. Inside a step, dropout
@@ -121,7 +143,18 @@ concept BatchingPolicy = requires(B const& b, int world) {
 };
 
 static_assert(ReductionPolicy<AverageAllReduce> && ReductionPolicy<ExactSum> && ReductionPolicy<Bf16AllReduce> &&
-              ReductionPolicy<PowerSgd>);
+              ReductionPolicy<PowerSgd> && ReductionPolicy<OwnerReduce>);
+
+namespace detail {
+// Whether a reduction policy leaves the reduced gradients in the arena (every policy but OwnerReduce).
+template <ReductionPolicy R>
+inline constexpr bool reduces_gradients = [] {
+  if constexpr (requires { R::reduces_gradients; })
+    return static_cast<bool>(R::reduces_gradients);
+  else
+    return true;
+}();
+}  // namespace detail
 
 namespace detail {
 // The options a reduction policy gives its stage's wire (bucket/wire.hpp): PowerSgd's, or none.

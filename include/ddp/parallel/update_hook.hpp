@@ -19,5 +19,6 @@ class UpdateHook {
 };
 
 struct UpdateAccess;  // overlapped_update.hpp's way in: attach or detach a hook
+struct OwnerAccess;   // zero_redundancy.hpp's way in under OwnerReduce: attach or detach the reducing optimizer
 
 }  // namespace ddp::detail

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <utility>
@@ -16,12 +17,14 @@
 
 #include "ddp/bucket/plan.hpp"
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/detail/reduce.hpp"
 #include "ddp/comm/host_collectives.hpp"
 #include "ddp/error.hpp"
 #include "ddp/nn/parameter_arena.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/shard.hpp"
 #include "ddp/parallel/join.hpp"
+#include "ddp/parallel/update_hook.hpp"
 #include "ddp/tensor/host_pages.hpp"
 
 namespace ddp {
@@ -70,6 +73,14 @@ std::vector<ZeroBucket> zero_buckets(BucketPlan const& plan, nn::ParameterArena<
   return out;
 }
 
+// DistributedDataParallel under OwnerReduce learns which optimizer reduces its gradients.
+struct OwnerAccess {
+  template <class D>
+  static void attach(D& d, void const* owner) noexcept {
+    d.attach_reduction_owner(owner);
+  }
+};
+
 // Rank `rank`'s slice of one bucket: arena elements [begin, end), empty (end <= begin) where the bucket is too
 // small to reach it.
 inline optim::ArenaShard::Range zero_slice(ZeroBucket const& b, int rank) noexcept {
@@ -106,6 +117,14 @@ inline std::vector<optim::ArenaShard::Range> zero_ranges(std::vector<ZeroBucket>
 //    to zeros where stage 1 adds to the last round's average.
 // Cost: one all-gather per bucket after each step (the parameters' bytes), on the caller's thread; stage 2 adds
 // the madvise calls (no copies).
+// Under OwnerReduce (a DDP that leaves the gradients local; ranks sharing one address space) the optimizer does
+// the reduction itself: for each bucket, a cache-sized chunk at a time, it averages its slice from every rank's
+// gradients (the threads backend's all-reduce arithmetic, bit for bit), writes the average into its own
+// gradients, runs the optimizer's kernel on the chunk and copies the updated parameters into every rank's
+// replica; step() ends with a barrier, after which every replica holds the new parameters. No all-reduce, no
+// all-gather: the averaged gradient is read once, in cache. The weights and state are bitwise those under
+// AverageAllReduce. After the step a rank's gradients are the average in its slices and its own local gradients
+// elsewhere (stage 2 releases those).
 template <class O, Communicator C>
 class ZeroRedundancyOptimizer {
  public:
@@ -154,10 +173,25 @@ class ZeroRedundancyOptimizer {
       : ZeroRedundancyOptimizer(ddp.parameters(), ddp.plan(), ddp.comm(), opt) {
     ddp_ = &ddp;
     in_join_ = [](void const* d) { return detail::JoinAccess::attached(*static_cast<D const*>(d)); };
+    if constexpr (requires { D::reduces_gradients; }) {
+      if constexpr (!D::reduces_gradients) {
+        static_assert(SharedAddressSpace<C>,
+                      "ZeroRedundancyOptimizer under OwnerReduce reads every rank's gradients and writes every "
+                      "rank's parameters directly: it needs ranks that share one address space (ThreadsBackend). "
+                      "Across processes use AverageAllReduce (or a compressed policy) with ZeroRedundancyOptimizer");
+        static_assert(host_accessible_v<S>,
+                      "ZeroRedundancyOptimizer under OwnerReduce needs memory the host addresses (host tensors, or "
+                      "device tensors on Thrust's CPU systems)");
+        take_reduction(ddp);
+      }
+    }
   }
 
   ZeroRedundancyOptimizer(ZeroRedundancyOptimizer const&) = delete;
   ZeroRedundancyOptimizer& operator=(ZeroRedundancyOptimizer const&) = delete;
+  ~ZeroRedundancyOptimizer() {
+    if (detach_owner_) detach_owner_(ddp_);
+  }
 
   // The state kind is the optimizer's: a checkpoint of a sharded run loads into an unsharded one and back.
   static std::string name() { return O::name(); }
@@ -170,6 +204,11 @@ class ZeroRedundancyOptimizer {
           "ZeroRedundancyOptimizer: a sharded optimizer cannot step inside ddp::join: a rank that ran out of data "
           "would have to keep updating its slice, with the others' learning rate. Give every rank the same number "
           "of batches (EpochSplit::kPad, GlobalBatchSampler) or use ZeRO stage 0 there");
+    if (owner_reduces()) {
+      for (auto const& z : buckets_) reduce_and_update({z.start, z.start + z.numel});
+      complete_step();
+      return;
+    }
     inner_.step();
     if (sharded()) gather_parameters();
     release_gradients();
@@ -177,9 +216,18 @@ class ZeroRedundancyOptimizer {
   // step() in two parts, for OverlappedOptimizer (overlapped_update.hpp): this rank's slices of the whole
   // parameters in arena elements `window` (no communication), then, once every bucket was updated, the
   // all-gathers (collective when sharded).
-  void update(optim::ArenaShard::Range window) { inner_.update(window); }
+  void update(optim::ArenaShard::Range window) {
+    if (owner_reduces())
+      reduce_and_update(window);
+    else
+      inner_.update(window);
+  }
   void complete_step() {
-    if (sharded()) gather_parameters();
+    if (owner_reduces()) {
+      if (comm_->world_size() > 1) comm_->barrier();  // every replica holds every slice; peers are done reading
+    } else if (sharded()) {
+      gather_parameters();
+    }
     release_gradients();
   }
   void zero_grad() { inner_.zero_grad(); }
@@ -189,6 +237,8 @@ class ZeroRedundancyOptimizer {
   ZeroOptions const& zero_options() const noexcept { return zero_; }
   // Whether step() shards (stage 1 or 2 on more than one rank): ddp::join refuses such an optimizer.
   bool sharded() const noexcept { return zero_.stage >= 1 && comm_->world_size() > 1; }
+  // Whether this optimizer reduces the gradients itself (built from a DDP under OwnerReduce).
+  bool owner_reduces() const noexcept { return !peers_.empty(); }
 
   // Optimizer-state bytes on this rank, and what the unsharded optimizer would hold.
   std::int64_t state_bytes() const noexcept { return inner_.state_bytes(); }
@@ -210,7 +260,7 @@ class ZeroRedundancyOptimizer {
   // Parameter bytes this rank sends per step in the all-gathers (its slice of every bucket, padded).
   std::int64_t gather_bytes() const noexcept {
     std::int64_t n = 0;
-    if (sharded())
+    if (sharded() && !owner_reduces())
       for (auto const& b : buckets_) n += b.chunk;
     return n * static_cast<std::int64_t>(sizeof(T));
   }
@@ -220,7 +270,9 @@ class ZeroRedundancyOptimizer {
       return detail::cat("ZeRO-0 (unsharded) ", O::name(), ": optimizer state ", state_bytes(), " bytes on each rank");
     return detail::cat("ZeRO-", zero_.stage, " ", O::name(), " over ", comm_->world_size(), " ranks: optimizer state ",
                        state_bytes(), " bytes on rank ", comm_->rank(), " (unsharded: ", unsharded_state_bytes(),
-                       "), parameter all-gathers ", gather_bytes(), " bytes a step",
+                       owner_reduces() ? std::string("), its slices reduced from every rank's gradients and their "
+                                                     "parameters written to every replica (OwnerReduce)")
+                                       : detail::cat("), parameter all-gathers ", gather_bytes(), " bytes a step"),
                        zero_.stage == 2 && sharded() ? "; gradients outside its slices released after each step" : "");
   }
 
@@ -290,6 +342,55 @@ class ZeroRedundancyOptimizer {
       }
     }
   }
+  // OwnerReduce: every rank's gradient and parameter addresses (one all-gather of pointers, valid in the shared
+  // address space), the micro-batch divisor, and the DDP told that this optimizer reduces.
+  template <class D>
+  void take_reduction(D& ddp) {
+    if (zero_.stage == 0)
+      throw ArgumentError(
+          "ZeroRedundancyOptimizer: under OwnerReduce each rank reduces and updates the slices it owns, which needs "
+          "stage 1 or 2; stage 0 (every rank updating everything) would have no reduced gradients");
+    int const world = comm_->world_size();
+    std::vector<std::int64_t> mine{static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(arena_.grads().data())),
+                                   static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(arena_.values().data()))};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(world));
+    if (world > 1)
+      host_all_gather(*comm_, std::span<std::int64_t const>(mine), std::span<std::int64_t>(all),
+                      CollectiveTag{"zero.owner_addresses"});
+    else
+      all = mine;
+    for (int q = 0; q < world; ++q)
+      peers_.push_back({reinterpret_cast<T*>(static_cast<std::uintptr_t>(all[2 * static_cast<std::size_t>(q)])),
+                        reinterpret_cast<T*>(static_cast<std::uintptr_t>(all[2 * static_cast<std::size_t>(q) + 1]))});
+    for (auto const& p : peers_) peer_grads_.push_back(p.grads);
+    micro_batches_ = ddp.micro_batches_per_rank();
+    chunk_ = Tensor<T, S>(Shape{kOwnerChunk});
+    detail::OwnerAccess::attach(ddp, this);
+    detach_owner_ = [](void const* d) { detail::OwnerAccess::attach(*static_cast<D*>(const_cast<void*>(d)), nullptr); };
+  }
+  // OwnerReduce: this rank's slices of the parameters in arena elements `window`, each chunk averaged from every
+  // rank's gradients (rank order, then the micro-batch divisor, as AverageAllReduce's all-reduce and reducer do),
+  // stepped, and copied into every other replica.
+  void reduce_and_update(optim::ArenaShard::Range window) {
+    int const world = comm_->world_size(), rank = comm_->rank();
+    T* const scratch = chunk_.data();
+    T* const grads = arena_.grads().data();
+    T* const values = arena_.values().data();
+    inner_.update(window, [&](std::int64_t off, std::int64_t n, auto&& run) {
+      for (std::int64_t i = 0; i < n; i += kOwnerChunk) {
+        std::int64_t const o = off + i, k = std::min(kOwnerChunk, n - i);
+        auto const bytes = static_cast<std::size_t>(k) * sizeof(T);
+        detail::reduce_piece<detail::PlusOp, true>(scratch, peer_grads_.data(), world, static_cast<std::size_t>(o),
+                                                   static_cast<std::size_t>(k));
+        if (micro_batches_ > 1) Kernels<S>::axpby(k, T(1) / T(micro_batches_), scratch, T(0), scratch);
+        std::memcpy(grads + o, scratch, bytes);
+        run(o, k);
+        for (int q = 0; q < world; ++q)
+          if (q != rank) std::memcpy(peers_[static_cast<std::size_t>(q)].values + o, values + o, bytes);
+      }
+    });
+  }
+
   void gather_parameters() {
     int const world = comm_->world_size(), rank = comm_->rank();
     T* const values = arena_.values().data();
@@ -315,6 +416,18 @@ class ZeroRedundancyOptimizer {
   Tensor<T, S> send_, gathered_;  // one slice, and one bucket's world_size slices (sharded only)
   void const* ddp_ = nullptr;     // the DDP it was built from, if any: in_join_(ddp_) says whether a join runs
   bool (*in_join_)(void const*) = nullptr;
+  // OwnerReduce only: every rank's arena (rank order), its gradient pointers for reduce_piece, the divisor for a
+  // sum of micro-batch gradients, one chunk of averaged gradients, and how to detach from the DDP.
+  struct Peer {
+    T* grads;
+    T* values;
+  };
+  static constexpr std::int64_t kOwnerChunk = static_cast<std::int64_t>(detail::kReduceChunk<T>);
+  std::vector<Peer> peers_;
+  std::vector<T const*> peer_grads_;
+  std::int64_t micro_batches_ = 1;
+  Tensor<T, S> chunk_;
+  void (*detach_owner_)(void const*) = nullptr;
 };
 
 }  // namespace ddp

@@ -39,6 +39,8 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   // is plain loads, stores and memcpy between threads of one process.
   using accepted_spaces = HostAccessibleSpaces;
   static constexpr std::string_view backend_name = "threads";  // for logs: which backend was composed
+  // Every rank is a thread of one process: a pointer one rank publishes is valid on all (SharedAddressSpace).
+  static constexpr bool shares_address_space = true;
   using work_type = Work;
 
   ThreadsBackend(std::shared_ptr<detail::ThreadsGroup> group, int rank)
