@@ -137,21 +137,21 @@ void zero2_keeps_its_slices(C& comm, int steps = 3) {
          "ZeRO-2's describe()");
 }
 
-// OwnerReduce (ranks sharing one address space): the MLP 8-48-4 trained in lockstep under AverageAllReduce with
+// OwnerReduce (ranks sharing one address space): the MLP 8-`hidden`-4 trained in lockstep under AverageAllReduce with
 // the optimizer itself and under OwnerReduce with ZeroRedundancyOptimizer (stage `stage`, UpdateAt `at` through
 // OverlappedOptimizer), each step `micro` micro-batches per rank of 4 rows. Checks, on every rank:
 //  - the weights are bitwise AverageAllReduce's after every step;
-//  - in this rank's slices the gradients are AverageAllReduce's reduced gradients, bit for bit (stage 1);
+//  - stage 2: in this rank's slices the gradients are AverageAllReduce's reduced gradients, bit for bit;
 //  - the consolidated state is the unsharded optimizer's;
 //  - only status words crossed the wire (wire_bytes), and describe() names the composition.
 template <SharedAddressSpace C>
 void owner_reduce_matches(C& comm, ZeroOpt which, BucketConfig buckets, int stage, UpdateAt at, std::int64_t micro,
-                          int steps = 4) {
+                          int steps = 4, std::int64_t hidden = 48) {
   int const n = comm.world_size(), r = comm.rank();
   std::int64_t const local = 4 * micro;
   auto data = make_data(local * n * steps, 8, 4, 41);
-  auto plain_model = make_mlp(8, 48, 4, 5);
-  auto owner_model = make_mlp(8, 48, 4, 5);
+  auto plain_model = make_mlp(8, hidden, 4, 5);
+  auto owner_model = make_mlp(8, hidden, 4, 5);
   using Plain = DistributedDataParallel<Mlp, C, SizeCapped, AverageAllReduce, MicroBatches>;
   using Owner = DistributedDataParallel<Mlp, C, SizeCapped, OwnerReduce, MicroBatches>;
   MicroBatches const mb{.count = micro * n};
@@ -161,31 +161,33 @@ void owner_reduce_matches(C& comm, ZeroOpt which, BucketConfig buckets, int stag
   auto run = [&]<class O>(std::type_identity<O>, typename O::options_type const& o) {
     using Zero = ZeroRedundancyOptimizer<O, C>;
     O plain(plain_ddp.parameters(), o);
-    OverlappedOptimizer<Zero> owner(owner_ddp, {.optimizer = {.optimizer = o, .zero = {.stage = stage}},
-                                                .overlap = {.update_at = at}});
+    OverlappedOptimizer<Zero> owner(
+        owner_ddp, {.optimizer = {.optimizer = o, .zero = {.stage = stage}}, .overlap = {.update_at = at}});
     expect(owner.optimizer().owner_reduces(), "the ZeRO optimizer reduces under OwnerReduce");
-    std::vector<detail::ZeroBucket> const zb =
-        detail::zero_buckets(owner_ddp.plan(), owner_ddp.parameters(), n);
+    std::vector<detail::ZeroBucket> const zb = detail::zero_buckets(owner_ddp.plan(), owner_ddp.parameters(), n);
     for (int s = 0; s < steps; ++s) {
       Tensor<float> const x = rows(data.x, (s * n + r) * local, local);
       Tensor<float> const y = rows(data.y, (s * n + r) * local, local);
       plain.zero_grad();
-      for (auto const& m : plain_ddp.micro_batches(x, y, {.step = static_cast<std::uint64_t>(s)})) backward(mse_loss(plain_ddp(m), m.y));
+      for (auto const& m : plain_ddp.micro_batches(x, y, {.step = static_cast<std::uint64_t>(s)}))
+        backward(mse_loss(plain_ddp(m), m.y));
       plain.step();
       owner.zero_grad();
-      for (auto const& m : owner_ddp.micro_batches(x, y, {.step = static_cast<std::uint64_t>(s)})) backward(mse_loss(owner_ddp(m), m.y));
+      for (auto const& m : owner_ddp.micro_batches(x, y, {.step = static_cast<std::uint64_t>(s)}))
+        backward(mse_loss(owner_ddp(m), m.y));
       owner.step();
       expect(weights(owner_ddp.parameters()) == weights(plain_ddp.parameters()),
              detail::cat("rank ", r, ": after step ", s, " the OwnerReduce weights differ from AverageAllReduce's"));
-      if (stage == 1) {
+      if (stage == 2) {
         float const* a = owner_ddp.parameters().grads().data();
         float const* b = plain_ddp.parameters().grads().data();
         for (auto const& z : zb) {
           auto const mine = detail::zero_slice(z, r);
           for (std::int64_t i = mine.begin; i < std::min(mine.end, z.start + z.numel); ++i)
             if (std::memcmp(a + i, b + i, sizeof(float)) != 0)
-              throw std::runtime_error(detail::cat("rank ", r, ": step ", s, ": the averaged gradient at arena element ",
-                                                   i, " is ", a[i], ", AverageAllReduce's ", b[i]));
+              throw std::runtime_error(detail::cat("rank ", r, ": step ", s,
+                                                   ": the averaged gradient at arena element ", i, " is ", a[i],
+                                                   ", AverageAllReduce's ", b[i]));
         }
       }
     }

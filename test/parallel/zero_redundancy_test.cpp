@@ -56,6 +56,16 @@ TEST_CASE("OwnerReduce: the ZeRO optimizer reduces its own slices, bit for bit A
   }
 }
 
+TEST_CASE("OwnerReduce: a 6 MB bucket goes to the peers with streaming stores, with the same bits") {
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    spawn(n, [](ThreadsBackend& comm) {
+      test::owner_reduce_matches(comm, test::ZeroOpt::kSgdMomentum, {}, 1, UpdateAt::kStep, 1, 2, 1 << 17);
+      test::owner_reduce_matches(comm, test::ZeroOpt::kAdamW, {}, 2, UpdateAt::kBucketReduced, 2, 2, 1 << 17);
+    });
+  }
+}
+
 TEST_CASE("OwnerReduce refuses what would see unreduced gradients, on every rank") {
   spawn(2, [](ThreadsBackend& comm) {
     using Owner = DistributedDataParallel<test::Mlp, ThreadsBackend, SizeCapped, OwnerReduce>;

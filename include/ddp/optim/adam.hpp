@@ -62,7 +62,7 @@ class basic_adam {
   // The step of the parameters whose first element lies in `window` (arena elements [begin, end); a bucket),
   // and no others. Over windows that partition the arena, bitwise step().
   void update(ArenaShard::Range window) { update(window, detail::WholeRun{}); }
-  // The same, with the kernel run over each stretch as `around(off, n, run)` says (optimizer.hpp, WholeRun).
+  // The same, with the kernel run over each stretch as `around(off, n, g, run)` says (optimizer.hpp, WholeRun).
   template <class Around>
   void update(ArenaShard::Range window, Around&& around) {
     detail::for_each_run_within(
@@ -71,11 +71,12 @@ class basic_adam {
           double const bc1 = 1.0 - std::pow(opt_.beta1, t), bc2 = 1.0 - std::pow(opt_.beta2, t);
           AdamStep<T> p{T(opt_.lr),           T(opt_.beta1), T(opt_.beta2),    T(opt_.eps),
                         T(opt_.weight_decay), Decoupled,     T(opt_.lr / bc1), T(std::sqrt(bc2))};
-          around(off, n, [&](std::int64_t o, std::int64_t k) {
-            std::int64_t const s = at + (o - off);
-            Kernels<S>::adam_update(k, arena_.values().data() + o, arena_.grads().data() + o, exp_avg_.data() + s,
-                                    exp_avg_sq_.data() + s, p);
-          });
+          around(off, n, static_cast<T const*>(arena_.grads().data() + off),
+                 [&](std::int64_t o, std::int64_t k, T const* g) {
+                   std::int64_t const s = at + (o - off);
+                   Kernels<S>::adam_update(k, arena_.values().data() + o, g, exp_avg_.data() + s,
+                                           exp_avg_sq_.data() + s, p);
+                 });
         });
     detail::count_step(arena_, counters_, window);
   }

@@ -199,14 +199,15 @@ void for_each_run(nn::ParameterArena<T, S> const& arena, std::vector<std::int64_
   }
 }
 
-// How an optimizer's update runs its kernel over one stretch of the arena (elements [off, off + n)): `run(o, k)`
-// applies the kernel to elements [o, o + k) of the stretch, element by element, so any partition of the stretch
-// gives the same bits. WholeRun runs it once; ZeroRedundancyOptimizer under OwnerReduce runs it a chunk at a
-// time, reducing each chunk's gradients just before and sending its parameters just after.
+// How an optimizer's update runs its kernel over one stretch of the arena (elements [off, off + n), whose
+// gradients are at `g`): `run(o, k, gk)` applies the kernel to elements [o, o + k) of the stretch with the gradients
+// at `gk`, element by element, so any partition of the stretch gives the same bits. WholeRun runs it once on the
+// arena's gradients; ZeroRedundancyOptimizer under OwnerReduce runs it a chunk at a time on gradients it has just
+// averaged from every rank's, and sends each chunk's parameters on right after.
 struct WholeRun {
-  template <class Run>
-  void operator()(std::int64_t off, std::int64_t n, Run&& run) const {
-    run(off, n);
+  template <class T, class Run>
+  void operator()(std::int64_t off, std::int64_t n, T const* g, Run&& run) const {
+    run(off, n, g);
   }
 };
 

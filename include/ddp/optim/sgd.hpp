@@ -43,16 +43,17 @@ class basic_sgd {
   // and no others. Over windows that partition the arena, bitwise step() (the parallel/overlapped_update.hpp
   // optimizer updates each bucket as its reduction lands).
   void update(ArenaShard::Range window) { update(window, detail::WholeRun{}); }
-  // The same, with the kernel run over each stretch as `around(off, n, run)` says (optimizer.hpp, WholeRun).
+  // The same, with the kernel run over each stretch as `around(off, n, g, run)` says (optimizer.hpp, WholeRun).
   template <class Around>
   void update(ArenaShard::Range window, Around&& around) {
     detail::for_each_run_within(
         arena_, counters_, ranges_, window, [&](std::int64_t c, std::int64_t off, std::int64_t at, std::int64_t n) {
           SgdStep<T> p{T(opt_.lr), T(opt_.momentum), T(opt_.dampening), T(opt_.weight_decay), opt_.nesterov, c == 0};
-          around(off, n, [&](std::int64_t o, std::int64_t k) {
-            Kernels<S>::sgd_update(k, arena_.values().data() + o, arena_.grads().data() + o,
-                                   momentum_.defined() ? momentum_.data() + at + (o - off) : nullptr, p);
-          });
+          around(off, n, static_cast<T const*>(arena_.grads().data() + off),
+                 [&](std::int64_t o, std::int64_t k, T const* g) {
+                   Kernels<S>::sgd_update(k, arena_.values().data() + o, g,
+                                          momentum_.defined() ? momentum_.data() + at + (o - off) : nullptr, p);
+                 });
         });
     detail::count_step(arena_, counters_, window);
   }

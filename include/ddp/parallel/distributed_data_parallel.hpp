@@ -344,9 +344,9 @@ class DistributedDataParallel {
   std::optional<Round<T, S, C>> round_;  // what a finished round means (bucket/round.hpp)
   std::optional<Open> open_;             // the synchronised round in progress, if any
   int no_sync_depth_ = 0;
-  detail::JoinHook* join_ = nullptr;      // a ddp::join running on this rank
-  detail::UpdateHook* update_ = nullptr;  // an optimizer that updates each bucket as it lands
-  void const* reduction_owner_ = nullptr; // OwnerReduce: the optimizer that reduces the gradients
+  detail::JoinHook* join_ = nullptr;       // a ddp::join running on this rank
+  detail::UpdateHook* update_ = nullptr;   // an optimizer that updates each bucket as it lands
+  void const* reduction_owner_ = nullptr;  // OwnerReduce: the optimizer that reduces the gradients
 };
 
 }  // namespace ddp

@@ -26,6 +26,7 @@
 #include "ddp/parallel/join.hpp"
 #include "ddp/parallel/update_hook.hpp"
 #include "ddp/tensor/host_pages.hpp"
+#include "ddp/tensor/stream_copy.hpp"
 
 namespace ddp {
 
@@ -119,12 +120,12 @@ inline std::vector<optim::ArenaShard::Range> zero_ranges(std::vector<ZeroBucket>
 // the madvise calls (no copies).
 // Under OwnerReduce (a DDP that leaves the gradients local; ranks sharing one address space) the optimizer does
 // the reduction itself: for each bucket, a cache-sized chunk at a time, it averages its slice from every rank's
-// gradients (the threads backend's all-reduce arithmetic, bit for bit), writes the average into its own
-// gradients, runs the optimizer's kernel on the chunk and copies the updated parameters into every rank's
-// replica; step() ends with a barrier, after which every replica holds the new parameters. No all-reduce, no
-// all-gather: the averaged gradient is read once, in cache. The weights and state are bitwise those under
-// AverageAllReduce. After the step a rank's gradients are the average in its slices and its own local gradients
-// elsewhere (stage 2 releases those).
+// gradients (the threads backend's all-reduce arithmetic, bit for bit) into a buffer that stays in cache, runs the
+// optimizer's kernel on the chunk from it and copies the updated parameters into every rank's replica; step()
+// ends with a barrier, after which every replica holds the new parameters. No all-reduce, no all-gather, and the
+// averaged gradient never goes to memory. The weights and state are bitwise those under AverageAllReduce. After
+// the step a rank's gradients are its own local ones (stage 1), or (stage 2) the average in its slices and nothing
+// elsewhere.
 template <class O, Communicator C>
 class ZeroRedundancyOptimizer {
  public:
@@ -369,26 +370,37 @@ class ZeroRedundancyOptimizer {
     detach_owner_ = [](void const* d) { detail::OwnerAccess::attach(*static_cast<D*>(const_cast<void*>(d)), nullptr); };
   }
   // OwnerReduce: this rank's slices of the parameters in arena elements `window`, each chunk averaged from every
-  // rank's gradients (rank order, then the micro-batch divisor, as AverageAllReduce's all-reduce and reducer do),
-  // stepped, and copied into every other replica.
+  // rank's gradients into a buffer that stays in cache (rank order, then the micro-batch divisor: AverageAllReduce's
+  // all-reduce and reducer, bit for bit), stepped from it, and copied into every other replica. Stage 2 also keeps
+  // the average in this rank's gradients (its slices are the gradients it keeps); stage 1 does not write it back,
+  // the memory traffic the policy saves. Windows larger than kStreamBytes go to the peers with streaming stores:
+  // the peers' lines are not in this core's cache, and a plain store would first read each one from memory.
   void reduce_and_update(optim::ArenaShard::Range window) {
     int const world = comm_->world_size(), rank = comm_->rank();
     T* const scratch = chunk_.data();
     T* const grads = arena_.grads().data();
     T* const values = arena_.values().data();
-    inner_.update(window, [&](std::int64_t off, std::int64_t n, auto&& run) {
+    bool const keep = zero_.stage == 2;
+    bool const stream = (window.end - window.begin) * static_cast<std::int64_t>(sizeof(T)) >= kStreamBytes;
+    inner_.update(window, [&](std::int64_t off, std::int64_t n, T const*, auto&& run) {
       for (std::int64_t i = 0; i < n; i += kOwnerChunk) {
         std::int64_t const o = off + i, k = std::min(kOwnerChunk, n - i);
         auto const bytes = static_cast<std::size_t>(k) * sizeof(T);
         detail::reduce_piece<detail::PlusOp, true>(scratch, peer_grads_.data(), world, static_cast<std::size_t>(o),
                                                    static_cast<std::size_t>(k));
         if (micro_batches_ > 1) Kernels<S>::axpby(k, T(1) / T(micro_batches_), scratch, T(0), scratch);
-        std::memcpy(grads + o, scratch, bytes);
-        run(o, k);
-        for (int q = 0; q < world; ++q)
-          if (q != rank) std::memcpy(peers_[static_cast<std::size_t>(q)].values + o, values + o, bytes);
+        if (keep) std::memcpy(grads + o, scratch, bytes);
+        run(o, k, static_cast<T const*>(scratch));
+        for (int q = 0; q < world; ++q) {
+          if (q == rank) continue;
+          if (stream)
+            detail::stream_copy(peers_[static_cast<std::size_t>(q)].values + o, values + o, bytes);
+          else
+            std::memcpy(peers_[static_cast<std::size_t>(q)].values + o, values + o, bytes);
+        }
       }
     });
+    if (stream) detail::stream_fence();  // before the barrier that lets the peers read them
   }
 
   void gather_parameters() {
@@ -423,6 +435,7 @@ class ZeroRedundancyOptimizer {
     T* values;
   };
   static constexpr std::int64_t kOwnerChunk = static_cast<std::int64_t>(detail::kReduceChunk<T>);
+  static constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
   std::vector<Peer> peers_;
   std::vector<T const*> peer_grads_;
   std::int64_t micro_batches_ = 1;
