@@ -81,8 +81,8 @@ std::vector<float> policy_run(ThreadsBackend& comm, test::Data const& data, std:
 }
 
 TEST_CASE(
-    "device tensors: ZeRO-1 and 2, the overlapped update and static_graph give the unsharded weights and state bit "
-    "for bit, alone and composed") {
+    "device tensors: ZeRO-1 and 2, the overlapped update, static_graph and OwnerReduce give the unsharded weights and "
+    "state bit for bit, alone and composed") {
   std::int64_t const B = 16;
   int const steps = 6;
   auto data = test::make_data(B * steps, 8, 4, 99);
@@ -107,6 +107,15 @@ TEST_CASE(
       CHECK(same(AverageAllReduce{}));
       CHECK(same(Bf16AllReduce{}));
       CHECK(same(psgd));
+      // OwnerReduce: the ZeRO optimizer averages its own slices from every rank's device gradients.
+      optim::OptimizerState<float> whole, owned1, owned2;
+      auto const b = policy_run<Dev>(comm, data, B, steps, AverageAllReduce{}, 0, &whole);
+      auto const o1 = policy_run<Dev>(comm, data, B, steps, OwnerReduce{}, 1, &owned1);
+      auto const o2 = policy_run<Dev>(comm, data, B, steps, OwnerReduce{}, 2, &owned2, UpdateAt::kBucketReduced);
+      CHECK(o1 == b);
+      CHECK(owned1 == whole);
+      CHECK(o2 == b);
+      CHECK(owned2 == whole);
     });
   }
 }

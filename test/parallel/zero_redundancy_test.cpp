@@ -56,6 +56,31 @@ TEST_CASE("OwnerReduce: the ZeRO optimizer reduces its own slices, bit for bit A
   }
 }
 
+TEST_CASE("OwnerReduce in the loop, as the README shows it") {
+  spawn(2, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 16, 4, 5);
+    auto data = test::make_data(16, 8, 4, 3);
+    // The wrapper only agrees on each bucket's status words; the ZeRO optimizer reduces its own slices.
+    DistributedDataParallel<test::Mlp, ThreadsBackend, SizeCapped, OwnerReduce> ddp(model, comm);
+    ZeroRedundancyOptimizer<optim::SGD, ThreadsBackend> opt(ddp, {.optimizer = {.lr = 0.1}});
+    CHECK(opt.owner_reduces());
+    CHECK(opt.gather_bytes() == 0);
+    for (int s = 0; s < 2; ++s) {
+      Tensor<float> const x = test::rows(data.x, 8 * s + 4 * comm.rank(), 4);
+      Tensor<float> const y = test::rows(data.y, 8 * s + 4 * comm.rank(), 4);
+      opt.zero_grad();
+      backward(mse_loss(ddp(Var(x)), y));
+      opt.step();
+    }
+    // Every replica holds the same parameters.
+    std::vector<float> const mine = test::weights(ddp.parameters());
+    std::vector<float> theirs(mine.size());
+    if (comm.rank() == 0) theirs = mine;
+    comm.broadcast(std::span<float>(theirs), 0);
+    CHECK(mine == theirs);
+  });
+}
+
 TEST_CASE("OwnerReduce: a 6 MB bucket goes to the peers with streaming stores, with the same bits") {
   for (int n : {2, 4}) {
     CAPTURE(n);

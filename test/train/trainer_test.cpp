@@ -164,6 +164,33 @@ TEST_CASE(
   CHECK(losses[2] == losses[0]);
 }
 
+TEST_CASE("trainer: OwnerReduce with ZeRO trains bitwise as AverageAllReduce; clipping and loss scaling are refused") {
+  auto data = blobs(103, 1);
+  spawn(2, [&](ThreadsBackend& comm) {
+    auto ce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
+    using M = decltype(test::make_blobs_model());
+    using Zero = ZeroRedundancyOptimizer<optim::SGD, ThreadsBackend>;
+    auto m1 = test::make_blobs_model(), m2 = test::make_blobs_model();
+    basic_trainer<M, ThreadsBackend, optim::SGD> plain(m1, comm, {.lr = 0.1, .momentum = 0.9},
+                                                       {.batch_size = 8, .seed = 3});
+    basic_trainer<M, ThreadsBackend, Zero, SizeCapped, OwnerReduce> owner(
+        m2, comm, {.optimizer = {.lr = 0.1, .momentum = 0.9}}, {.batch_size = 8, .seed = 3});
+    for (int e = 0; e < 2; ++e) {
+      plain.fit_epoch(data, e, ce);
+      owner.fit_epoch(data, e, ce);
+    }
+    CHECK(values(owner.ddp().parameters()) == values(plain.ddp().parameters()));
+    auto m3 = test::make_blobs_model();
+    using Owner = basic_trainer<M, ThreadsBackend, Zero, SizeCapped, OwnerReduce>;
+    CHECK_THROWS_WITH_AS(Owner(m3, comm, {}, {.batch_size = 8, .clip_grad_norm = 1.0}),
+                         doctest::Contains("clip_grad_norm reads the averaged gradients before the step, but under "
+                                           "OwnerReduce"),
+                         ArgumentError);
+    CHECK_THROWS_WITH_AS(Owner(m3, comm, {}, {.batch_size = 8, .loss_scaling = optim::GradScalerOptions{}}),
+                         doctest::Contains("loss_scaling reads the averaged gradients"), ArgumentError);
+  });
+}
+
 TEST_CASE("trainer: deterministic training without a global batch, or with EpochSplit::kJoin, is refused") {
   spawn(1, [](ThreadsBackend& comm) {
     using T = basic_trainer<decltype(test::make_blobs_model()), ThreadsBackend, optim::SGD, SizeCapped, ExactSum,

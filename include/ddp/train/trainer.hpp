@@ -149,6 +149,14 @@ class basic_trainer {
             "reduction lands (OverlappedOptimizer). Construct it with .overlap = {.update_at = UpdateAt::kStep}, or "
             "train without ",
             opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling"));
+    if constexpr (!ddp_type::reduces_gradients)
+      if (opts_.clip_grad_norm || opts_.loss_scaling)
+        throw ArgumentError(detail::cat(
+            "trainer: ", opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling",
+            " reads the averaged gradients before the step, but under OwnerReduce the optimizer averages them inside "
+            "its step and they are never whole on any rank. Use AverageAllReduce with ZeroRedundancyOptimizer, or "
+            "train without ",
+            opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling"));
     if (opts_.loss_scaling) scaler_.emplace(ddp_.parameters(), *opts_.loss_scaling);
   }
 
