@@ -112,8 +112,10 @@ TEST_CASE("OwnerReduce refuses what would see unreduced gradients, on every rank
       using Zero = ZeroRedundancyOptimizer<optim::SGD, ThreadsBackend>;
       CHECK_THROWS_WITH_AS(Zero(ddp, {.zero = {.stage = 0}}), doctest::Contains("which needs stage 1 or 2"),
                            ArgumentError);
-      {  // attached while it lives, detached after: the next forward refuses again
+      {  // attached while it lives (one at a time), detached after: the next forward refuses again
         Zero zero(ddp, {.optimizer = {.lr = 0.1}});
+        CHECK_THROWS_WITH_AS(Zero(ddp, {.optimizer = {.lr = 0.1}}),
+                             doctest::Contains("already has an optimizer that reduces its gradients"), ArgumentError);
         zero.zero_grad();
         backward(mse_loss(ddp(Var(x)), y));
         zero.step();

@@ -80,6 +80,10 @@ struct OwnerAccess {
   static void attach(D& d, void const* owner) noexcept {
     d.attach_reduction_owner(owner);
   }
+  template <class D>
+  static void const* owner(D const& d) noexcept {
+    return d.reduction_owner_;
+  }
 };
 
 // Rank `rank`'s slice of one bucket: arena elements [begin, end), empty (end <= begin) where the bucket is too
@@ -351,6 +355,10 @@ class ZeroRedundancyOptimizer {
       throw ArgumentError(
           "ZeroRedundancyOptimizer: under OwnerReduce each rank reduces and updates the slices it owns, which needs "
           "stage 1 or 2; stage 0 (every rank updating everything) would have no reduced gradients");
+    if (detail::OwnerAccess::owner(ddp))  // the same on every rank (the same program)
+      throw ArgumentError(
+          "ZeroRedundancyOptimizer: this DistributedDataParallel (OwnerReduce) already has an optimizer that reduces "
+          "its gradients; a second would update the parameters again. Build one optimizer per DDP");
     int const world = comm_->world_size();
     std::vector<std::int64_t> mine{static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(arena_.grads().data())),
                                    static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(arena_.values().data()))};
