@@ -58,22 +58,32 @@ for n in 2 4; do
 done
 
 # A rank killed mid-epoch: the others end within the timeout (20 s), naming it.
-rm -rf "$dir/store.2"
+# The earlier runs' logs go first: until the launcher (a background subshell) opens rank0.log anew, the wait below
+# would read the last run's progress lines.
+rm -rf "$dir/store.2" "$dir"/rank*.log
 launch 2 file --model mlp --epochs 5 --backend gloo &
 launcher=$!
-# Wait for rank 0's first progress line while the job runs (an instrumented build on a loaded machine can take
-# much longer than a plain one to get there), at most 300 s.
+# Wait for rank 0's first progress line ("epoch 1/5  step N/M": a step both ranks took, so rank 1 runs) while the
+# job runs; an instrumented build on a loaded machine can take much longer than a plain one to get there. At most
+# 300 s. (The header's "938 steps" is not progress.)
+progress='^epoch [0-9]+/[0-9]+ +step [0-9]+/'
 for _ in $(seq 1500); do
-  grep -q "step" "$dir/rank0.log" 2>/dev/null && break
+  grep -Eq "$progress" "$dir/rank0.log" 2>/dev/null && break
   kill -0 "$launcher" 2>/dev/null || break
   sleep 0.2
 done
 kill -0 "$launcher" 2>/dev/null || fail "the 5-epoch job ended before rank 1 could be killed"
-grep -q "step" "$dir/rank0.log" || fail "rank 0 printed no progress line within 300 s"
+grep -Eq "$progress" "$dir/rank0.log" || fail "rank 0 printed no progress line within 300 s"
+# Rank 1's process: the job binary (not its timeout wrapper, nor this script, whose command line names the binary
+# too) with RANK=1 in its environment.
 pid1=""
-for p in $(pgrep -f "$bin" || true); do
-  [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == timeout ]] && continue  # the job itself, not its timeout wrapper
-  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=1"; then pid1=$p; fi
+for _ in $(seq 50); do
+  for p in $(pgrep -f "$bin" || true); do
+    [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == timeout ]] && continue
+    if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "RANK=1"; then pid1=$p; fi
+  done
+  [[ -n "$pid1" ]] && break
+  sleep 0.2
 done
 [[ -n "$pid1" ]] || fail "could not find rank 1's process"
 start=$SECONDS
