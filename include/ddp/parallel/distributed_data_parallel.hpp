@@ -318,9 +318,6 @@ class DistributedDataParallel {
       reducer_->reduce_last_bucket_async(hook != nullptr && reducer_->plan().buckets.size() > 1);
   }
 
-  // ZeroRedundancyOptimizer under OwnerReduce: the optimizer that reduces the gradients (nullptr: none).
-  void attach_reduction_owner(void const* owner) noexcept { reduction_owner_ = owner; }
-
   // Join (join.hpp): while attached, a round's first forward agrees on the round with the hook first.
   void attach_join(detail::JoinHook* hook) noexcept { join_ = hook; }
   // Join: this rank has no batch; it answers the round the others agreed on (buffers from round.buffer_root,
@@ -346,7 +343,7 @@ class DistributedDataParallel {
   int no_sync_depth_ = 0;
   detail::JoinHook* join_ = nullptr;       // a ddp::join running on this rank
   detail::UpdateHook* update_ = nullptr;   // an optimizer that updates each bucket as it lands
-  void const* reduction_owner_ = nullptr;  // OwnerReduce: the optimizer that reduces the gradients
+  void const* reduction_owner_ = nullptr;  // OwnerReduce: the optimizer that reduces the gradients (OwnerAccess)
 };
 
 }  // namespace ddp

@@ -78,7 +78,7 @@ std::vector<ZeroBucket> zero_buckets(BucketPlan const& plan, nn::ParameterArena<
 struct OwnerAccess {
   template <class D>
   static void attach(D& d, void const* owner) noexcept {
-    d.attach_reduction_owner(owner);
+    d.reduction_owner_ = owner;
   }
   template <class D>
   static void const* owner(D const& d) noexcept {
@@ -243,7 +243,7 @@ class ZeroRedundancyOptimizer {
   // Whether step() shards (stage 1 or 2 on more than one rank): ddp::join refuses such an optimizer.
   bool sharded() const noexcept { return zero_.stage >= 1 && comm_->world_size() > 1; }
   // Whether this optimizer reduces the gradients itself (built from a DDP under OwnerReduce).
-  bool owner_reduces() const noexcept { return !peers_.empty(); }
+  bool owner_reduces() const noexcept { return !peer_grads_.empty(); }
 
   // Optimizer-state bytes on this rank, and what the unsharded optimizer would hold.
   std::int64_t state_bytes() const noexcept { return inner_.state_bytes(); }
@@ -368,10 +368,10 @@ class ZeroRedundancyOptimizer {
                       CollectiveTag{"zero.owner_addresses"});
     else
       all = mine;
-    for (int q = 0; q < world; ++q)
-      peers_.push_back({reinterpret_cast<T*>(static_cast<std::uintptr_t>(all[2 * static_cast<std::size_t>(q)])),
-                        reinterpret_cast<T*>(static_cast<std::uintptr_t>(all[2 * static_cast<std::size_t>(q) + 1]))});
-    for (auto const& p : peers_) peer_grads_.push_back(p.grads);
+    for (std::size_t q = 0; q < static_cast<std::size_t>(world); ++q) {
+      peer_grads_.push_back(reinterpret_cast<T const*>(static_cast<std::uintptr_t>(all[2 * q])));
+      peer_values_.push_back(reinterpret_cast<T*>(static_cast<std::uintptr_t>(all[2 * q + 1])));
+    }
     micro_batches_ = ddp.micro_batches_per_rank();
     chunk_ = Tensor<T, S>(Shape{kOwnerChunk});
     detail::OwnerAccess::attach(ddp, this);
@@ -402,9 +402,9 @@ class ZeroRedundancyOptimizer {
         for (int q = 0; q < world; ++q) {
           if (q == rank) continue;
           if (stream)
-            detail::stream_copy(peers_[static_cast<std::size_t>(q)].values + o, values + o, bytes);
+            detail::stream_copy(peer_values_[static_cast<std::size_t>(q)] + o, values + o, bytes);
           else
-            std::memcpy(peers_[static_cast<std::size_t>(q)].values + o, values + o, bytes);
+            std::memcpy(peer_values_[static_cast<std::size_t>(q)] + o, values + o, bytes);
         }
       }
     });
@@ -436,16 +436,12 @@ class ZeroRedundancyOptimizer {
   Tensor<T, S> send_, gathered_;  // one slice, and one bucket's world_size slices (sharded only)
   void const* ddp_ = nullptr;     // the DDP it was built from, if any: in_join_(ddp_) says whether a join runs
   bool (*in_join_)(void const*) = nullptr;
-  // OwnerReduce only: every rank's arena (rank order), its gradient pointers for reduce_piece, the divisor for a
-  // sum of micro-batch gradients, one chunk of averaged gradients, and how to detach from the DDP.
-  struct Peer {
-    T* grads;
-    T* values;
-  };
+  // OwnerReduce only: every rank's gradients and parameters (rank order; empty otherwise), the divisor for a sum
+  // of micro-batch gradients, one chunk of averaged gradients, and how to detach from the DDP.
   static constexpr std::int64_t kOwnerChunk = static_cast<std::int64_t>(detail::kReduceChunk<T>);
   static constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
-  std::vector<Peer> peers_;
   std::vector<T const*> peer_grads_;
+  std::vector<T*> peer_values_;
   std::int64_t micro_batches_ = 1;
   Tensor<T, S> chunk_;
   void (*detach_owner_)(void const*) = nullptr;

@@ -141,22 +141,24 @@ class basic_trainer {
         batch_(rank_batch(opts, comm.world_size())),
         ddp_(model, comm, opts.ddp, std::move(bucketer), reduction, batching),
         opt_(detail::make_optimizer<O>(ddp_, opt)) {
-    if constexpr (requires { opt_.updates_in_backward(); })
-      if ((opts_.clip_grad_norm || opts_.loss_scaling) && opt_.updates_in_backward())
+    if (opts_.clip_grad_norm || opts_.loss_scaling) {  // both read the whole averaged gradients before the step
+      char const* const what = opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling";
+      if constexpr (requires { opt_.updates_in_backward(); })
+        if (opt_.updates_in_backward())
+          throw ArgumentError(detail::cat(
+              "trainer: ", what,
+              " needs every gradient before any parameter moves, but this optimizer updates each bucket as its "
+              "reduction lands (OverlappedOptimizer). Construct it with .overlap = {.update_at = UpdateAt::kStep}, "
+              "or train without ",
+              what));
+      if constexpr (!ddp_type::reduces_gradients)
         throw ArgumentError(detail::cat(
-            "trainer: ", opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling",
-            " needs every gradient before any parameter moves, but this optimizer updates each bucket as its "
-            "reduction lands (OverlappedOptimizer). Construct it with .overlap = {.update_at = UpdateAt::kStep}, or "
-            "train without ",
-            opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling"));
-    if constexpr (!ddp_type::reduces_gradients)
-      if (opts_.clip_grad_norm || opts_.loss_scaling)
-        throw ArgumentError(detail::cat(
-            "trainer: ", opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling",
+            "trainer: ", what,
             " reads the averaged gradients before the step, but under OwnerReduce the optimizer averages them inside "
             "its step and they are never whole on any rank. Use AverageAllReduce with ZeroRedundancyOptimizer, or "
             "train without ",
-            opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling"));
+            what));
+    }
     if (opts_.loss_scaling) scaler_.emplace(ddp_.parameters(), *opts_.loss_scaling);
   }
 
