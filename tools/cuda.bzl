@@ -55,6 +55,14 @@ def _cuda_objects_impl(ctx):
 
     # --cxxopt values (e.g. -std=c++20 from .bazelrc) also go to nvcc.
     args += ctx.fragments.cpp.cxxopts
+
+    # The SIMD level (.bazelrc's --config=native|avx2|avx512|portable) goes to the host compiler as well: a binary
+    # links nvcc's objects with g++'s (the main job's host job, doctest's main), and Eigen's inline functions
+    # differ by level (aligned_malloc's alignment, the packet types), so mixed levels would break the One
+    # Definition Rule where the linker keeps one copy of each.
+    for c in ctx.fragments.cpp.copts:
+        if c.startswith("-march="):
+            args += ["-Xcompiler", c]
     for d in cctx.defines.to_list() + cctx.local_defines.to_list() + ctx.attr.defines:
         args.append("-D" + d)
     for i in cctx.includes.to_list() + cctx.quote_includes.to_list():
