@@ -32,7 +32,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 // What parse() (05_fashion_mnist.cpp) chose from the flags.
-
 struct Config {
   std::string model, optimizer, device;
   optim::ScheduleKind schedule = optim::ScheduleKind::kCosine;
