@@ -2,8 +2,8 @@
 # usage: compile_test.sh SOURCE...
 # The benchmarks are cc_binary targets tagged manual: `bazel run //bench:<name>` (or bazel build) builds one at
 # -O3 when it is asked for, and `bazel test //...` does not spend their -O3 compiles, about a ninth of CI's work,
-# on binaries that no test runs. This test keeps every benchmark compiling: g++ -fsyntax-only (C++20, the
-# default config's -march=native) parses each source and instantiates every template it uses, which is what a change to
+# on binaries that no test runs. This test keeps every benchmark compiling: g++ -fsyntax-only (C++20, the default
+# config's -march=native) parses each source and instantiates every template it uses, which is what a change to
 # ddp's API breaks, at about a sixth of the cost of the -O3 build. It does not link; a benchmark's libraries are
 # its BUILD deps.
 set -uo pipefail
