@@ -28,4 +28,10 @@ void bias_default(Tensor<T>& b, std::int64_t fan_in, Generator& gen) {
   uniform(b, fan_in > 0 ? 1.0 / std::sqrt(double(fan_in)) : 0.0, gen);
 }
 
+// normal(mean, std) in place (host tensor): torch.nn.init.normal_, as GPT-style models initialise.
+template <class T>
+void normal(Tensor<T>& t, double mean, double std, Generator& gen) {
+  for (std::int64_t i = 0; i < t.numel(); ++i) t[i] = static_cast<T>(mean + std * gen.normal());
+}
+
 }  // namespace ddp::nn::init

@@ -8,3 +8,5 @@
 #include "ddp/nn/parameter_arena.hpp"
 #include "ddp/nn/sequential.hpp"
 #include "ddp/nn/sync_batch_norm.hpp"
+#include "ddp/nn/transformer.hpp"
+#include "ddp/nn/gpt.hpp"

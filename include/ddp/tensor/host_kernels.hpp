@@ -16,6 +16,7 @@
 #include "ddp/tensor/half.hpp"
 #include "ddp/tensor/host_conv_kernels.hpp"
 #include "ddp/tensor/host_optim_kernels.hpp"
+#include "ddp/tensor/host_transformer_kernels.hpp"
 #include "ddp/tensor/kernels.hpp"
 #include "ddp/tensor/random.hpp"
 #include "ddp/tensor/stream_copy.hpp"  // stream_fence
@@ -77,7 +78,7 @@ inline void stream_combination(std::int64_t N, std::int64_t K, float const* coef
 }  // namespace detail
 
 template <>
-struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels {
+struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels, HostTransformerKernels {
   using i64 = std::int64_t;
 
   // C(M,N) = alpha * op(A) * op(B) + beta * C, row-major, op(A) is (M,K), op(B) is (K,N).

@@ -37,6 +37,22 @@ enum class Epilogue : std::uint8_t {
   kReluMaxPool2,  // y = the 2×2, stride-2 max-pool of max(0, conv(x) + b): (OH/2 × OW/2)
 };
 
+// Which GELU: the exact x·Φ(x) (erf), or the tanh approximation 0.5·x·(1 + tanh(√(2/π)(x + 0.044715·x³))).
+enum class GeluApprox : std::uint8_t { kErf, kTanh };
+
+// What a softmax over attention scores hides: nothing, or (kCausal) each query's later keys.
+enum class SoftmaxMask : std::uint8_t { kNone, kCausal };
+
+// A tensor seen as (pre, di, mid, dj, post), whose axes of sizes di and dj are to be swapped (Kernels::swap_axes).
+struct AxisSwap {
+  std::int64_t pre = 1, di = 1, mid = 1, dj = 1, post = 1;
+};
+
+// The constants GELU needs, in double (each kernel converts them to its element type).
+inline constexpr double kInvSqrt2 = 0.70710678118654752440;     // 1/√2
+inline constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/√(2π)
+inline constexpr double kSqrt2OverPi = 0.79788456080286535588;  // √(2/π)
+
 // Geometry of a square-kernel 2-D convolution or pooling window over NCHW input.
 struct ConvGeometry {
   std::int64_t N = 0, C = 0, H = 0, W = 0;  // input

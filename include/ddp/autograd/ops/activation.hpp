@@ -1,4 +1,4 @@
-// relu, tanh, sigmoid: forward and backward (backward uses the saved output).
+// relu, tanh, sigmoid (backward from the saved output) and gelu (backward from the saved input).
 #pragma once
 
 #include "ddp/autograd/variable.hpp"
@@ -42,6 +42,24 @@ Variable<T, S> sigmoid(Variable<T, S> const& x) {
   using K = Kernels<S>;
   return detail::unary_from_output<T, S>(
       "sigmoid", x, [](auto... a) { K::sigmoid_fwd(a...); }, [](auto... a) { K::sigmoid_bwd(a...); });
+}
+
+
+// GELU (torch.nn.functional.gelu): approx kErf is the exact x·Φ(x), kTanh the tanh approximation.
+template <class T, MemorySpace S>
+Variable<T, S> gelu(Variable<T, S> const& x, GeluApprox approx = GeluApprox::kErf) {
+  using K = Kernels<S>;
+  std::int64_t const n = x.numel();
+  Tensor<T, S> y(x.shape());
+  K::gelu_fwd(n, approx, x.value().data(), y.data());
+  return detail::record(
+      "gelu", std::move(y),
+      [x, n, approx](Node<T, S>& self) {
+        auto& xn = x.node();
+        T const beta = detail::grad_beta(xn);
+        K::gelu_bwd(n, approx, x.value().data(), self.grad.data(), beta, xn.grad.data());
+      },
+      x);
 }
 
 }  // namespace ddp

@@ -1,5 +1,8 @@
-// matmul and linear (y = x Wᵀ + b), forward and backward through Kernels<Space>::gemm.
+// matmul, bmm (batched, with transposes) and linear (y = x Wᵀ + b), forward and backward through
+// Kernels<Space>::gemm.
 #pragma once
+
+#include <array>
 
 #include "ddp/autograd/variable.hpp"
 #include "ddp/tensor/kernels.hpp"
@@ -27,6 +30,65 @@ Variable<T, S> matmul(Variable<T, S> const& a, Variable<T, S> const& b) {
           auto& bn = b.node();
           T const beta = detail::grad_beta(bn);
           K::gemm(Trans::kYes, Trans::kNo, Kd, N, M, T(1), a.value().data(), self.grad.data(), beta, bn.grad.data());
+        }
+      },
+      a, b);
+}
+
+// Batched matrix product over the leading dimensions: a:(…, M, K) (or (…, K, M) with ta = kYes), b:(…, K, N) (or
+// (…, N, K) with tb = kYes) -> (…, M, N), one GEMM per leading index (attention's q·kᵀ and att·v).
+template <class T, MemorySpace S>
+Variable<T, S> bmm(Variable<T, S> const& a, Variable<T, S> const& b, Trans ta = Trans::kNo, Trans tb = Trans::kNo) {
+  using K = Kernels<S>;
+  Shape const &as = a.shape(), &bs = b.shape();
+  int const r = as.rank();
+  bool lead_ok = r >= 2 && bs.rank() == r;
+  for (int d = 0; lead_ok && d < r - 2; ++d) lead_ok = as[d] == bs[d];
+  std::int64_t const M = lead_ok ? as[r - 2 + (ta == Trans::kYes)] : 0, Ka = lead_ok ? as[r - 1 - (ta == Trans::kYes)] : 0;
+  std::int64_t const Kb = lead_ok ? bs[r - 2 + (tb == Trans::kYes)] : 0, N = lead_ok ? bs[r - 1 - (tb == Trans::kYes)] : 0;
+  if (!lead_ok || Ka != Kb)
+    throw ShapeError(detail::cat("bmm: shapes ", as, ta == Trans::kYes ? "ᵀ" : "", " and ", bs,
+                                 tb == Trans::kYes ? "ᵀ" : "", " do not chain (need (…, M, K)·(…, K, N), same leading dims)"));
+  std::int64_t const Kd = Ka, batch = M * Kd ? as.numel() / (M * Kd) : 0;
+  std::array<std::int64_t, 4> dims{};
+  for (int d = 0; d < r - 2; ++d) dims[static_cast<std::size_t>(d)] = as[d];
+  dims[static_cast<std::size_t>(r - 2)] = M;
+  dims[static_cast<std::size_t>(r - 1)] = N;
+  Tensor<T, S> y(Shape::from_range(dims.begin(), dims.begin() + r));
+  for (std::int64_t i = 0; i < batch; ++i)
+    K::gemm(ta, tb, M, N, Kd, T(1), a.value().data() + i * M * Kd, b.value().data() + i * Kd * N, T(0),
+            y.data() + i * M * N);
+  return detail::record(
+      "bmm", std::move(y),
+      [a, b, ta, tb, batch, M, N, Kd](Node<T, S>& self) {
+        T const* gy = self.grad.data();
+        if (a.requires_grad()) {  // op(a) = gy·op(b)ᵀ: ga = gy·op(b)ᵀ, or (ta) its transpose op(b)·gyᵀ
+          auto& an = a.node();
+          T const beta = detail::grad_beta(an);
+          T const* bv = b.value().data();
+          for (std::int64_t i = 0; i < batch; ++i) {
+            T* ga = an.grad.data() + i * M * Kd;
+            if (ta == Trans::kNo)
+              K::gemm(Trans::kNo, tb == Trans::kNo ? Trans::kYes : Trans::kNo, M, Kd, N, T(1), gy + i * M * N,
+                      bv + i * Kd * N, beta, ga);
+            else
+              K::gemm(tb == Trans::kNo ? Trans::kNo : Trans::kYes, Trans::kYes, Kd, M, N, T(1), bv + i * Kd * N,
+                      gy + i * M * N, beta, ga);
+          }
+        }
+        if (b.requires_grad()) {  // op(b) = op(a)ᵀ·gy: gb = op(a)ᵀ·gy, or (tb) its transpose gyᵀ·op(a)
+          auto& bn = b.node();
+          T const beta = detail::grad_beta(bn);
+          T const* av = a.value().data();
+          for (std::int64_t i = 0; i < batch; ++i) {
+            T* gb = bn.grad.data() + i * Kd * N;
+            if (tb == Trans::kNo)
+              K::gemm(ta == Trans::kNo ? Trans::kYes : Trans::kNo, Trans::kNo, Kd, N, M, T(1), av + i * M * Kd,
+                      gy + i * M * N, beta, gb);
+            else
+              K::gemm(Trans::kYes, ta == Trans::kNo ? Trans::kNo : Trans::kYes, N, Kd, M, T(1), gy + i * M * N,
+                      av + i * M * Kd, beta, gb);
+          }
         }
       },
       a, b);

@@ -1,0 +1,180 @@
+// Host kernels for the transformer ops: embedding gather/scatter, layer norm, GELU, the (scaled, optionally causal)
+// softmax of attention scores, axis swaps, last-dimension slices and batched GEMM. Part of Kernels<HostSpace>.
+// Every loop is sequential in a fixed order: same inputs -> bitwise the same outputs, whatever the thread count.
+#pragma once
+
+#include <Eigen/Core>
+#include <unsupported/Eigen/SpecialFunctions>  // vectorised erf for float arrays
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "ddp/tensor/kernels.hpp"
+
+namespace ddp {
+
+struct HostTransformerKernels {
+  using i64 = std::int64_t;
+
+  // ---- embedding: y[n, :] = table[ids[n], :]   ids (n), table (rows, dim), y (n, dim) ----
+  template <class T>
+  static void embedding_fwd(i64 n, i64 dim, T const* table, std::int32_t const* ids, T* y) {
+    for (i64 i = 0; i < n; ++i) std::memcpy(y + i * dim, table + i64(ids[i]) * dim, sizeof(T) * dim);
+  }
+  // gtable = beta gtable + Σ_{i: ids[i] = v} gy[i, :] for every row v, added in index order i = 0, 1, ...
+  template <class T>
+  static void embedding_bwd(i64 n, i64 rows, i64 dim, std::int32_t const* ids, T const* gy, T beta, T* gtable) {
+    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    if (beta == T(0)) std::memset(gtable, 0, sizeof(T) * rows * dim);
+    for (i64 i = 0; i < n; ++i)
+      Eigen::Map<A>(gtable + i64(ids[i]) * dim, dim) += Eigen::Map<A const>(gy + i * dim, dim);
+  }
+
+  // ---- layer norm over the last dimension of (rows, cols) ----
+  // y = (x - mean) · rstd · w + b, rstd = 1/sqrt(var + eps) with the biased variance; w, b may be null (1, 0).
+  // Saves mean and rstd per row for the backward. Two passes in T (mean, then the squares about it).
+  template <class T>
+  static void layer_norm_fwd(i64 rows, i64 cols, T eps, T const* x, T const* w, T const* b, T* y, T* mean, T* rstd) {
+    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    for (i64 r = 0; r < rows; ++r) {
+      Eigen::Map<A const> xr(x + r * cols, cols);
+      T const m = xr.sum() / T(cols);
+      T const var = (xr - m).square().sum() / T(cols);
+      T const rs = T(1) / std::sqrt(var + eps);
+      mean[r] = m;
+      rstd[r] = rs;
+      Eigen::Map<A> yr(y + r * cols, cols);
+      yr = (xr - m) * rs;
+      if (w) yr *= Eigen::Map<A const>(w, cols);
+      if (b) yr += Eigen::Map<A const>(b, cols);
+    }
+  }
+  // With x̂ = (x - mean)·rstd and g = gy·w:  gx = rstd · (g - mean(g) - x̂·mean(g·x̂)),  gw = Σ_rows gy·x̂,
+  // gb = Σ_rows gy. Each with its own beta (0: overwrite, 1: add); gx, gw, gb may be null (not wanted).
+  template <class T>
+  static void layer_norm_bwd(i64 rows, i64 cols, T const* x, T const* mean, T const* rstd, T const* w, T const* gy,
+                             T beta_x, T* gx, T beta_w, T* gw, T beta_b, T* gb) {
+    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    if (gw && beta_w == T(0)) std::memset(gw, 0, sizeof(T) * cols);
+    if (gb && beta_b == T(0)) std::memset(gb, 0, sizeof(T) * cols);
+    A xhat(cols), g(cols);
+    for (i64 r = 0; r < rows; ++r) {
+      Eigen::Map<A const> xr(x + r * cols, cols), gyr(gy + r * cols, cols);
+      xhat = (xr - mean[r]) * rstd[r];
+      if (gw) Eigen::Map<A>(gw, cols) += gyr * xhat;
+      if (gb) Eigen::Map<A>(gb, cols) += gyr;
+      if (!gx) continue;
+      if (w)
+        g = gyr * Eigen::Map<A const>(w, cols);
+      else
+        g = gyr;
+      T const mg = g.sum() / T(cols);
+      T const mgx = (g * xhat).sum() / T(cols);
+      Eigen::Map<A> gxr(gx + r * cols, cols);
+      if (beta_x == T(0))
+        gxr = rstd[r] * (g - mg - xhat * mgx);
+      else
+        gxr += rstd[r] * (g - mg - xhat * mgx);
+    }
+  }
+
+  // ---- GELU: kErf x·Φ(x); kTanh 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))) ----
+  template <class T>
+  static void gelu_fwd(i64 n, GeluApprox approx, T const* x, T* y) {
+    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    Eigen::Map<A const> xx(x, n);
+    Eigen::Map<A> yy(y, n);
+    if (approx == GeluApprox::kErf)
+      yy = T(0.5) * xx * (T(1) + (xx * T(kInvSqrt2)).erf());
+    else
+      yy = T(0.5) * xx * (T(1) + (T(kSqrt2OverPi) * (xx + T(0.044715) * xx.cube())).tanh());
+  }
+  // gx = beta gx + gy · gelu'(x)
+  template <class T>
+  static void gelu_bwd(i64 n, GeluApprox approx, T const* x, T const* gy, T beta, T* gx) {
+    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    constexpr i64 kBlock = 1024;  // the derivative is formed a block at a time, in cache
+    A d(kBlock);
+    for (i64 i0 = 0; i0 < n; i0 += kBlock) {
+      i64 const m = std::min(kBlock, n - i0);
+      Eigen::Map<A const> xx(x + i0, m), g(gy + i0, m);
+      auto dd = d.head(m);
+      if (approx == GeluApprox::kErf) {
+        // Φ(x) + x·φ(x)
+        dd = T(0.5) * (T(1) + (xx * T(kInvSqrt2)).erf()) + xx * (T(-0.5) * xx.square()).exp() * T(kInvSqrt2Pi);
+      } else {
+        A const t = (T(kSqrt2OverPi) * (xx + T(0.044715) * xx.cube())).tanh();
+        dd = T(0.5) * (T(1) + t) +
+             T(0.5) * xx * (T(1) - t.square()) * T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * xx.square());
+      }
+      Eigen::Map<A> out(gx + i0, m);
+      if (beta == T(0))
+        out = g * dd;
+      else
+        out += g * dd;
+    }
+  }
+
+  // ---- softmax over the last dimension of (rows, cols), of scale·x ----
+  // kCausal: rows are grouped in squares of cols (query i of a (cols, cols) score matrix is row r with
+  // i = r mod cols), and keys j > i are masked out (probability exactly 0).
+  template <class T>
+  static void softmax_fwd(i64 rows, i64 cols, T scale, SoftmaxMask mask, T const* x, T* y) {
+    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    for (i64 r = 0; r < rows; ++r) {
+      i64 const live = mask == SoftmaxMask::kCausal ? r % cols + 1 : cols;
+      Eigen::Map<A const> xr(x + r * cols, live);
+      Eigen::Map<A> yr(y + r * cols, live);
+      T const m = xr.maxCoeff();
+      yr = ((xr - m) * scale).exp();
+      yr /= yr.sum();
+      if (live < cols) std::memset(y + r * cols + live, 0, sizeof(T) * (cols - live));
+    }
+  }
+  // gx = beta gx + scale · y · (gy - Σ_c y·gy)   (masked entries have y = 0, so their gradient is 0)
+  template <class T>
+  static void softmax_bwd(i64 rows, i64 cols, T scale, T const* y, T const* gy, T beta, T* gx) {
+    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    for (i64 r = 0; r < rows; ++r) {
+      Eigen::Map<A const> yr(y + r * cols, cols), g(gy + r * cols, cols);
+      T const dot = (yr * g).sum();
+      Eigen::Map<A> out(gx + r * cols, cols);
+      if (beta == T(0))
+        out = scale * yr * (g - dot);
+      else
+        out += scale * yr * (g - dot);
+    }
+  }
+
+  // ---- y = beta y + x with axes i and j swapped: x (pre, di, mid, dj, post) -> y (pre, dj, mid, di, post) ----
+  template <class T>
+  static void swap_axes(AxisSwap const& s, T const* x, T beta, T* y) {
+    for (i64 p = 0; p < s.pre; ++p)
+      for (i64 a = 0; a < s.di; ++a)
+        for (i64 m = 0; m < s.mid; ++m)
+          for (i64 b = 0; b < s.dj; ++b) {
+            T const* src = x + (((p * s.di + a) * s.mid + m) * s.dj + b) * s.post;
+            T* dst = y + (((p * s.dj + b) * s.mid + m) * s.di + a) * s.post;
+            if (beta == T(0))
+              for (i64 q = 0; q < s.post; ++q) dst[q] = src[q];
+            else
+              for (i64 q = 0; q < s.post; ++q) dst[q] += src[q];
+          }
+  }
+
+  // ---- dst[r, :cols] = beta dst[r, :cols] + src[r, :cols], rows with leading dimensions src_ld and dst_ld ----
+  template <class T>
+  static void copy_rows(i64 rows, i64 cols, T const* src, i64 src_ld, T beta, T* dst, i64 dst_ld) {
+    for (i64 r = 0; r < rows; ++r) {
+      T const* s = src + r * src_ld;
+      T* d = dst + r * dst_ld;
+      if (beta == T(0))
+        std::memcpy(d, s, sizeof(T) * cols);
+      else
+        for (i64 c = 0; c < cols; ++c) d[c] += s[c];
+    }
+  }
+};
+
+}  // namespace ddp
