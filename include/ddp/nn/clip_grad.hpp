@@ -72,16 +72,22 @@ inline void check_norm_args(double max_norm, double norm_type) {
     throw ArgumentError(ddp::detail::cat("clip_grad_norm: norm_type must be > 0 or infinity, got ", norm_type));
 }
 
+// PyTorch's order: each gradient's norm (into `norms`), then the norm of those norms (all of it in T).
+template <class T, MemorySpace S>
+T total_norm(std::vector<GradSlice<T>> const& grads, T p, std::vector<T>& norms) {
+  norms.clear();
+  norms.reserve(grads.size());
+  for (auto const& g : grads) norms.push_back(Kernels<S>::norm(g.numel, g.data, p));
+  return norms.empty() ? T(0) : Kernels<HostSpace>::norm(static_cast<std::int64_t>(norms.size()), norms.data(), p);
+}
+
 template <class T, MemorySpace S>
 T clip_grad_norm(std::vector<GradSlice<T>> const& grads, double max_norm, ClipGradNormOptions const& opts) {
   check_norm_args(max_norm, opts.norm_type);
   if (grads.empty()) return T(0);
   T const p = static_cast<T>(opts.norm_type);
-  // PyTorch's order: each gradient's norm, then the norm of those norms (all of it in T).
   std::vector<T> norms;
-  norms.reserve(grads.size());
-  for (auto const& g : grads) norms.push_back(Kernels<S>::norm(g.numel, g.data, p));
-  T const total = Kernels<HostSpace>::norm(static_cast<std::int64_t>(norms.size()), norms.data(), p);
+  T const total = total_norm<T, S>(grads, p, norms);
   if (!std::isfinite(total) && opts.non_finite == NonFiniteNorm::kRaise) {
     std::string bad;
     for (std::size_t i = 0; i < grads.size(); ++i)
@@ -124,6 +130,15 @@ template <class T, MemorySpace S>
 T clip_grad_norm(std::vector<NamedParameter<T, S>> const& params, double max_norm,
                  ClipGradNormOptions const& opts = {}) {
   return detail::clip_grad_norm<T, S>(detail::grads_of(params), max_norm, opts);
+}
+
+// The total p-norm clip_grad_norm would clip by, without changing any gradient (for logs: the norm before
+// clipping, or the plain norm of a run that does not clip). ArgumentError for a norm_type that is not > 0.
+template <class T, MemorySpace S>
+T grad_norm(ParameterArena<T, S>& params, ClipGradNormOptions const& opts = {}) {
+  detail::check_norm_args(0.0, opts.norm_type);
+  std::vector<T> norms;
+  return detail::total_norm<T, S>(detail::grads_of(params), static_cast<T>(opts.norm_type), norms);
 }
 
 // Clamps every gradient element into [-clip_value, clip_value] (NaN stays NaN). ArgumentError for a negative or

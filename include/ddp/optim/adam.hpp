@@ -14,6 +14,7 @@ struct AdamOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;  // Adam's default; AdamW's PyTorch default is 0.01 (see AdamWOptions)
+  DecayRule weight_decay_rule{};  // set: each parameter's own decay (parameter groups), overriding weight_decay
 };
 struct AdamWOptions {
   double lr = 1e-3;
@@ -21,6 +22,7 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  DecayRule weight_decay_rule{};  // set: each parameter's own decay (parameter groups), e.g. decay_matrices_only(0.1)
 };
 
 // How weight decay enters the update: as an L2 term added to the gradient (Adam), or decoupled, applied to the
@@ -50,6 +52,7 @@ class basic_adam {
     if (!(opt.weight_decay >= 0))
       throw ArgumentError(ddp::detail::cat(name(), ": weight_decay must be >= 0, got ", opt.weight_decay));
     pieces_ = detail::state_pieces(arena_, ranges_);
+    decay_ = detail::decay_spans(name(), arena_, opt.weight_decay_rule, opt.weight_decay);
     counters_.assign(arena_.count(), 0);
     std::int64_t const numel = detail::shard_numel(ranges_);
     exp_avg_ = Tensor<T, S>(Shape{numel});
@@ -73,9 +76,12 @@ class basic_adam {
                         T(opt_.weight_decay), Decoupled,     T(opt_.lr / bc1), T(std::sqrt(bc2))};
           around(off, n, static_cast<T const*>(arena_.grads().data() + off),
                  [&](std::int64_t o, std::int64_t k, T const* g) {
-                   std::int64_t const s = at + (o - off);
-                   Kernels<S>::adam_update(k, arena_.values().data() + o, g, exp_avg_.data() + s,
-                                           exp_avg_sq_.data() + s, p);
+                   detail::for_each_decay(decay_, o, k, [&](std::int64_t o2, std::int64_t k2, double wd) {
+                     std::int64_t const s = at + (o2 - off);
+                     p.weight_decay = T(wd);
+                     Kernels<S>::adam_update(k2, arena_.values().data() + o2, g + (o2 - o), exp_avg_.data() + s,
+                                             exp_avg_sq_.data() + s, p);
+                   });
                  });
         });
     detail::count_step(arena_, counters_, window);
@@ -106,6 +112,7 @@ class basic_adam {
   options_type opt_;
   std::vector<ArenaShard::Range> ranges_;   // the arena elements this optimizer updates
   std::vector<detail::StatePiece> pieces_;  // per parameter: its piece of the state
+  std::vector<detail::DecaySpan> decay_;    // the arena cut where the weight decay changes
   std::vector<std::int64_t> counters_;
   Tensor<T, S> exp_avg_, exp_avg_sq_;
 };

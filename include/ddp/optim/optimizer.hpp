@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -42,6 +43,17 @@ struct OptimizerState {
   std::vector<ParameterState<T>> parameters;
   friend bool operator==(OptimizerState const&, OptimizerState const&) = default;
 };
+
+// Per-parameter weight decay: PyTorch's parameter groups for the one hyper-parameter that transformer recipes vary
+// by parameter. Returns the decay of the parameter of this name and shape (>= 0). Unset, every parameter takes the
+// options' weight_decay.
+using DecayRule = std::function<double(std::string const& name, Shape const& shape)>;
+
+// nanoGPT's groups: `decay` on parameters of two or more dimensions (weight matrices, embeddings), none on biases
+// and norms' weights.
+inline DecayRule decay_matrices_only(double decay) {
+  return [decay](std::string const&, Shape const& shape) { return shape.rank() >= 2 ? decay : 0.0; };
+}
 
 template <class O>
 concept Optimizer = requires(O& o, O const& co, OptimizerState<typename O::value_type> const& st) {
@@ -134,6 +146,43 @@ std::vector<std::size_t> match_state(OptimizerState<T> const& saved, OptimizerSt
 }
 
 namespace detail {
+
+// Arena elements [begin, end) whose parameters all take weight decay `decay`, in ascending order.
+struct DecaySpan {
+  std::int64_t begin = 0, end = 0;
+  double decay = 0;
+};
+// The arena cut where the decay changes: one span when `rule` is unset (every parameter takes `fallback`).
+// ArgumentError naming the parameter when the rule gives a negative or NaN decay.
+template <class T, MemorySpace S>
+std::vector<DecaySpan> decay_spans(std::string const& who, nn::ParameterArena<T, S> const& arena,
+                                   DecayRule const& rule, double fallback) {
+  if (!rule) return {{0, arena.numel(), fallback}};
+  std::vector<DecaySpan> spans;
+  auto const& es = arena.entries();
+  for (std::size_t i = es.size(); i-- > 0;) {  // reverse registration order = ascending arena offset
+    double const d = rule(es[i].name, es[i].shape);
+    if (!(d >= 0))
+      throw ArgumentError(
+          ddp::detail::cat(who, ": the weight-decay rule gives parameter '", es[i].name, "' ", d, "; it must be >= 0"));
+    if (!spans.empty() && spans.back().decay == d && spans.back().end == es[i].offset)
+      spans.back().end = es[i].offset + es[i].numel;
+    else
+      spans.push_back({es[i].offset, es[i].offset + es[i].numel, d});
+  }
+  return spans;
+}
+// f(o, k, decay) over the pieces of arena elements [at, at + n) that take one decay each, in order.
+template <class F>
+void for_each_decay(std::vector<DecaySpan> const& spans, std::int64_t at, std::int64_t n, F&& f) {
+  auto it = std::upper_bound(spans.begin(), spans.end(), at,
+                             [](std::int64_t v, DecaySpan const& s) { return v < s.end; });
+  for (std::int64_t o = at; o < at + n && it != spans.end(); ++it) {
+    std::int64_t const hi = std::min(at + n, it->end);
+    if (hi > o) f(o, hi - o, it->decay);
+    o = hi;
+  }
+}
 
 // Where each parameter's piece of a sharded state lives: elements [begin, begin + numel) of the parameter, at
 // `state` in the optimizer's state buffers (numel 0: none of it).

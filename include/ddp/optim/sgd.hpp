@@ -12,6 +12,7 @@ struct SgdOptions {
   double dampening = 0.0;
   double weight_decay = 0.0;
   bool nesterov = false;
+  DecayRule weight_decay_rule{};  // set: each parameter's own decay (parameter groups), overriding weight_decay
 };
 
 // Deterministic: the same gradients give bitwise the same parameters on every rank and run. Given a shard
@@ -34,6 +35,7 @@ class basic_sgd {
     if (opt.nesterov && (opt.momentum <= 0 || opt.dampening != 0))
       throw ArgumentError("SGD: nesterov needs momentum > 0 and dampening = 0");
     pieces_ = detail::state_pieces(arena_, ranges_);
+    decay_ = detail::decay_spans(name(), arena_, opt.weight_decay_rule, opt.weight_decay);
     counters_.assign(arena_.count(), 0);
     if (opt.momentum != 0) momentum_ = Tensor<T, S>(Shape{detail::shard_numel(ranges_)});
   }
@@ -51,8 +53,11 @@ class basic_sgd {
           SgdStep<T> p{T(opt_.lr), T(opt_.momentum), T(opt_.dampening), T(opt_.weight_decay), opt_.nesterov, c == 0};
           around(off, n, static_cast<T const*>(arena_.grads().data() + off),
                  [&](std::int64_t o, std::int64_t k, T const* g) {
-                   Kernels<S>::sgd_update(k, arena_.values().data() + o, g,
-                                          momentum_.defined() ? momentum_.data() + at + (o - off) : nullptr, p);
+                   detail::for_each_decay(decay_, o, k, [&](std::int64_t o2, std::int64_t k2, double wd) {
+                     p.weight_decay = T(wd);
+                     Kernels<S>::sgd_update(k2, arena_.values().data() + o2, g + (o2 - o),
+                                            momentum_.defined() ? momentum_.data() + at + (o2 - off) : nullptr, p);
+                   });
                  });
         });
     detail::count_step(arena_, counters_, window);
@@ -85,6 +90,7 @@ class basic_sgd {
   SgdOptions opt_;
   std::vector<ArenaShard::Range> ranges_;   // the arena elements this optimizer updates
   std::vector<detail::StatePiece> pieces_;  // per parameter: its piece of the state
+  std::vector<detail::DecaySpan> decay_;    // the arena cut where the weight decay changes
   std::vector<std::int64_t> counters_;      // steps taken per parameter (0: momentum not yet initialised)
   Tensor<T, S> momentum_;
 
