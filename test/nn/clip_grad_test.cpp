@@ -106,6 +106,19 @@ TEST_CASE("clip_grad_norm scales every gradient by max_norm / (total + 1e-6) and
   }
 }
 
+TEST_CASE("grad_norm is the total clip_grad_norm returns, and changes no gradient") {
+  for (double p : {2.0, 1.0, kInf}) {
+    CAPTURE(p);
+    Params ps(1.5f), clipped(1.5f);
+    auto const before = ps.grads();
+    float const norm = nn::grad_norm(ps.arena, {.norm_type = p});
+    CHECK(norm == nn::clip_grad_norm(clipped.arena, 0.01, {.norm_type = p}));
+    CHECK(ps.grads() == before);
+  }
+  Params ps(1.0f);
+  CHECK_THROWS_AS(nn::grad_norm(ps.arena, {.norm_type = 0.0}), ArgumentError);
+}
+
 TEST_CASE("clip_grad_norm matches PyTorch 1.13's clip_grad_norm_") {
   // Printed by test/nn/clip_grad_reference.py with Debian's python3-torch 1.13.1 (2026-11-27): the same three
   // gradients (scale 1.5), torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type); the returned total norm,

@@ -334,3 +334,46 @@ TEST_CASE("StepLR and cosine annealing schedules") {
   cos.set_epoch(4);
   CHECK(opt2.lr() == doctest::Approx(0.0));
 }
+
+// ---- per-parameter weight decay (DecayRule): PyTorch's parameter groups ----
+
+namespace {
+// Two named parameters (a matrix and a bias) with gradients, in an arena.
+struct DecaySetup {
+  Var w{from_values<float>({2, 2}, {0.5f, -1.0f, 2.0f, 0.25f}), RequiresGrad::kYes};
+  Var b{from_values<float>({2}, {1.5f, -0.75f}), RequiresGrad::kYes};
+  nn::ParameterArena<float> arena{std::vector<nn::NamedParameter<float, HostSpace>>{{"fc.weight", w}, {"fc.bias", b}}};
+  void grads() {
+    for (auto const& e : arena.entries()) e.var.node().grad_defined = true;
+    for (std::int64_t i = 0; i < arena.numel(); ++i) arena.grads().data()[i] = 0.1f * float(i + 1);
+  }
+};
+}  // namespace
+
+TEST_CASE("a DecayRule gives each parameter its own weight decay, bitwise what separate optimizers give") {
+  for (int kind = 0; kind < 2; ++kind) {  // AdamW, SGD with momentum
+    DecaySetup grouped, decayed, plain;
+    auto run = [&](DecaySetup& s, double wd, optim::DecayRule rule) {
+      if (kind == 0) {
+        optim::AdamW opt(s.arena, {.lr = 0.1, .weight_decay = wd, .weight_decay_rule = rule});
+        for (int i = 0; i < 3; ++i) s.grads(), opt.step();
+      } else {
+        optim::SGD opt(s.arena, {.lr = 0.1, .momentum = 0.9, .weight_decay = wd, .weight_decay_rule = rule});
+        for (int i = 0; i < 3; ++i) s.grads(), opt.step();
+      }
+    };
+    run(grouped, 0.0, optim::decay_matrices_only(0.5));
+    run(decayed, 0.5, {});
+    run(plain, 0.0, {});
+    for (int i = 0; i < 4; ++i) CHECK(grouped.w.value()[i] == decayed.w.value()[i]);  // the matrix decays
+    for (int i = 0; i < 2; ++i) CHECK(grouped.b.value()[i] == plain.b.value()[i]);     // the bias does not
+    for (int i = 0; i < 4; ++i) CHECK(grouped.w.value()[i] != plain.w.value()[i]);
+  }
+}
+
+TEST_CASE("a DecayRule that gives a negative decay names the parameter") {
+  DecaySetup s;
+  auto bad = [](std::string const& name, Shape const&) { return name == "fc.bias" ? -1.0 : 0.0; };
+  CHECK_THROWS_WITH_AS(optim::AdamW(s.arena, {.weight_decay_rule = bad}),
+                       "adamw: the weight-decay rule gives parameter 'fc.bias' -1; it must be >= 0", ArgumentError);
+}

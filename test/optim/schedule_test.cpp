@@ -1,4 +1,5 @@
-// optim::Schedule: the run-time schedule choice (none, step per epoch, cosine per step), its counter and restore.
+// optim::Schedule: the run-time schedule choice (none, step per epoch, cosine and warm-up + cosine per step), its
+// counter and restore.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -16,10 +17,11 @@ struct ScheduleSetup {
 }  // namespace
 
 TEST_CASE("schedule names parse and print; an unknown one is an error naming it") {
-  for (auto k : {optim::ScheduleKind::kNone, optim::ScheduleKind::kStep, optim::ScheduleKind::kCosine})
+  for (auto k : {optim::ScheduleKind::kNone, optim::ScheduleKind::kStep, optim::ScheduleKind::kCosine,
+                 optim::ScheduleKind::kWarmupCosine})
     CHECK(optim::parse_schedule_kind(optim::schedule_name(k)) == k);
   CHECK(optim::schedule_name(optim::ScheduleKind::kCosine) == "cosine");
-  CHECK_THROWS_WITH_AS(optim::parse_schedule_kind("linear"), "schedule must be one of none|step|cosine, got 'linear'",
+  CHECK_THROWS_WITH_AS(optim::parse_schedule_kind("linear"), "schedule must be one of none|step|cosine|warmup-cosine, got 'linear'",
                        ArgumentError);
 }
 
@@ -90,4 +92,33 @@ TEST_CASE("only the chosen kind's options are checked") {
   CHECK_THROWS_AS(optim::Schedule(opt, {.kind = optim::ScheduleKind::kStep, .step = {.step_size = 0}}), ArgumentError);
   optim::Schedule sched(opt, {.kind = optim::ScheduleKind::kStep});
   CHECK_THROWS_AS(sched.restore(-1), ArgumentError);
+}
+
+TEST_CASE("warmup-cosine: linear warm-up to the base lr, cosine to eta_min at t_max, then eta_min; a restore is exact") {
+  ScheduleSetup s;
+  optim::AdamW opt(s.arena, {.lr = 1e-3});
+  optim::Schedule sched(opt, {.kind = optim::ScheduleKind::kWarmupCosine,
+                              .warmup_cosine = {.warmup = 100, .t_max = 2000, .eta_min = 1e-4}});
+  sched.start_step(0);
+  CHECK(opt.lr() == doctest::Approx(1e-5));  // (0 + 1)/100 of 1e-3
+  sched.start_step(99);
+  CHECK(opt.lr() == doctest::Approx(1e-3));
+  sched.start_step(100);
+  CHECK(opt.lr() == 1e-3);  // cos(0): exactly the base
+  sched.start_step(1050);   // half way: the mean of the two
+  CHECK(opt.lr() == doctest::Approx(5.5e-4));
+  sched.start_step(2000);
+  CHECK(opt.lr() == doctest::Approx(1e-4));
+  sched.start_step(2500);
+  CHECK(opt.lr() == 1e-4);
+  sched.start_step(777);
+  double const at = opt.lr();
+  CHECK(sched.counter() == 777);
+  optim::AdamW other(s.arena, {.lr = 1e-3});
+  optim::Schedule again(other, {.kind = optim::ScheduleKind::kWarmupCosine,
+                                .warmup_cosine = {.warmup = 100, .t_max = 2000, .eta_min = 1e-4}});
+  again.restore(777);
+  CHECK(other.lr() == at);
+  CHECK_THROWS_WITH_AS(optim::WarmupCosineLR<optim::AdamW>(opt, {.warmup = 10, .t_max = 10}),
+                       "WarmupCosineLR: t_max (10) must be past warmup (10)", ArgumentError);
 }

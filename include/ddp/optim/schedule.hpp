@@ -1,4 +1,5 @@
-// Schedule: a learning-rate schedule chosen at run time as a value (none, StepLR per epoch, cosine per step),
+// Schedule: a learning-rate schedule chosen at run time as a value (none, StepLR per epoch, cosine per step, warm-up
+// then cosine per step),
 // with the one counter a checkpoint keeps.
 #pragma once
 
@@ -14,7 +15,8 @@ namespace ddp::optim {
 
 // kNone: the optimizer's lr stays as it is. kStep: StepLR, advanced once per epoch (its counter is the epoch).
 // kCosine: CosineAnnealingLR over optimizer steps, set before every step (its counter is the global step).
-enum class ScheduleKind { kNone, kStep, kCosine };
+// kWarmupCosine: WarmupCosineLR (linear warm-up, then cosine to eta_min), per step like kCosine.
+enum class ScheduleKind { kNone, kStep, kCosine, kWarmupCosine };
 
 inline constexpr std::string_view schedule_name(ScheduleKind k) noexcept {
   switch (k) {
@@ -22,6 +24,8 @@ inline constexpr std::string_view schedule_name(ScheduleKind k) noexcept {
       return "step";
     case ScheduleKind::kCosine:
       return "cosine";
+    case ScheduleKind::kWarmupCosine:
+      return "warmup-cosine";
     case ScheduleKind::kNone:
       break;
   }
@@ -30,15 +34,16 @@ inline constexpr std::string_view schedule_name(ScheduleKind k) noexcept {
 
 // "none", "step" or "cosine" (as schedule_name prints them); anything else is an ArgumentError naming it.
 inline ScheduleKind parse_schedule_kind(std::string_view name) {
-  for (auto k : {ScheduleKind::kNone, ScheduleKind::kStep, ScheduleKind::kCosine})
+  for (auto k : {ScheduleKind::kNone, ScheduleKind::kStep, ScheduleKind::kCosine, ScheduleKind::kWarmupCosine})
     if (schedule_name(k) == name) return k;
-  throw ArgumentError(ddp::detail::cat("schedule must be one of none|step|cosine, got '", name, "'"));
+  throw ArgumentError(ddp::detail::cat("schedule must be one of none|step|cosine|warmup-cosine, got '", name, "'"));
 }
 
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::kNone;
   StepLROptions step{};    // kStep; step_size counts epochs
   CosineOptions cosine{};  // kCosine; t_max counts optimizer steps (e.g. epochs · steps per epoch)
+  WarmupCosineOptions warmup_cosine{.t_max = 1};  // kWarmupCosine; warmup and t_max count optimizer steps
 };
 
 // One of the schedules above over optimizer O, driven by the training loop through two calls:
@@ -54,10 +59,12 @@ class Schedule {
   Schedule(O& opt, ScheduleOptions const& o)
       : kind_(o.kind),
         step_lr_(opt, o.kind == ScheduleKind::kStep ? o.step : StepLROptions{}),
-        cosine_(opt, o.kind == ScheduleKind::kCosine ? o.cosine : CosineOptions{}) {}
+        cosine_(opt, o.kind == ScheduleKind::kCosine ? o.cosine : CosineOptions{}),
+        warmup_cosine_(opt, o.kind == ScheduleKind::kWarmupCosine ? o.warmup_cosine : WarmupCosineOptions{.t_max = 1}) {}
 
   void start_step(std::int64_t global_step) {
     if (kind_ == ScheduleKind::kCosine) cosine_.set_epoch(global_step);
+    if (kind_ == ScheduleKind::kWarmupCosine) warmup_cosine_.set_epoch(global_step);
   }
   void end_epoch(std::int64_t epochs_done) {
     if (kind_ == ScheduleKind::kStep) step_lr_.set_epoch(epochs_done);
@@ -69,6 +76,8 @@ class Schedule {
         return step_lr_.epoch();
       case ScheduleKind::kCosine:
         return cosine_.epoch();
+      case ScheduleKind::kWarmupCosine:
+        return warmup_cosine_.epoch();
       case ScheduleKind::kNone:
         break;
     }
@@ -78,6 +87,7 @@ class Schedule {
     if (counter < 0) throw ArgumentError(ddp::detail::cat("Schedule::restore: counter ", counter, " is negative"));
     if (kind_ == ScheduleKind::kStep) step_lr_.set_epoch(counter);
     if (kind_ == ScheduleKind::kCosine) cosine_.set_epoch(counter);
+    if (kind_ == ScheduleKind::kWarmupCosine) warmup_cosine_.set_epoch(counter);
   }
 
   ScheduleKind kind() const noexcept { return kind_; }
@@ -87,6 +97,7 @@ class Schedule {
   ScheduleKind kind_;
   StepLR<O> step_lr_;
   CosineAnnealingLR<O> cosine_;
+  WarmupCosineLR<O> warmup_cosine_;
 };
 
 }  // namespace ddp::optim
