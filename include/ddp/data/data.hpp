@@ -1,4 +1,4 @@
-// ddp data: datasets, samplers, the DataLoader, evaluation metrics and the IDX / Fashion-MNIST readers.
+// ddp data: datasets, samplers, the DataLoader, metrics, the IDX / Fashion-MNIST readers and character-level text.
 #pragma once
 
 #include "ddp/data/dataset.hpp"
@@ -8,3 +8,4 @@
 #include "ddp/data/loader.hpp"
 #include "ddp/data/metrics.hpp"
 #include "ddp/data/sampler.hpp"
+#include "ddp/data/text.hpp"
