@@ -49,7 +49,7 @@ Variable<T, S> bmm(Variable<T, S> const& a, Variable<T, S> const& b, Trans ta = 
   if (!lead_ok || Ka != Kb)
     throw ShapeError(detail::cat("bmm: shapes ", as, ta == Trans::kYes ? "ᵀ" : "", " and ", bs,
                                  tb == Trans::kYes ? "ᵀ" : "", " do not chain (need (…, M, K)·(…, K, N), same leading dims)"));
-  std::int64_t const Kd = Ka, batch = M * Kd ? as.numel() / (M * Kd) : 0;
+  std::int64_t const Kd = Ka, batch = M * Kd != 0 ? as.numel() / (M * Kd) : 0;
   std::array<std::int64_t, 4> dims{};
   for (int d = 0; d < r - 2; ++d) dims[static_cast<std::size_t>(d)] = as[d];
   dims[static_cast<std::size_t>(r - 2)] = M;
