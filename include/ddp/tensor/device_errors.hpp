@@ -1,9 +1,9 @@
-// Device errors: bad input a device kernel finds (a class id outside [0, classes); a gradient bucket reduced with
-// another collective, found by DistributedDataParallel's static_graph check), reported on the host where it
-// waits for the device anyway: after a copy to the host, after a reduction read on the host, or at
-// check_device_errors(). The error is an ArgumentError naming the operation, the row and the value, as on host
-// tensors, but a step no longer reads its inputs back to check them (a synchronisation per step), and, unlike a
-// CUDA device-side assert, the context stays usable.
+// Device errors: bad input a device kernel finds (a class id outside [0, classes); an embedding id outside the
+// table; a gradient bucket reduced with another collective, found by DistributedDataParallel's static_graph
+// check), reported on the host where it waits for the device anyway: after a copy to the host, after a reduction
+// read on the host, or at check_device_errors(). The error is an ArgumentError naming the operation, the row (or
+// position) and the value, as on host tensors, but a step no longer reads its inputs back to check them (a
+// synchronisation per step), and, unlike a CUDA device-side assert, the context stays usable.
 // Each host thread has one record in memory both sides see (CUDA: mapped pinned host memory, so the host reads
 // it without a copy; CPU device systems: host memory). The first error since the last check wins; a kernel that
 // finds one still runs to its end without reading out of bounds (its output holds NaN where the input was bad).
@@ -25,6 +25,7 @@ namespace ddp {
 
 namespace detail {
 
+// kClassId: an integer id outside [0, bound): a class of a loss, or a row of an embedding table.
 enum class DeviceErrorKind : std::int32_t { kNone = 0, kClassId = 1, kBucketId = 2 };
 
 // What a kernel writes: which check failed, for which operation, where, and the offending value.
@@ -36,7 +37,7 @@ struct DeviceErrorRecord {
   std::int64_t bound = 0;
 };
 
-enum class DeviceErrorOp : std::int32_t { kCrossEntropy = 1, kNllLoss = 2, kBucketCheck = 3 };
+enum class DeviceErrorOp : std::int32_t { kCrossEntropy = 1, kNllLoss = 2, kBucketCheck = 3, kEmbedding = 4 };
 inline char const* name(DeviceErrorOp op) noexcept {
   switch (op) {
     case DeviceErrorOp::kCrossEntropy:
@@ -45,6 +46,8 @@ inline char const* name(DeviceErrorOp op) noexcept {
       return "nll_loss";
     case DeviceErrorOp::kBucketCheck:
       return "DistributedDataParallel";
+    case DeviceErrorOp::kEmbedding:
+      return "embedding";
   }
   return "a device kernel";
 }
@@ -130,6 +133,13 @@ inline void check_device_errors() {
                                " sent ", sent,
                                ". Ranks issued collectives in different orders, or the graph changed under "
                                "static_graph (found on the device; reported at the next host read)"));
+  }
+  if (e.op == static_cast<std::int32_t>(detail::DeviceErrorOp::kEmbedding)) {  // row: the id's position in ids
+    std::string const range = e.bound >= 0
+                                  ? detail::cat("outside [0, ", e.bound, ") (the table has ", e.bound, " rows; ")
+                                  : std::string("negative (");  // bound < 0: the kernel was not told the rows
+    throw ArgumentError(detail::cat(op, ": id ", e.value, " at position ", e.row, " is ", range,
+                                    "found on the device; reported at the next host read)"));
   }
   throw ArgumentError(detail::cat(op, ": target ", e.value, " at row ", e.row, " is not a class id in [0, ", e.bound,
                                   ") (found on the device; reported at the next host read)"));

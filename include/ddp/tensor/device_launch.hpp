@@ -181,6 +181,18 @@ DDP_HOST_DEVICE inline T tanh(T x) {
   else
     return ::tanh(x);
 }
+// erf: CUDA's erff/erf on the device; std::erf on the host (the Thrust CPU systems, and nvcc's host pass).
+template <class T>
+DDP_HOST_DEVICE inline T erf(T x) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4)
+    return ::erff(x);
+  else
+    return ::erf(x);
+#else
+  return std::erf(x);
+#endif
+}
 template <class T>
 DDP_HOST_DEVICE inline T sqrt(T x) {
   if constexpr (sizeof(T) == 4)
