@@ -103,7 +103,6 @@ Outcome replay_rank(Comm& comm, fixture::Fixture const& f, fixture::RunInfo cons
   return out;
 }
 
-
 // One step of a v3 run on this rank: each micro-step's loss divided by the accumulation count, backward (all but
 // the last inside no_sync under DDP), then clipping and the AdamW step. Returns {the rank's loss, the grad norm}.
 template <MemorySpace S, class Fwd, class Opt, class NoSync>
@@ -126,9 +125,8 @@ std::pair<double, double> gpt_step(fixture::GptFixture const& f, fixture::GptRun
     else
       micro();
   }
-  double const norm = f.max_norm()
-                          ? nn::clip_grad_norm(params, *f.max_norm(), {.norm_type = f.norm_type()})
-                          : nn::grad_norm(params, {.norm_type = f.norm_type()});
+  double const norm = f.max_norm() ? nn::clip_grad_norm(params, *f.max_norm(), {.norm_type = f.norm_type()})
+                                   : nn::grad_norm(params, {.norm_type = f.norm_type()});
   opt.step();
   return {loss_sum, norm};
 }
@@ -158,15 +156,17 @@ Outcome replay_gpt_rank(Comm& comm, fixture::GptFixture const& f, fixture::GptRu
     nn::ParameterArena<float, S> init(model);
     f.load_init(init);
     if (!run.ddp)
-      train(init, [&](Variable<float, S> const& x) { return model(x); }, [](auto&& fn) { fn(); });
+      train(
+          init, [&](Variable<float, S> const& x) { return model(x); }, [](auto&& fn) { fn(); });
   }
   if (run.ddp) {
     DistributedDataParallel ddp(model, comm);
-    train(ddp.parameters(), [&](Variable<float, S> const& x) { return ddp(x); },
-          [&](auto&& fn) {
-            auto guard = ddp.no_sync();
-            fn();
-          });
+    train(
+        ddp.parameters(), [&](Variable<float, S> const& x) { return ddp(x); },
+        [&](auto&& fn) {
+          auto guard = ddp.no_sync();
+          fn();
+        });
   }
   // Losses (this rank's) and gradient norms against PyTorch's, relative; the largest over ranks decides.
   auto rel = [](double ours, double want) { return std::abs(ours - want) / std::max(1e-12, std::abs(want)); };
@@ -240,20 +240,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   bool ok = false;
-  int const rc = examples::launch(backend, backend == examples::Backend::kThreads ? world : 0, argc, argv,
-                                  [&](auto& comm) {
-                                    Outcome o;
-                                    if (!device) {
-                                      o = replay_any<HostSpace>(comm, f, run);
-                                    } else if constexpr (ThreadsBackend::accepted_spaces::contains<DeviceSpace> &&
-                                                         std::same_as<std::decay_t<decltype(comm)>, ThreadsBackend>) {
-                                      o = replay_any<DeviceSpace>(comm, f, run);  // threads take device memory here
-                                    } else {
-                                      HostStaging<std::decay_t<decltype(comm)>> staged(comm);  // MPI: host memory only
-                                      o = replay_any<DeviceSpace>(staged, f, run);
-                                    }
-                                    if (comm.rank() == 0 || backend != examples::Backend::kThreads) ok = o.ok;
-                                  });
+  int const rc =
+      examples::launch(backend, backend == examples::Backend::kThreads ? world : 0, argc, argv, [&](auto& comm) {
+        Outcome o;
+        if (!device) {
+          o = replay_any<HostSpace>(comm, f, run);
+        } else if constexpr (ThreadsBackend::accepted_spaces::contains<DeviceSpace> &&
+                             std::same_as<std::decay_t<decltype(comm)>, ThreadsBackend>) {
+          o = replay_any<DeviceSpace>(comm, f, run);  // threads take device memory here
+        } else {
+          HostStaging<std::decay_t<decltype(comm)>> staged(comm);  // MPI: host memory only
+          o = replay_any<DeviceSpace>(staged, f, run);
+        }
+        if (comm.rank() == 0 || backend != examples::Backend::kThreads) ok = o.ok;
+      });
   if (rc != 0) return rc;
   return ok ? 0 : 1;
 }

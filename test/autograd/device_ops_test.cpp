@@ -291,12 +291,19 @@ TEST_CASE("device: an embedding id outside the table is an error at the next hos
   CHECK(std::isnan(v[3]));
   CHECK(v[4] == t[2]);
   CHECK(v[5] == t[3]);
-  // Through the op (Kernels::embedding_fwd without the row count): a negative id.
+  // Through the op: an id past the table, and a negative one.
+  {
+    VarDev tv(to_space<DeviceSpace>(t), RequiresGrad::kYes);
+    VarDev const e = embedding(tv, bad);
+    check_throws_with<ArgumentError>([&] { (void)host_values(e.value()); },
+                                     {"embedding: id 4 at position 1 is outside [0, 4)"});
+  }
   VarDev tv(to_space<DeviceSpace>(t), RequiresGrad::kYes);
   Tensor<std::int32_t, DeviceSpace> const neg = to_space<DeviceSpace>(from_values<std::int32_t>(Shape{3}, {2, 0, -3}));
   VarDev const e = embedding(tv, neg);  // no throw here: nothing was read back
-  check_throws_with<ArgumentError>([&] { (void)host_values(e.value()); },
-                                   {"embedding: id -3 at position 2", "reported at the next host read"});
+  check_throws_with<ArgumentError>(
+      [&] { (void)host_values(e.value()); },
+      {"embedding: id -3 at position 2 is outside [0, 4)", "reported at the next host read"});
   check_device_errors();  // nothing pending
 }
 

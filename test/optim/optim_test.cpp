@@ -366,7 +366,7 @@ TEST_CASE("a DecayRule gives each parameter its own weight decay, bitwise what s
     run(decayed, 0.5, {});
     run(plain, 0.0, {});
     for (int i = 0; i < 4; ++i) CHECK(grouped.w.value()[i] == decayed.w.value()[i]);  // the matrix decays
-    for (int i = 0; i < 2; ++i) CHECK(grouped.b.value()[i] == plain.b.value()[i]);     // the bias does not
+    for (int i = 0; i < 2; ++i) CHECK(grouped.b.value()[i] == plain.b.value()[i]);    // the bias does not
     for (int i = 0; i < 4; ++i) CHECK(grouped.w.value()[i] != plain.w.value()[i]);
   }
 }

@@ -21,8 +21,8 @@ TEST_CASE("schedule names parse and print; an unknown one is an error naming it"
                  optim::ScheduleKind::kWarmupCosine})
     CHECK(optim::parse_schedule_kind(optim::schedule_name(k)) == k);
   CHECK(optim::schedule_name(optim::ScheduleKind::kCosine) == "cosine");
-  CHECK_THROWS_WITH_AS(optim::parse_schedule_kind("linear"), "schedule must be one of none|step|cosine|warmup-cosine, got 'linear'",
-                       ArgumentError);
+  CHECK_THROWS_WITH_AS(optim::parse_schedule_kind("linear"),
+                       "schedule must be one of none|step|cosine|warmup-cosine, got 'linear'", ArgumentError);
 }
 
 TEST_CASE("none leaves the lr alone and keeps counter 0") {
@@ -94,7 +94,8 @@ TEST_CASE("only the chosen kind's options are checked") {
   CHECK_THROWS_AS(sched.restore(-1), ArgumentError);
 }
 
-TEST_CASE("warmup-cosine: linear warm-up to the base lr, cosine to eta_min at t_max, then eta_min; a restore is exact") {
+TEST_CASE(
+    "warmup-cosine: linear warm-up to the base lr, cosine to eta_min at t_max, then eta_min; a restore is exact") {
   ScheduleSetup s;
   optim::AdamW opt(s.arena, {.lr = 1e-3});
   optim::Schedule sched(opt, {.kind = optim::ScheduleKind::kWarmupCosine,

@@ -24,8 +24,8 @@ struct GptConfig {
   std::int64_t n_layer = 4;
   std::int64_t n_head = 4;
   std::int64_t n_embd = 128;
-  bool bias = true;     // biases in every Linear and LayerNorm
-  double dropout = 0;   // on the embeddings' sum, the attention weights and each residual branch
+  bool bias = true;    // biases in every Linear and LayerNorm
+  double dropout = 0;  // on the embeddings' sum, the attention weights and each residual branch
   GeluApprox gelu = GeluApprox::kErf;
   double layer_norm_eps = 1e-5;
   std::uint64_t dropout_seed = 0;  // each Dropout's generator starts from this plus its index
@@ -51,8 +51,8 @@ struct GptConfig {
   // Parameters, the tied head counted once.
   std::int64_t parameter_count() const {
     std::int64_t const C = n_embd, b = bias ? 1 : 0;
-    std::int64_t const block = 2 * (C + b * C) + (3 * C * C + b * 3 * C) + (C * C + b * C) + (4 * C * C + b * 4 * C) +
-                               (4 * C * C + b * C);
+    std::int64_t const block =
+        2 * (C + b * C) + (3 * C * C + b * 3 * C) + (C * C + b * C) + (4 * C * C + b * 4 * C) + (4 * C * C + b * C);
     return vocab_size * C + block_size * C + n_layer * block + C + b * C;
   }
   // Multiply-adds ×2 of one token's forward and backward at sequence length t (the matrix products only:

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "ddp/nn/clip_grad.hpp"
+#include "ddp/nn/gpt.hpp"
 #include "ddp/nn/init.hpp"
 #include "ddp/nn/layers.hpp"
 #include "ddp/nn/module.hpp"
@@ -9,4 +10,3 @@
 #include "ddp/nn/sequential.hpp"
 #include "ddp/nn/sync_batch_norm.hpp"
 #include "ddp/nn/transformer.hpp"
-#include "ddp/nn/gpt.hpp"

@@ -13,7 +13,7 @@ struct AdamOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.0;  // Adam's default; AdamW's PyTorch default is 0.01 (see AdamWOptions)
+  double weight_decay = 0.0;      // Adam's default; AdamW's PyTorch default is 0.01 (see AdamWOptions)
   DecayRule weight_decay_rule{};  // set: each parameter's own decay (parameter groups), overriding weight_decay
 };
 struct AdamWOptions {

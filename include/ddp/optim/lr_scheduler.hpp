@@ -82,7 +82,8 @@ class WarmupCosineLR {
   WarmupCosineLR(O& opt, WarmupCosineOptions o) : opt_(&opt), o_(o), base_lr_(opt.lr()) {
     if (o.warmup < 0) throw ArgumentError(ddp::detail::cat("WarmupCosineLR: warmup must be >= 0, got ", o.warmup));
     if (o.t_max <= o.warmup)
-      throw ArgumentError(ddp::detail::cat("WarmupCosineLR: t_max (", o.t_max, ") must be past warmup (", o.warmup, ")"));
+      throw ArgumentError(
+          ddp::detail::cat("WarmupCosineLR: t_max (", o.t_max, ") must be past warmup (", o.warmup, ")"));
   }
   void step() { set_epoch(epoch_ + 1); }
   void set_epoch(std::int64_t t) {

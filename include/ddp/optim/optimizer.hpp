@@ -155,8 +155,8 @@ struct DecaySpan {
 // The arena cut where the decay changes: one span when `rule` is unset (every parameter takes `fallback`).
 // ArgumentError naming the parameter when the rule gives a negative or NaN decay.
 template <class T, MemorySpace S>
-std::vector<DecaySpan> decay_spans(std::string const& who, nn::ParameterArena<T, S> const& arena,
-                                   DecayRule const& rule, double fallback) {
+std::vector<DecaySpan> decay_spans(std::string const& who, nn::ParameterArena<T, S> const& arena, DecayRule const& rule,
+                                   double fallback) {
   if (!rule) return {{0, arena.numel(), fallback}};
   std::vector<DecaySpan> spans;
   auto const& es = arena.entries();
@@ -175,8 +175,8 @@ std::vector<DecaySpan> decay_spans(std::string const& who, nn::ParameterArena<T,
 // f(o, k, decay) over the pieces of arena elements [at, at + n) that take one decay each, in order.
 template <class F>
 void for_each_decay(std::vector<DecaySpan> const& spans, std::int64_t at, std::int64_t n, F&& f) {
-  auto it = std::upper_bound(spans.begin(), spans.end(), at,
-                             [](std::int64_t v, DecaySpan const& s) { return v < s.end; });
+  auto it =
+      std::upper_bound(spans.begin(), spans.end(), at, [](std::int64_t v, DecaySpan const& s) { return v < s.end; });
   for (std::int64_t o = at; o < at + n && it != spans.end(); ++it) {
     std::int64_t const hi = std::min(at + n, it->end);
     if (hi > o) f(o, hi - o, it->decay);

@@ -60,7 +60,8 @@ class Schedule {
       : kind_(o.kind),
         step_lr_(opt, o.kind == ScheduleKind::kStep ? o.step : StepLROptions{}),
         cosine_(opt, o.kind == ScheduleKind::kCosine ? o.cosine : CosineOptions{}),
-        warmup_cosine_(opt, o.kind == ScheduleKind::kWarmupCosine ? o.warmup_cosine : WarmupCosineOptions{.t_max = 1}) {}
+        warmup_cosine_(opt, o.kind == ScheduleKind::kWarmupCosine ? o.warmup_cosine : WarmupCosineOptions{.t_max = 1}) {
+  }
 
   void start_step(std::int64_t global_step) {
     if (kind_ == ScheduleKind::kCosine) cosine_.set_epoch(global_step);

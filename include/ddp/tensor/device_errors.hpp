@@ -135,11 +135,9 @@ inline void check_device_errors() {
                                "static_graph (found on the device; reported at the next host read)"));
   }
   if (e.op == static_cast<std::int32_t>(detail::DeviceErrorOp::kEmbedding)) {  // row: the id's position in ids
-    std::string const range = e.bound >= 0
-                                  ? detail::cat("outside [0, ", e.bound, ") (the table has ", e.bound, " rows; ")
-                                  : std::string("negative (");  // bound < 0: the kernel was not told the rows
-    throw ArgumentError(detail::cat(op, ": id ", e.value, " at position ", e.row, " is ", range,
-                                    "found on the device; reported at the next host read)"));
+    throw ArgumentError(detail::cat(op, ": id ", e.value, " at position ", e.row, " is outside [0, ", e.bound,
+                                    ") (the table has ", e.bound,
+                                    " rows; found on the device; reported at the next host read)"));
   }
   throw ArgumentError(detail::cat(op, ": target ", e.value, " at row ", e.row, " is not a class id in [0, ", e.bound,
                                   ") (found on the device; reported at the next host read)"));

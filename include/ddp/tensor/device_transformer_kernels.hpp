@@ -14,7 +14,7 @@ namespace ddp {
 namespace detail::dev {
 template <class T>
 struct EmbeddingFwd {  // one output element per index; a bad id is reported (once per row) and its row is NaN
-  i64 dim, rows;       // rows < 0: not known, only negative ids are caught
+  i64 dim, rows;
   T const* table;
   std::int32_t const* ids;
   T* y;
@@ -22,7 +22,7 @@ struct EmbeddingFwd {  // one output element per index; a bad id is reported (on
   DDP_HOST_DEVICE void operator()(i64 i) const {
     i64 const n = i / dim, c = i % dim;
     i64 const id = ids[n];
-    if (id < 0 || (rows >= 0 && id >= rows)) {
+    if (id < 0 || id >= rows) {
       if (c == 0) report_device_error(err, DeviceErrorKind::kClassId, DeviceErrorOp::kEmbedding, n, id, rows);
       y[i] = std::numeric_limits<T>::quiet_NaN();
       return;
@@ -239,13 +239,7 @@ struct DeviceTransformerKernels {
   using i64 = std::int64_t;
 
   // ---- embedding: y[n, :] = table[ids[n], :]   ids (n), table (rows, dim), y (n, dim) ----
-  // The host's signature, which does not know the table's rows: only a negative id is caught (an ArgumentError at
-  // the next host read, its output row NaN); an id >= rows is read out of bounds. Prefer the overload below.
-  template <class T>
-  static void embedding_fwd(i64 n, i64 dim, T const* table, std::int32_t const* ids, T* y) {
-    embedding_fwd(n, i64(-1), dim, table, ids, y);
-  }
-  // The same with the table's row count: an id outside [0, rows) is an ArgumentError at the next host read
+  // An id outside [0, rows) is an ArgumentError at the next host read
   // ("embedding: id X at position R is outside [0, rows)") and its output row is NaN; nothing is read out of bounds.
   template <class T>
   static void embedding_fwd(i64 n, i64 rows, i64 dim, T const* table, std::int32_t const* ids, T* y) {

@@ -17,9 +17,10 @@ namespace ddp {
 struct HostTransformerKernels {
   using i64 = std::int64_t;
 
-  // ---- embedding: y[n, :] = table[ids[n], :]   ids (n), table (rows, dim), y (n, dim) ----
+  // ---- embedding: y[n, :] = table[ids[n], :]   ids (n) in [0, rows), table (rows, dim), y (n, dim) ----
+  // Host ids are checked by the op before the call (the device kernel checks its own against rows).
   template <class T>
-  static void embedding_fwd(i64 n, i64 dim, T const* table, std::int32_t const* ids, T* y) {
+  static void embedding_fwd(i64 n, [[maybe_unused]] i64 rows, i64 dim, T const* table, std::int32_t const* ids, T* y) {
     for (i64 i = 0; i < n; ++i) std::memcpy(y + i * dim, table + i64(ids[i]) * dim, sizeof(T) * dim);
   }
   // gtable = beta gtable + Σ_{i: ids[i] = v} gy[i, :] for every row v, added in index order i = 0, 1, ...

@@ -151,6 +151,38 @@ class MetricsLog {
     return log;
   }
 
+  // One panel of named curves against x (a job measured per iteration rather than per epoch, e.g. a language
+  // model's train and validation loss): the same axes, ticks and legend as svg(). Each curve has xs.size() points.
+  struct Curve {
+    char const* name;
+    char const* color;
+    std::vector<double> y;
+  };
+  static std::string curves_svg(std::string_view title, char const* xlabel, char const* ylabel,
+                                std::vector<double> const& xs, std::vector<Curve> const& curves) {
+    constexpr int kW = 620, kH = 380, kPanelW = 480, kPanelH = 260, kTop = 60, kLeft = 80;
+    std::ostringstream os;
+    os << R"(<?xml version="1.0" encoding="UTF-8"?>)"
+       << "\n"
+       << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << kW << R"(" height=")" << kH << R"(" viewBox="0 0 )"
+       << kW << " " << kH << R"(" font-family="sans-serif" font-size="12">)"
+       << "\n"
+       << R"(<rect width="100%" height="100%" fill="white"/>)"
+       << "\n"
+       << R"(<text x=")" << kW / 2 << R"(" y="24" text-anchor="middle" font-size="16">)" << escape(title)
+       << "</text>\n";
+    std::vector<Series> series;
+    for (auto const& c : curves) {
+      if (c.y.size() != xs.size())
+        throw ArgumentError(ddp::detail::cat("curves_svg: curve '", c.name, "' has ", c.y.size(), " points for ",
+                                             xs.size(), " x values"));
+      series.push_back({c.name, c.color, &c.y});
+    }
+    panel(os, kLeft, kTop, kPanelW, kPanelH, ylabel, xs, series, false, xlabel);
+    os << "</svg>\n";
+    return os.str();
+  }
+
   void write_csv(std::filesystem::path const& path) const { detail::write_text_file(path, csv(), "metrics CSV"); }
   void write_svg(std::filesystem::path const& path, std::string_view title = "training metrics") const {
     detail::write_text_file(path, svg(title), "metrics SVG");
@@ -187,7 +219,8 @@ class MetricsLog {
   }
 
   static void panel(std::ostringstream& os, int x0, int y0, int w, int h, char const* ylabel,
-                    std::vector<double> const& xs, std::vector<Series> const& series, bool percent) {
+                    std::vector<double> const& xs, std::vector<Series> const& series, bool percent,
+                    char const* xlabel = "epoch") {
     // Data ranges (with a margin), then nice ticks that define the axes.
     double xlo = xs.empty() ? 1 : xs.front(), xhi = xs.empty() ? 1 : xs.back();
     if (xhi <= xlo) {
@@ -239,7 +272,8 @@ class MetricsLog {
          << y0 + h << R"(" y2=")" << y0 + h + 5 << R"(" stroke="#888"/>)"
          << R"(<text x=")" << detail::fmt("%.1f", px(t)) << R"(" y=")" << y0 + h + 18 << R"(" text-anchor="middle">)"
          << detail::fmt("%.0f", t) << "</text>\n";
-    os << R"(<text x=")" << x0 + w / 2 << R"(" y=")" << y0 + h + 36 << R"(" text-anchor="middle">epoch</text>)"
+    os << R"(<text x=")" << x0 + w / 2 << R"(" y=")" << y0 + h + 36 << R"(" text-anchor="middle">)" << xlabel
+       << "</text>"
        << "\n";
     os << "<text transform=\"translate(" << x0 - 50 << "," << y0 + h / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
        << ylabel << "</text>\n";

@@ -82,7 +82,8 @@ TEST_CASE("layer_norm: with and without weight and bias, gradients of every inpu
 
 TEST_CASE("layer_norm forward: biased variance, eps inside the root, then weight and bias") {
   Generator gen(9);
-  VarD x = constant(uniform(Shape{3, 5}, gen)), w = constant(uniform(Shape{5}, gen)), b = constant(uniform(Shape{5}, gen));
+  VarD x = constant(uniform(Shape{3, 5}, gen)), w = constant(uniform(Shape{5}, gen)),
+       b = constant(uniform(Shape{5}, gen));
   Tensor<double> const y = layer_norm(x, w, b, {.eps = 1e-5}).value();
   for (int r = 0; r < 3; ++r) {
     double m = 0, v = 0;
@@ -103,8 +104,7 @@ TEST_CASE("gelu: exact and tanh forms, values and gradients") {
   Generator gen(5);
   VarD x = param(uniform(Shape{4, 6}, gen, -3.0, 3.0));
   for (auto a : {GeluApprox::kErf, GeluApprox::kTanh})
-    check_grad(a == GeluApprox::kErf ? "gelu erf" : "gelu tanh", [a](Inputs const& in) { return gelu(in[0], a); },
-               {x});
+    check_grad(a == GeluApprox::kErf ? "gelu erf" : "gelu tanh", [a](Inputs const& in) { return gelu(in[0], a); }, {x});
   Tensor<double> const ye = gelu(x, GeluApprox::kErf).value(), yt = gelu(x, GeluApprox::kTanh).value();
   for (std::int64_t i = 0; i < x.numel(); ++i) {
     double const v = x.value()[i];
@@ -150,8 +150,11 @@ TEST_CASE("softmax: scaled, plain and causal, gradients and row sums") {
   Tensor<double> const y = softmax(x, {.scale = 2.0, .mask = SoftmaxMask::kCausal}).value();
   CHECK(y[0] == 1.0);
   CHECK(y[3] == doctest::Approx(std::exp(4.0) / (std::exp(4.0) + std::exp(6.0))).epsilon(1e-14));
-  check_throws_with<ShapeError>([&] { (void)softmax(constant(zeros<double>(Shape{2, 3})), {.mask = SoftmaxMask::kCausal}); },
-                                {"causal", "(…, T, T)"});
+  check_throws_with<ShapeError>(
+      [&] {
+        (void)softmax(constant(zeros<double>(Shape{2, 3})), {.mask = SoftmaxMask::kCausal});
+      },
+      {"causal", "(…, T, T)"});
 }
 
 // ---- shape_ops.hpp: transpose, slice_last, split_last ----
@@ -214,12 +217,14 @@ TEST_CASE("bmm: every transpose combination over 3-D and 4-D batches, values and
       auto f = [ta, tb](Inputs const& in) { return bmm(in[0], in[1], ta, tb); };
       std::string const what = detail::cat("bmm ta ", int(ta), " tb ", int(tb));
       check_grad(what, f, {a, b});
-      check_grad(what + " 3-D", [ta, tb](Inputs const& in) {
-        Shape const& s0 = in[0].shape();
-        Shape const& s1 = in[1].shape();
-        return bmm(reshape(in[0], Shape{s0[0] * s0[1], s0[2], s0[3]}), reshape(in[1], Shape{s1[0] * s1[1], s1[2], s1[3]}),
-                   ta, tb);
-      }, {a, b});
+      check_grad(what + " 3-D",
+                 [ta, tb](Inputs const& in) {
+                   Shape const& s0 = in[0].shape();
+                   Shape const& s1 = in[1].shape();
+                   return bmm(reshape(in[0], Shape{s0[0] * s0[1], s0[2], s0[3]}),
+                              reshape(in[1], Shape{s1[0] * s1[1], s1[2], s1[3]}), ta, tb);
+                 },
+                 {a, b});
       Tensor<double> const y = bmm(a, b, ta, tb).value();
       for (std::int64_t z = 0; z < B * H; ++z)
         for (std::int64_t i = 0; i < M; ++i)
@@ -232,7 +237,9 @@ TEST_CASE("bmm: every transpose combination over 3-D and 4-D batches, values and
           }
     }
   check_throws_with<ShapeError>(
-      [] { (void)bmm(constant(zeros<double>(Shape{2, 3, 4})), constant(zeros<double>(Shape{3, 3, 4}))); },
+      [] {
+        (void)bmm(constant(zeros<double>(Shape{2, 3, 4})), constant(zeros<double>(Shape{3, 3, 4})));
+      },
       {"bmm", "do not chain"});
 }
 

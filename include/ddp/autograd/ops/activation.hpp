@@ -44,7 +44,6 @@ Variable<T, S> sigmoid(Variable<T, S> const& x) {
       "sigmoid", x, [](auto... a) { K::sigmoid_fwd(a...); }, [](auto... a) { K::sigmoid_bwd(a...); });
 }
 
-
 // GELU (torch.nn.functional.gelu): approx kErf is the exact x·Φ(x), kTanh the tanh approximation.
 template <class T, MemorySpace S>
 Variable<T, S> gelu(Variable<T, S> const& x, GeluApprox approx = GeluApprox::kErf) {

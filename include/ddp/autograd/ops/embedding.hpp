@@ -12,7 +12,8 @@ namespace ddp {
 namespace detail {
 // ids' shape with `dim` appended: (…) -> (…, dim).
 inline Shape append_dim(Shape const& s, std::int64_t dim) {
-  if (s.rank() >= 4) throw ShapeError(cat("embedding: ids of shape ", s, " have 4 dimensions; at most 3 are supported"));
+  if (s.rank() >= 4)
+    throw ShapeError(cat("embedding: ids of shape ", s, " have 4 dimensions; at most 3 are supported"));
   std::array<std::int64_t, 4> d{};
   for (int i = 0; i < s.rank(); ++i) d[static_cast<std::size_t>(i)] = s[i];
   d[static_cast<std::size_t>(s.rank())] = dim;
@@ -23,7 +24,8 @@ inline Shape append_dim(Shape const& s, std::int64_t dim) {
 // table:(rows, dim) ids:(…) int32 in [0, rows) -> (…, dim). The gradient of the table adds the rows of the
 // output gradient into the rows their ids name, in index order: bitwise reproducible whatever the thread count
 // (and, used together with another op on the same table, e.g. a tied output head, added to that op's gradient).
-// Host ids are checked here (an ArgumentError naming the position and the id); device ids are not read back.
+// Host ids are checked here (an ArgumentError naming the position and the id); device ids are checked by the
+// kernel and a bad one is reported at the next host read (device_errors.hpp), its output row NaN.
 template <class T, MemorySpace S>
 Variable<T, S> embedding(Variable<T, S> const& table, Tensor<std::int32_t, S> const& ids) {
   using K = Kernels<S>;
@@ -37,7 +39,7 @@ Variable<T, S> embedding(Variable<T, S> const& table, Tensor<std::int32_t, S> co
                                         ") (the table has ", rows, " rows)"));
   }
   Tensor<T, S> y(detail::append_dim(ids.shape(), dim));
-  K::embedding_fwd(n, dim, table.value().data(), ids.data(), y.data());
+  K::embedding_fwd(n, rows, dim, table.value().data(), ids.data(), y.data());
   return detail::record(
       "embedding", std::move(y),
       [table, ids, n, rows, dim](Node<T, S>& self) {

@@ -44,11 +44,14 @@ Variable<T, S> bmm(Variable<T, S> const& a, Variable<T, S> const& b, Trans ta = 
   int const r = as.rank();
   bool lead_ok = r >= 2 && bs.rank() == r;
   for (int d = 0; lead_ok && d < r - 2; ++d) lead_ok = as[d] == bs[d];
-  std::int64_t const M = lead_ok ? as[r - 2 + (ta == Trans::kYes)] : 0, Ka = lead_ok ? as[r - 1 - (ta == Trans::kYes)] : 0;
-  std::int64_t const Kb = lead_ok ? bs[r - 2 + (tb == Trans::kYes)] : 0, N = lead_ok ? bs[r - 1 - (tb == Trans::kYes)] : 0;
+  std::int64_t const M = lead_ok ? as[r - 2 + (ta == Trans::kYes)] : 0,
+                     Ka = lead_ok ? as[r - 1 - (ta == Trans::kYes)] : 0;
+  std::int64_t const Kb = lead_ok ? bs[r - 2 + (tb == Trans::kYes)] : 0,
+                     N = lead_ok ? bs[r - 1 - (tb == Trans::kYes)] : 0;
   if (!lead_ok || Ka != Kb)
     throw ShapeError(detail::cat("bmm: shapes ", as, ta == Trans::kYes ? "ᵀ" : "", " and ", bs,
-                                 tb == Trans::kYes ? "ᵀ" : "", " do not chain (need (…, M, K)·(…, K, N), same leading dims)"));
+                                 tb == Trans::kYes ? "ᵀ" : "",
+                                 " do not chain (need (…, M, K)·(…, K, N), same leading dims)"));
   std::int64_t const Kd = Ka, batch = M * Kd != 0 ? as.numel() / (M * Kd) : 0;
   std::array<std::int64_t, 4> dims{};
   for (int d = 0; d < r - 2; ++d) dims[static_cast<std::size_t>(d)] = as[d];

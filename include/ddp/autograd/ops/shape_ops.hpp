@@ -41,7 +41,6 @@ Variable<T, S> flatten(Variable<T, S> const& x) {
   return reshape(x, Shape{xs[0], xs.numel_from(1)});
 }
 
-
 // x with dimensions i and j swapped (torch.transpose(x, i, j)), as a contiguous copy. Rank at most 4.
 template <class T, MemorySpace S>
 Variable<T, S> transpose(Variable<T, S> const& x, int i, int j) {
@@ -56,11 +55,16 @@ Variable<T, S> transpose(Variable<T, S> const& x, int i, int j) {
   AxisSwap sw;
   for (int d = 0; d < xs.rank(); ++d) {
     std::int64_t const n = xs[d];
-    if (d < i) sw.pre *= n;
-    else if (d == i) sw.di = n;
-    else if (d < j) sw.mid *= n;
-    else if (d == j) sw.dj = n;
-    else sw.post *= n;
+    if (d < i)
+      sw.pre *= n;
+    else if (d == i)
+      sw.di = n;
+    else if (d < j)
+      sw.mid *= n;
+    else if (d == j)
+      sw.dj = n;
+    else
+      sw.post *= n;
   }
   std::array<std::int64_t, 4> dims{};
   for (int d = 0; d < xs.rank(); ++d) dims[static_cast<std::size_t>(d)] = xs[d];

@@ -7,7 +7,7 @@
 namespace ddp {
 
 struct SoftmaxArgs {
-  double scale = 1.0;                      // softmax(scale · x); > 0
+  double scale = 1.0;                     // softmax(scale · x); > 0
   SoftmaxMask mask = SoftmaxMask::kNone;  // kCausal: x is (…, T, T) scores, key j > query i gets probability 0
 };
 

@@ -1,0 +1,39 @@
+#!/bin/bash
+# usage: gpt_flags.sh BINARY: bad flags, a missing or empty text file, and a checkpoint of another model shape,
+# position table or vocabulary each end with a message naming the problem (and a non-zero exit), never a crash.
+set -uo pipefail
+bin="$1"
+dir="${TEST_TMPDIR:-$(mktemp -d)}/gptflags"
+mkdir -p "$dir"
+fail() { echo "FAIL: $*"; exit 1; }
+expect() {  # expect CODE TEXT ARGS...: exit status CODE and TEXT (fixed string) on stderr
+  local code="$1" want="$2"; shift 2
+  local err rc
+  err=$(timeout 60 "$bin" "$@" 2>&1 >/dev/null); rc=$?
+  [ "$rc" -eq "$code" ] || fail "'$*' exited $rc, expected $code (stderr: $err)"
+  echo "$err" | grep -qF -- "$want" || fail "'$*': stderr '$err' does not contain '$want'"
+  echo "ok: $* -> $err"
+}
+small=(--n-layer 1 --n-head 2 --n-embd 32 --block-size 16 --batch-size 8 --warmup 2 --eval-interval 0 --sample 0)
+expect 2 "unknown flag --bogus" --bogus 1
+expect 2 "--iters must be at least 1" --iters 0
+expect 2 "--n-embd 30 is not a multiple of --n-head 4" --n-embd 30
+expect 2 "--dropout must be in [0, 1), got 1.5" --dropout 1.5
+expect 2 "--temperature must be > 0, got 0" --temperature 0
+expect 2 "must be a multiple of --world-size 5" --batch-size 24 --world-size 5
+expect 2 "--backend must be one of threads|mpi|gloo" --backend nccl
+expect 2 "--clip with --overlap-update" --overlap-update
+expect 2 "--resume $dir/none does not exist" --resume "$dir/none"
+expect 1 "$dir/missing.txt: cannot open: no such file" --data "$dir/missing.txt"
+: >"$dir/empty.txt"
+expect 1 "$dir/empty.txt: the file is empty" --data "$dir/empty.txt"
+printf 'abc' >"$dir/tiny.txt"
+expect 1 "tiny.txt" --data "$dir/tiny.txt"
+# A checkpoint, then resumes that do not fit it.
+timeout 60 "$bin" "${small[@]}" --iters 3 --checkpoint "$dir/ckpt" >/dev/null 2>&1 || fail "could not write a checkpoint"
+expect 1 "parameter 'wte.weight' is (65, 32) in the file but (65, 64) in the model" "${small[@]}" --n-embd 64 --iters 4 --resume "$dir/ckpt"
+expect 1 "parameter 'wpe.weight' is (16, 32) in the file but (32, 32) in the model" "${small[@]}" --block-size 32 --iters 4 --resume "$dir/ckpt"
+# 65 characters, as many as tinyshakespeare's, but other ones: the shapes fit, the ids would not mean the same.
+awk 'BEGIN { srand(1); for (i = 0; i < 20000; i++) printf "%c", 33 + int(rand() * 65) }' >"$dir/other.txt"
+expect 1 "another vocabulary" "${small[@]}" --iters 4 --resume "$dir/ckpt" --data "$dir/other.txt"
+echo "PASS"
