@@ -193,9 +193,15 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
   auto interval_start = run_start;
   std::int64_t const first_step = pos.global_step;
   double last_val = 0;
+  // Throughput over the steps after the first kWarm of this run, evaluation excluded (what bench/ compares).
+  constexpr std::int64_t kWarm = 5;
+  std::optional<Clock::time_point> warm_at;
+  double eval_seconds = 0;  // after warm_at
   auto evaluate = [&](std::int64_t iter) {
     double const secs = std::chrono::duration<double>(Clock::now() - interval_start).count();
+    auto const e0 = Clock::now();
     last_val = split_loss(comm, t.ddp().module(), val_blocks);
+    if (warm_at) eval_seconds += std::chrono::duration<double>(Clock::now() - e0).count();
     LossRow const row{.iter = iter,
                       .train_loss = interval_steps ? interval_loss / double(interval_steps) : 0.0,
                       .val_loss = last_val,
@@ -224,6 +230,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
               interval_loss += l;
               ++interval_steps;
               std::int64_t const it = p.global_step;
+              if (it == first_step + kWarm) warm_at = Clock::now();
               if (leader && (it % cfg.log_interval == 0 || it == cfg.iters)) {
                 double const secs = std::chrono::duration<double>(Clock::now() - run_start).count();
                 double const tps = double((it - first_step) * cfg.global_batch * T) / secs;
@@ -268,6 +275,16 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
   if (!leader) return;
   std::printf("val loss: %.4f after %lld iterations, %.1f s (training and evaluation)\n", last_val,
               static_cast<long long>(cfg.iters), total);
+  if (warm_at && pos.global_step > first_step + kWarm) {
+    double const secs = std::chrono::duration<double>(Clock::now() - *warm_at).count() - eval_seconds;
+    double const tps = double((pos.global_step - first_step - kWarm) * cfg.global_batch * T) / secs;
+    std::printf(
+        "throughput: %s tokens/s over iterations %lld-%lld (evaluation excluded); %.1f GFLOP/s per rank in the "
+        "model's matrix products (%.3g MFLOP per token)\n",
+        thousands(static_cast<std::int64_t>(tps)).c_str(), static_cast<long long>(first_step + kWarm + 1),
+        static_cast<long long>(pos.global_step), tps * cfg.model.flops_per_token(T) / world / 1e9,
+        cfg.model.flops_per_token(T) / 1e6);
+  }
   if (!cfg.checkpoint.empty()) std::printf("checkpoint: %s\n", cfg.checkpoint.string().c_str());
   if (!cfg.out_dir.empty() && !rows.empty()) {
     std::vector<double> xs;

@@ -1,0 +1,64 @@
+#!/bin/bash
+# The GPT step, ddp against PyTorch, interleaved in one run (A B A B ...): nanoGPT's shakespeare_char CPU model
+# (4 layers, 4 heads, width 128, block 64) and recipe, 12 sequences of 64 tokens per rank per step, one thread per
+# rank. Prints each run's tokens/s (all ranks' tokens, the steps after the first 5, evaluation excluded) and peak
+# RSS, the medians, the ratio ddp/torch, and both against the GEMM roofline: one core's SGEMM peak, measured here
+# (torch.mm of 2048² float matrices, one thread, OpenBLAS).
+#   bash bench/gpt_vs_torch.sh [ITERS] [ROUNDS]        (defaults 200 and 3; run from the workspace, machine idle)
+# torch runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (this VM family sets them, halving OpenBLAS); ddp does
+# not use OpenBLAS. Needs Debian's python3-torch (/usr/bin/python3) and libopenblas0 (tools/setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+iters="${1:-200}"
+rounds="${2:-3}"
+py=/usr/bin/python3
+bazel build -c opt //examples:gpt >/dev/null 2>&1 || { echo "bazel build //examples:gpt failed"; exit 1; }
+bin=bazel-bin/examples/gpt
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+torch_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=1)
+
+peak=$("${torch_env[@]}" "$py" -c '
+import time, torch
+torch.set_num_threads(1)
+a = torch.randn(2048, 2048); b = torch.randn(2048, 2048)
+for _ in range(2): torch.mm(a, b)
+best = 0
+for _ in range(5):
+    t = time.perf_counter(); torch.mm(a, b); best = max(best, 2 * 2048**3 / (time.perf_counter() - t))
+print(f"{best / 1e9:.1f}")')
+flops=$("$bin" --help >/dev/null; awk 'BEGIN { C = 128; L = 4; V = 65; T = 64; print 6 * (L * 12 * C * C + C * V + L * 2 * T * C) }')
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores; SGEMM peak one core: $peak GFLOP/s (torch.mm 2048², OpenBLAS); the model: $flops FLOP per token"
+
+rss() { sed -n 's/^\s*Maximum resident set size (kbytes): //p' "$1"; }
+declare -A tps mem
+for r in $(seq 1 "$rounds"); do
+  for ws in 1 2; do
+    /usr/bin/time -v "${torch_env[@]}" "$py" bench/gpt_torch.py --iters "$iters" --world-size "$ws" --bench \
+      --log-interval 100000 >"$tmp/t.out" 2>"$tmp/t.time"
+    t=$(sed -n 's/^torch tokens\/s: \([0-9]*\).*/\1/p' "$tmp/t.out")
+    # torch's peak RSS: the worker's (rank 0's, as the script prints it) times the world size, plus nothing for
+    # the spawning parent (which /usr/bin/time reports at world size 2).
+    trss=$(sed -n 's/.*peak RSS rank 0: \([0-9.]*\) MiB.*/\1/p' "$tmp/t.out")
+    /usr/bin/time -v "$bin" --world-size "$ws" --batch-size $((12 * ws)) --iters "$iters" --eval-interval 0 \
+      --sample 0 --log-interval 100000 >"$tmp/d.out" 2>"$tmp/d.time"
+    d=$(sed -n 's/^throughput: \([0-9,]*\) tokens.*/\1/p' "$tmp/d.out" | tr -d ,)
+    drss=$(awk -v k="$(rss "$tmp/d.time")" 'BEGIN { printf "%.1f", k / 1024 }')
+    trss_all=$(awk -v m="$trss" -v w="$ws" 'BEGIN { printf "%.1f", m * w }')
+    printf "round %d  world size %d  torch %6d tokens/s (RSS %s MiB over %d process(es))  ddp %6d tokens/s (RSS %s MiB, one process)  ddp/torch %.2f\n" \
+      "$r" "$ws" "$t" "$trss_all" "$ws" "$d" "$drss" "$(awk -v a="$d" -v b="$t" 'BEGIN { print a / b }')"
+    tps[torch$ws]+="$t "
+    tps[ddp$ws]+="$d "
+    mem[torch$ws]+="$trss_all "
+    mem[ddp$ws]+="$drss "
+  done
+done
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+for ws in 1 2; do
+  t=$(echo "${tps[torch$ws]}" | median)
+  d=$(echo "${tps[ddp$ws]}" | median)
+  printf "median, world size %d: torch %.0f tokens/s (%.0f%% of %d core(s)' SGEMM peak), ddp %.0f tokens/s (%.0f%%), ddp/torch %.2f; peak RSS torch %s MiB, ddp %s MiB\n" \
+    "$ws" "$t" "$(awk -v x="$t" -v f="$flops" -v p="$peak" -v w="$ws" 'BEGIN { print 100 * x * f / (p * 1e9 * w) }')" "$ws" \
+    "$d" "$(awk -v x="$d" -v f="$flops" -v p="$peak" -v w="$ws" 'BEGIN { print 100 * x * f / (p * 1e9 * w) }')" \
+    "$(awk -v a="$d" -v b="$t" 'BEGIN { print a / b }')" "$(echo "${mem[torch$ws]}" | median)" "$(echo "${mem[ddp$ws]}" | median)"
+done
