@@ -40,6 +40,8 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
       .add("data", "", "the text file (default: the vendored tinyshakespeare, third_party/tinyshakespeare/input.txt)")
       .add("iters", "2000", "optimizer steps to train (a resumed run continues up to this many)")
       .add("batch-size", "24", "global batch: sequences per step over all ranks (a multiple of the world size)")
+      .add("grad-accum", "1",
+           "micro-steps per rank per step: their gradients add up locally (no_sync) and are reduced once")
       .add("block-size", "64", "context length: tokens per sequence (the position table's rows)")
       .add("n-layer", "4", "transformer blocks")
       .add("n-head", "4", "attention heads (dividing --n-embd)")
@@ -106,6 +108,16 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
   c.top_k = f.at_least("top-k", 0);
   c.sample_seed = static_cast<std::uint64_t>(f.at_least("sample-seed", 0));
   c.reduction = reduction_choice(f, c.launch.backend == Backend::kThreads ? c.launch.world_size : 0, c.global_batch);
+  c.grad_accum = f.at_least("grad-accum", 1);
+  if (c.grad_accum > 1 && (c.reduction.deterministic || c.reduction.comm_hook != "none"))
+    throw ArgumentError(
+        detail::cat("gpt: --grad-accum with ",
+                    c.reduction.deterministic ? "--deterministic" : "--comm-hook " + c.reduction.comm_hook,
+                    ": accumulation runs on the default float all-reduce (--deterministic has its own "
+                    "micro-batches: --micro-batches)"));
+  if (c.launch.backend == Backend::kThreads && c.global_batch % (c.launch.world_size * c.grad_accum) != 0)
+    throw ArgumentError(detail::cat("gpt: --batch-size ", c.global_batch, " must be a multiple of --world-size ",
+                                    c.launch.world_size, " times --grad-accum ", c.grad_accum));
   if (c.launch.backend == Backend::kThreads && c.global_batch % c.launch.world_size != 0)
     throw ArgumentError(detail::cat("gpt: --batch-size ", c.global_batch, " must be a multiple of --world-size ",
                                     c.launch.world_size, " (it is the global batch)"));

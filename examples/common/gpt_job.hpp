@@ -34,6 +34,7 @@ struct Config {
   LaunchChoice launch{};
   nn::GptConfig model{};
   std::int64_t iters = 2000, global_batch = 24, warmup = 100, eval_interval = 250, log_interval = 50, seed = 1337;
+  std::int64_t grad_accum = 1;  // micro-steps per rank per step, accumulated locally (no_sync) and reduced once
   std::int64_t checkpoint_every = 0, max_steps = 0;  // max_steps > 0: stop there (checkpointed), before --iters
   double lr = 1e-3, min_lr = 1e-4, beta2 = 0.99, weight_decay = 0.1, clip = 1.0;
   examples::ReductionChoice reduction{};
@@ -160,6 +161,9 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
                   static_cast<long long>(cfg.reduction.micro_batches),
                   static_cast<long long>(cfg.global_batch / cfg.reduction.micro_batches),
                   static_cast<long long>(t.ddp().micro_batches_per_rank()));
+    else if (cfg.grad_accum > 1)
+      std::printf("gradient accumulation: %lld micro-steps of %lld sequences on each rank, reduced once per step\n",
+                  static_cast<long long>(cfg.grad_accum), static_cast<long long>(t.batch_size() / cfg.grad_accum));
     std::printf("%s\n%s\n", t.ddp().describe().c_str(), t.optimizer().describe().c_str());
     std::fflush(stdout);
   }
@@ -344,7 +348,7 @@ void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus) {
                                   .beta2 = cfg.beta2,
                                   .weight_decay = cfg.weight_decay,
                                   .weight_decay_rule = optim::decay_matrices_only(cfg.weight_decay)};
-  with_reduction<true>(cfg.reduction, [&](auto reduction, auto batching) {
+  auto go = [&](auto reduction, auto batching) {
     using Opt = OverlappedOptimizer<ZeroRedundancyOptimizer<optim::AdamW, Comm>>;
     basic_trainer<nn::Gpt, Comm, Opt, SizeCapped, decltype(reduction), decltype(batching)> t(
         model, comm,
@@ -352,7 +356,10 @@ void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus) {
          .overlap = {.update_at = cfg.reduction.update}},
         opts, SizeCapped{}, reduction, batching);
     train(t, timeline, c, corpus);
-  });
+  };
+  // --grad-accum: each rank's share in micro-steps whose gradients add up locally, reduced once per step.
+  if (cfg.grad_accum > 1) return go(AverageAllReduce{}, MicroBatches{.count = cfg.grad_accum * comm.world_size()});
+  with_reduction<true>(cfg.reduction, go);
 }
 
 }  // namespace ddp::examples::gpt

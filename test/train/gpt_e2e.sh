@@ -34,7 +34,7 @@ grep -q "^resumed from $dir/ckpt at iteration 30" "$log" || fail "no resume line
 [ "$(wc -l <"$dir/out2/losses.csv")" -eq 5 ] || fail "resumed CSV: $(cat "$dir/out2/losses.csv")"
 
 # What users combine without --deterministic: each comm hook, ZeRO-1 and -2, and hook + ZeRO + overlapped update.
-for extra in "--comm-hook bf16" "--comm-hook fp16" "--comm-hook powersgd:2 --powersgd-warmup 3" "--zero 1" "--zero 2" \
+for extra in "--grad-accum 2" "--comm-hook bf16" "--comm-hook fp16" "--comm-hook powersgd:2 --powersgd-warmup 3" "--zero 1" "--zero 2" \
   "--comm-hook bf16 --zero 1 --overlap-update --clip 0"; do
   # shellcheck disable=SC2086
   run --iters 8 --eval-interval 0 --sample 0 $extra

@@ -21,6 +21,8 @@ expect 2 "--n-embd 30 is not a multiple of --n-head 4" --n-embd 30
 expect 2 "--dropout must be in [0, 1), got 1.5" --dropout 1.5
 expect 2 "--temperature must be > 0, got 0" --temperature 0
 expect 2 "must be a multiple of --world-size 5" --batch-size 24 --world-size 5
+expect 2 "--grad-accum with --deterministic" --grad-accum 2 --deterministic
+expect 2 "must be a multiple of --world-size 2 times --grad-accum 5" --grad-accum 5
 expect 2 "--backend must be one of threads|mpi|gloo" --backend nccl
 expect 2 "--clip with --overlap-update" --overlap-update
 expect 2 "--resume $dir/none does not exist" --resume "$dir/none"
