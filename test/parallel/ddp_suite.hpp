@@ -1,6 +1,6 @@
-// The DDP scenarios of ddp_cases.hpp (and the compressed, PowerSGD, ZeRO and overlapped ones) as one run over a
-// backend whose ranks are processes: ddp_mpi_main.cpp (mpirun) and gloo_main.cpp (no MPI) call it. Throws (via
-// expect) on the first scenario that fails on this rank.
+// The DDP scenarios of ddp_cases.hpp (and the compressed, PowerSGD, ZeRO, overlapped and tied-parameter ones) as one
+// run over a backend whose ranks are processes: ddp_mpi_main.cpp (mpirun) and gloo_main.cpp (no MPI) call it. Throws
+// (via expect) on the first scenario that fails on this rank.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include "test/parallel/ddp_cases.hpp"
 #include "test/parallel/overlapped_cases.hpp"
 #include "test/parallel/powersgd_cases.hpp"
+#include "test/parallel/tied_cases.hpp"
 
 namespace ddp::test {
 
@@ -70,6 +71,9 @@ void ddp_suite(C& comm, HalfSum sum) {
     ddp::test::overlapped_matches_step(comm, ddp::test::ZeroOpt::kSgdMomentum, cfg, 4,
                                        ddp::PowerSgd{{.rank = 2, .warmup_steps = 1, .min_compression_rate = 1.0}});
   }
+  // A tied parameter (the token table of the embedding and the output head) in every composition above, and in
+  // deterministic mode and through a checkpoint: the reference step, the table held and verified once.
+  ddp::test::tied_suite(comm);
   auto recs = ddp::test::collective_order(comm, {.cap_bytes = 1024, .first_cap_bytes = 256});
   // Every rank's sequence must equal rank 0's: compare a fingerprint.
   std::uint64_t h = 0;  // unsigned: the hash wraps by design
