@@ -5,8 +5,9 @@
 # RSS, the medians, the ratio ddp/torch, and both against the GEMM roofline: one core's SGEMM peak, measured here
 # (torch.mm of 2048² float matrices, one thread, OpenBLAS).
 #   bash bench/gpt_vs_torch.sh [ITERS] [ROUNDS]        (defaults 200 and 3; run from the workspace, machine idle)
-# torch runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (this VM family sets them, halving OpenBLAS); ddp does
-# not use OpenBLAS. Needs Debian's python3-torch (/usr/bin/python3) and libopenblas0 (tools/setup.sh).
+# Both run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (this VM family sets them, halving OpenBLAS): torch's
+# GEMMs are OpenBLAS's, and so are ddp's GPT job's (//:ddp_openblas). Needs Debian's python3-torch (/usr/bin/python3)
+# and libopenblas (tools/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 iters="${1:-200}"
@@ -17,6 +18,7 @@ bin=bazel-bin/examples/gpt
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 torch_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=1)
+ddp_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)  # ddp's GEMMs are OpenBLAS's too (//:ddp_openblas)
 
 peak=$("${torch_env[@]}" "$py" -c '
 import time, torch
@@ -40,7 +42,7 @@ for r in $(seq 1 "$rounds"); do
     # torch's peak RSS: the worker's (rank 0's, as the script prints it) times the world size, plus nothing for
     # the spawning parent (which /usr/bin/time reports at world size 2).
     trss=$(sed -n 's/.*peak RSS rank 0: \([0-9.]*\) MiB.*/\1/p' "$tmp/t.out")
-    /usr/bin/time -v "$bin" --world-size "$ws" --batch-size $((12 * ws)) --iters "$iters" --eval-interval 0 \
+    /usr/bin/time -v "${ddp_env[@]}" "$bin" --world-size "$ws" --batch-size $((12 * ws)) --iters "$iters" --eval-interval 0 \
       --sample 0 --log-interval 100000 >"$tmp/d.out" 2>"$tmp/d.time"
     d=$(sed -n 's/^throughput: \([0-9,]*\) tokens.*/\1/p' "$tmp/d.out" | tr -d ,)
     drss=$(awk -v k="$(rss "$tmp/d.time")" 'BEGIN { printf "%.1f", k / 1024 }')

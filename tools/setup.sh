@@ -9,7 +9,7 @@ PKGS=(
   mpich libmpich-dev   # MPI backend and mpirun
   libgloo-dev          # Gloo backend (TCP collectives without MPI; //:ddp_gloo)
   python3-torch        # torchrun, for //test/train:fashion_mnist_torchrun_test (the project never imports it)
-  libopenblas0-pthread # the BLAS PyTorch runs on in bench/gpt_vs_torch.sh (without it, Debian's torch takes netlib's reference BLAS)
+  libopenblas-dev libopenblas0-pthread  # //:ddp_openblas (the GPT job's GEMMs), and PyTorch's BLAS in bench/ (else netlib's)
   doctest-dev          # unit tests
   zlib1g-dev           # gzip IDX reader
   nlohmann-json3-dev   # JSON (fixture meta.json, trace files)
