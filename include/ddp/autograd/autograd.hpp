@@ -5,6 +5,7 @@
 #include "ddp/autograd/grad_check.hpp"
 #include "ddp/autograd/mode.hpp"
 #include "ddp/autograd/ops/activation.hpp"
+#include "ddp/autograd/ops/attention.hpp"
 #include "ddp/autograd/ops/batch_norm.hpp"
 #include "ddp/autograd/ops/conv.hpp"
 #include "ddp/autograd/ops/dropout.hpp"

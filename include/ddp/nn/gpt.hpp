@@ -191,12 +191,17 @@ class basic_gpt {
     auto& b = blocks_[l];
     std::int64_t const H = cfg_.n_head, D = C / H;
     std::size_t const d0 = 1 + 3 * l;
-    auto heads = [&](V const& t) { return transpose(reshape(t, Shape{B, Tn, H, D}), 1, 2); };  // (B, H, T', D)
-    auto qkv = split_last(b.c_attn(b.ln_1(x)), 3);
-    V att = bmm(heads(qkv[0]), heads(qkv[1]), Trans::kNo, Trans::kYes);  // (B, H, T', T')
-    att = softmax(att, {.scale = 1.0 / std::sqrt(double(D)), .mask = SoftmaxMask::kCausal});
-    att = drop(d0, att);
-    V y = reshape(transpose(bmm(att, heads(qkv[2])), 1, 2), Shape{B, Tn, C});
+    V const qkv = b.c_attn(b.ln_1(x));  // (B, T', 3C)
+    V y;
+    if (drops_.empty() || mode_ == Mode::kEval) {
+      y = causal_self_attention(qkv, H);  // fused where the memory space has the kernel
+    } else {                              // dropout on the attention weights: the composed form, which has them
+      auto heads = [&](V const& t) { return transpose(reshape(t, Shape{B, Tn, H, D}), 1, 2); };  // (B, H, T', D)
+      auto parts = split_last(qkv, 3);
+      V att = bmm(heads(parts[0]), heads(parts[1]), Trans::kNo, Trans::kYes);  // (B, H, T', T')
+      att = drop(d0, softmax(att, {.scale = 1.0 / std::sqrt(double(D)), .mask = SoftmaxMask::kCausal}));
+      y = reshape(transpose(bmm(att, heads(parts[2])), 1, 2), Shape{B, Tn, C});
+    }
     V h = add(x, drop(d0 + 1, b.attn_proj(y)));
     V m = b.mlp_proj(gelu(b.c_fc(b.ln_2(h)), cfg_.gelu));
     return add(h, drop(d0 + 2, m));

@@ -164,6 +164,60 @@ struct HostTransformerKernels {
           }
   }
 
+  // ---- causal multi-head self-attention, fused: qkv (B, T, 3C) holds q, k and v side by side, H heads of D = C/H ----
+  // Per (b, h), reading q, k and v in place: P = softmax(scale·q·kᵀ) with each query's later keys masked (exactly 0),
+  // y[b, :, h·D : (h+1)·D] = P·v. P (B, H, T, T) is kept for the backward. No transposed or sliced copies.
+  template <class T>
+  static void attention_fwd(i64 B, i64 Tn, i64 H, i64 D, T scale, T const* qkv, T* p, T* y) {
+    using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using CStr = Eigen::Map<Mat const, 0, Eigen::OuterStride<>>;
+    using Str = Eigen::Map<Mat, 0, Eigen::OuterStride<>>;
+    i64 const C = H * D;
+    for (i64 b = 0; b < B; ++b)
+      for (i64 h = 0; h < H; ++h) {
+        T const* base = qkv + b * Tn * 3 * C + h * D;
+        CStr q(base, Tn, D, Eigen::OuterStride<>(3 * C)), k(base + C, Tn, D, Eigen::OuterStride<>(3 * C)),
+            v(base + 2 * C, Tn, D, Eigen::OuterStride<>(3 * C));
+        T* pb = p + (b * H + h) * Tn * Tn;
+        Eigen::Map<Mat> pm(pb, Tn, Tn);
+        pm.noalias() = q * k.transpose();
+        softmax_fwd(Tn, Tn, scale, SoftmaxMask::kCausal, pb, pb);
+        Str(y + b * Tn * C + h * D, Tn, D, Eigen::OuterStride<>(C)).noalias() = pm * v;
+      }
+  }
+  // gqkv = beta gqkv + the gradient of attention_fwd's y with respect to qkv, from gy (B, T, C) and the saved P:
+  // dv = Pᵀ·dy, dP = dy·vᵀ, dS = scale·P∘(dP - rowsum(P∘dP)), dq = dS·k, dk = dSᵀ·q.
+  template <class T>
+  static void attention_bwd(i64 B, i64 Tn, i64 H, i64 D, T scale, T const* qkv, T const* p, T const* gy, T beta,
+                            T* gqkv) {
+    using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using CStr = Eigen::Map<Mat const, 0, Eigen::OuterStride<>>;
+    using Str = Eigen::Map<Mat, 0, Eigen::OuterStride<>>;
+    i64 const C = H * D;
+    Mat ds(Tn, Tn);
+    auto put = [beta](Str dst, auto const& expr) {
+      if (beta == T(0))
+        dst.noalias() = expr;
+      else
+        dst.noalias() += expr;
+    };
+    for (i64 b = 0; b < B; ++b)
+      for (i64 h = 0; h < H; ++h) {
+        T const* base = qkv + b * Tn * 3 * C + h * D;
+        Eigen::OuterStride<> const s3(3 * C);
+        CStr q(base, Tn, D, s3), k(base + C, Tn, D, s3), v(base + 2 * C, Tn, D, s3);
+        CStr dy(gy + b * Tn * C + h * D, Tn, D, Eigen::OuterStride<>(C));
+        T const* pb = p + (b * H + h) * Tn * Tn;
+        Eigen::Map<Mat const> pm(pb, Tn, Tn);
+        T* gb = gqkv + b * Tn * 3 * C + h * D;
+        put(Str(gb + 2 * C, Tn, D, s3), pm.transpose() * dy);
+        ds.noalias() = dy * v.transpose();
+        softmax_bwd(Tn, Tn, scale, pb, ds.data(), T(0), ds.data());
+        put(Str(gb, Tn, D, s3), ds * k);
+        put(Str(gb + C, Tn, D, s3), ds.transpose() * q);
+      }
+  }
+
   // ---- dst[r, :cols] = beta dst[r, :cols] + src[r, :cols], rows with leading dimensions src_ld and dst_ld ----
   template <class T>
   static void copy_rows(i64 rows, i64 cols, T const* src, i64 src_ld, T beta, T* dst, i64 dst_ld) {

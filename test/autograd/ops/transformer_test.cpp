@@ -265,3 +265,30 @@ TEST_CASE("causal self-attention composed from the ops: gradient of the input th
     for (std::int64_t t = 0; t + 1 < T; ++t)
       for (std::int64_t c = 0; c < C; ++c) CHECK(y1[(b * T + t) * C + c] == y0[(b * T + t) * C + c]);
 }
+
+// ---- attention.hpp ----
+
+TEST_CASE("causal_self_attention: the fused host kernel equals the composed ops, values and gradients") {
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    Generator gen(seed);
+    std::int64_t const B = dim(gen, 1, 3), T = dim(gen, 1, 6), H = dim(gen, 1, 3), D = dim(gen, 1, 4), C = H * D;
+    VarD qkv = param(uniform(Shape{B, T, 3 * C}, gen));
+    check_grad(detail::cat("fused attention seed ", seed),
+               [H](Inputs const& in) { return causal_self_attention(in[0], H); }, {qkv});
+    Tensor<double> const gy = uniform(Shape{B, T, C}, gen);
+    VarD const fused = causal_self_attention(qkv, H), composed = detail::composed_attention(qkv, H);
+    CHECK(fused.op() == std::string("causal_self_attention"));  // the host has the fused kernel
+    CHECK(max_abs_diff(fused.value(), composed.value()) < 1e-14);
+    qkv.zero_grad();
+    backward(fused, gy);
+    Tensor<double> const g_fused = clone(qkv.grad());
+    qkv.zero_grad();
+    backward(composed, gy);
+    CHECK(max_abs_diff(g_fused, qkv.grad()) < 1e-13);
+  }
+  check_throws_with<ShapeError>(
+      [] {
+        (void)causal_self_attention(param(zeros<double>(Shape{2, 3, 12})), 3);
+      },
+      {"causal_self_attention", "[2, 3, 12]", "3 heads"});
+}
