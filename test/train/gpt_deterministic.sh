@@ -1,7 +1,7 @@
 #!/bin/bash
 # usage: gpt_deterministic.sh BINARY: the GPT job with --deterministic prints the same weights digest at world sizes
-# 1, 2 and 4 (threads) and under mpirun -n 2, with ZeRO-1 and with dropout; a run stopped at world size 2 and
-# resumed at world size 4 ends with the uninterrupted run's digest.
+# 1, 2 and 4 (threads) and under mpirun -n 2, with ZeRO-1, with dropout and without (the fused attention); a run
+# stopped at world size 2 and resumed at world size 4 ends with the uninterrupted run's digest.
 set -euo pipefail
 bin="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/gptdet"
@@ -28,4 +28,8 @@ digest "$bin" "${common[@]}" --world-size 2 --max-steps 5 --checkpoint "$dir/ckp
 grep -q "^stopped after 5 iterations (--max-steps); checkpoint: $dir/ckpt" "$log" || fail "no stop line"
 got=$(digest "$bin" "${common[@]}" --world-size 4 --resume "$dir/ckpt")
 [[ "$got" == "$ref" ]] || fail "stopped at 2 ranks, resumed at 4: weights $got, uninterrupted: $ref"
-echo "PASS: every digest is $ref"
+# Without dropout the attention is the fused host kernel: the same guarantee.
+ref0=$(digest "$bin" "${common[@]}" --dropout 0 --world-size 1)
+got=$(digest "$bin" "${common[@]}" --dropout 0 --world-size 4)
+[[ "$ref0" =~ ^[0-9a-f]{16}$ && "$got" == "$ref0" ]] || fail "no dropout: world size 4 weights $got, world size 1: $ref0"
+echo "PASS: every digest is $ref (dropout 0.1) and $ref0 (no dropout)"
