@@ -99,15 +99,7 @@ class MetricsLog {
   std::string svg(std::string_view title = "training metrics") const {
     constexpr int kW = 900, kH = 380, kPanelW = 400, kPanelH = 260, kTop = 60, kLeft0 = 70, kLeft1 = 570;
     std::ostringstream os;
-    os << R"(<?xml version="1.0" encoding="UTF-8"?>)"
-       << "\n"
-       << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << kW << R"(" height=")" << kH << R"(" viewBox="0 0 )"
-       << kW << " " << kH << R"(" font-family="sans-serif" font-size="12">)"
-       << "\n"
-       << R"(<rect width="100%" height="100%" fill="white"/>)"
-       << "\n"
-       << R"(<text x=")" << kW / 2 << R"(" y="24" text-anchor="middle" font-size="16">)" << escape(title)
-       << "</text>\n";
+    open_svg(os, kW, kH, title);
     std::vector<double> ep, train, test, acc;
     for (auto const& m : epochs_) {
       ep.push_back(static_cast<double>(m.epoch));
@@ -162,15 +154,7 @@ class MetricsLog {
                                 std::vector<double> const& xs, std::vector<Curve> const& curves) {
     constexpr int kW = 620, kH = 380, kPanelW = 480, kPanelH = 260, kTop = 60, kLeft = 80;
     std::ostringstream os;
-    os << R"(<?xml version="1.0" encoding="UTF-8"?>)"
-       << "\n"
-       << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << kW << R"(" height=")" << kH << R"(" viewBox="0 0 )"
-       << kW << " " << kH << R"(" font-family="sans-serif" font-size="12">)"
-       << "\n"
-       << R"(<rect width="100%" height="100%" fill="white"/>)"
-       << "\n"
-       << R"(<text x=")" << kW / 2 << R"(" y="24" text-anchor="middle" font-size="16">)" << escape(title)
-       << "</text>\n";
+    open_svg(os, kW, kH, title);
     std::vector<Series> series;
     for (auto const& c : curves) {
       if (c.y.size() != xs.size())
@@ -194,6 +178,18 @@ class MetricsLog {
     char const* color;
     std::vector<double> const* y;
   };
+
+  // The document's start: the XML declaration, the <svg> element of w × h, a white background and the title.
+  static void open_svg(std::ostringstream& os, int w, int h, std::string_view title) {
+    os << R"(<?xml version="1.0" encoding="UTF-8"?>)"
+       << "\n"
+       << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << w << R"(" height=")" << h << R"(" viewBox="0 0 )" << w
+       << " " << h << R"(" font-family="sans-serif" font-size="12">)"
+       << "\n"
+       << R"(<rect width="100%" height="100%" fill="white"/>)"
+       << "\n"
+       << R"(<text x=")" << w / 2 << R"(" y="24" text-anchor="middle" font-size="16">)" << escape(title) << "</text>\n";
+  }
 
   static std::string escape(std::string_view s) {
     std::string o;
