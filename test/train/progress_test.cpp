@@ -218,3 +218,17 @@ TEST_CASE("nice_ticks cover the range with 1/2/5 steps") {
   CHECK(t.front() <= 85);
   CHECK(t.back() >= 89);
 }
+
+TEST_CASE("curves_svg: one panel of named curves against x, and a curve of the wrong length names itself") {
+  std::string const s = MetricsLog::curves_svg(
+      "GPT <tiny>", "iteration", "loss", {250, 500, 750},
+      {{"train loss", "#1f77b4", {2.6, 2.2, 2.0}}, {"validation loss", "#ff7f0e", {2.3, 2.1, 2.0}}});
+  CHECK(s.rfind("<?xml", 0) == 0);
+  CHECK(s.find("GPT &lt;tiny&gt;") != std::string::npos);
+  CHECK(s.find(">iteration</text>") != std::string::npos);
+  CHECK(s.find("train loss") != std::string::npos);
+  CHECK(s.find("validation loss") != std::string::npos);
+  CHECK(s.find("</svg>") != std::string::npos);
+  CHECK_THROWS_WITH_AS(MetricsLog::curves_svg("t", "x", "y", {1, 2}, {{"val", "#000", {1.0}}}),
+                       "curves_svg: curve 'val' has 1 points for 2 x values", ArgumentError);
+}
