@@ -9,3 +9,4 @@
 #include "ddp/data/metrics.hpp"
 #include "ddp/data/sampler.hpp"
 #include "ddp/data/text.hpp"
+#include "ddp/data/text_blocks.hpp"
