@@ -114,9 +114,10 @@ std::pair<double, double> gpt_step(fixture::GptFixture const& f, fixture::GptRun
   double loss_sum = 0;
   float const inv = 1.0f / static_cast<float>(run.grad_accum_steps);
   for (std::int64_t m = 0; m < run.grad_accum_steps; ++m) {
-    auto [x, y] = f.batch(offs, run, rank, s, m);
+    auto const xy = f.batch(offs, run, rank, s, m);  // not a structured binding: Clang 14 cannot capture those
     auto micro = [&] {
-      Variable<float, S> loss = scale(nn::gpt_loss(forward(Variable<float, S>(to_space<S>(x))), to_space<S>(y)), inv);
+      Variable<float, S> loss =
+          scale(nn::gpt_loss(forward(Variable<float, S>(to_space<S>(xy.first))), to_space<S>(xy.second)), inv);
       loss_sum += loss.item();
       backward(loss);
     };

@@ -43,7 +43,7 @@ if [ -n "$cuda" ]; then
 fi
 cpu=-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP
 units=(examples/01_quickstart.cpp examples/03_wide.cpp examples/05_fashion_mnist.cpp examples/05_fashion_mnist_host.cpp
-       examples/06_toy_trainer.cpp
+       examples/06_toy_trainer.cpp examples/09_gpt_quickstart.cpp
        "examples/04_replay.cpp $cpu" "test/nn/device_training_test.cpp $cpu")
 for tu in "${units[@]}"; do
   # shellcheck disable=SC2086  # a source and its defines
