@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# README figures that a test asserts: each row pairs a phrase of README.md with the assertion that backs it, and the
+# test fails when either side changes without the other (a README bound that no test checks, or a test constant the
+# README misquotes). Rows: README_TEXT <TAB> FILE <TAB> FILE_TEXT (fixed strings; FILE relative to the workspace).
+set -euo pipefail
+root="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-}"
+[ -f "$root/README.md" ] || root="$(cd "$(dirname "$0")/../.." && pwd)"
+rows=$(cat <<'ROWS'
+30 steps stay within 2e-3 (bf16) and 4e-4 (fp16) of the float run	test/parallel/compressed_test.cpp	CHECK(bf[0] <= 2e-3);
+30 steps stay within 2e-3 (bf16) and 4e-4 (fp16) of the float run	test/parallel/compressed_test.cpp	CHECK(fp[0] <= 4e-4);
+30 steps stay within 2e-3 (bf16) and 4e-4 (fp16) of the float run	test/parallel/ddp_suite.hpp	bf <= 2e-3 && fp <= 4e-4
+ROWS
+)
+fail=0 checked=0
+while IFS=$'\t' read -r readme file text; do
+  [ -n "$readme" ] || continue
+  # README lines are wrapped: compare with the README's whitespace folded to single spaces.
+  if ! tr '\n' ' ' <"$root/README.md" | tr -s ' ' | grep -qF -- "$readme"; then
+    echo "README.md no longer says '$readme' (asserted by $file: '$text'): update both together" >&2
+    fail=1
+  fi
+  if ! grep -qF -- "$text" "$root/$file"; then
+    echo "$file no longer asserts '$text', which README.md quotes as '$readme': update both together" >&2
+    fail=1
+  fi
+  checked=$((checked + 1))
+done <<<"$rows"
+[ "$fail" -eq 0 ] || exit 1
+echo "readme_figures_test: $checked README figures match the assertions behind them"
