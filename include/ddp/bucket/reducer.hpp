@@ -208,6 +208,13 @@ class BucketReducer {
       throw ArgumentError(
           detail::cat("BucketReducer: ", offsets_.size(), " bucket offsets for ", plan_.buckets.size(), " buckets"));
     std::size_t const np = plan_.bucket_of.size(), nb = plan_.buckets.size();
+    // Each bucket's id must be distinct in the wire's type, or a desync between buckets b and b + id_modulus would
+    // pass the status-word check (16-bit wires hold 256 (bf16) or 2048 (fp16) distinct integers).
+    if (world_ > 1 && static_cast<std::int64_t>(nb) > wire_t::id_modulus)
+      throw ArgumentError(detail::cat("DistributedDataParallel: the bucket plan has ", nb, " buckets, but the ",
+                                      8 * sizeof(typename wire_t::value_type),
+                                      "-bit wire of this reduction holds distinct bucket ids only up to ",
+                                      wire_t::id_modulus, "; use a larger bucket cap (fewer buckets) or a float wire"));
     std::size_t widest = 0;
     for (auto const& b : plan_.buckets) widest = std::max(widest, b.params.size());
     ready_.assign(np, 0);
