@@ -5,7 +5,7 @@
 //   bazel run //examples:gpt
 //   bazel run //examples:gpt -- --iters 200 --out /tmp/gpt --sample 300 --temperature 0.8 --top-k 20
 //   mpirun -n 2 bazel-bin/examples/gpt --backend mpi --deterministic
-//   torchrun --nproc_per_node 2 --no_python bazel-bin/examples/gpt --backend gloo
+//   torchrun --redirects 1 --tee 1 --nproc_per_node 2 --no_python bazel-bin/examples/gpt --backend gloo
 #include <cstdio>
 #include <exception>
 #include <optional>
