@@ -111,7 +111,7 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   MetricsLog log;  // rank 0's epochs so far; kept in the checkpoint so a resumed run's CSV and plot are whole
   if (!cfg.resume.empty()) {
     std::string history;
-    pos = resume_position(load_checkpoint(cfg.resume, comm, t.ddp().module(), opt, &history), pos, cfg.resume.string());
+    pos = resume_position(t.load_checkpoint(cfg.resume, &history), pos, cfg.resume.string());
     if (!history.empty()) {
       auto const saved = MetricsLog::from_csv(history, cfg.resume.string() + " (metrics)");
       for (auto const& m : saved.epochs())
@@ -132,9 +132,7 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
                          .global_batch = cfg.global_batch,
                          .seed = cfg.seed};
   };
-  auto save = [&](TrainPosition const& p) {
-    save_checkpoint(cfg.checkpoint, comm, t.ddp().module(), opt, p, log.csv());
-  };
+  auto save = [&](TrainPosition const& p) { t.save_checkpoint(cfg.checkpoint, p, log.csv()); };
   auto const loss = [](Variable<float, S> const& out, auto const& b) { return cross_entropy(out, to_space<S>(b.y)); };
 
   Counts final_counts;

@@ -172,7 +172,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
   std::vector<LossRow> rows;
   if (!cfg.resume.empty()) {
     std::string extra;
-    pos = resume_position(load_checkpoint(cfg.resume, comm, t.ddp().module(), opt, &extra), pos, cfg.resume.string());
+    pos = resume_position(t.load_checkpoint(cfg.resume, &extra), pos, cfg.resume.string());
     rows = check_checkpoint_extra(extra, corpus.vocab(), cfg.resume.string());
     if (leader)
       std::printf("resumed from %s at iteration %lld\n", cfg.resume.string().c_str(),
@@ -187,7 +187,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
                           .world_size = world,
                           .global_batch = cfg.global_batch,
                           .seed = cfg.seed};
-    save_checkpoint(cfg.checkpoint, comm, t.ddp().module(), opt, p, checkpoint_extra(corpus.vocab(), rows));
+    t.save_checkpoint(cfg.checkpoint, p, checkpoint_extra(corpus.vocab(), rows));
   };
   auto const loss = [](Var const& out, auto const& mb) { return nn::gpt_loss(out, mb.y); };
 

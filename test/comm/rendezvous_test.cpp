@@ -7,8 +7,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
 
 #include <chrono>
 #include <cstdlib>
@@ -81,7 +86,152 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+// test/comm/torch2_store_server.py (PyTorch 2.x's TCPStore server, written from its sources) as a child process;
+// killed when this goes out of scope.
+struct Torch2Server {
+  pid_t pid = -1;
+  int port = 0;
+  explicit Torch2Server(bool libuv) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::dup2(fds[1], 1);
+      ::close(fds[0]);
+      char const* script = "test/comm/torch2_store_server.py";
+      if (libuv)
+        ::execlp("python3", "python3", script, "--libuv", static_cast<char*>(nullptr));
+      else
+        ::execlp("python3", "python3", script, static_cast<char*>(nullptr));
+      std::_Exit(127);
+    }
+    ::close(fds[1]);
+    FILE* out = ::fdopen(fds[0], "r");
+    REQUIRE(std::fscanf(out, "%d", &port) == 1);
+    std::fclose(out);
+  }
+  ~Torch2Server() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
+// A connection to 127.0.0.1:port for raw bytes.
+int raw_connect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  return fd;
+}
+std::string raw_exchange(int fd, std::string const& request, std::size_t reply_bytes) {
+  REQUIRE(::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size()));
+  std::string reply(reply_bytes, '\0');
+  std::size_t got = 0;
+  while (got < reply_bytes) {
+    ssize_t const k = ::recv(fd, reply.data() + got, reply_bytes - got, 0);
+    if (k <= 0) break;
+    got += static_cast<std::size_t>(k);
+  }
+  reply.resize(got);
+  return reply;
+}
+std::string u64_bytes(std::uint64_t v) { return std::string(reinterpret_cast<char const*>(&v), 8); }
+std::string field(std::string const& s) { return u64_bytes(s.size()) + s; }
+
+// What every store test does with a pair of clients of one store.
+void exercise(ddp::TcpStore& a, ddp::TcpStore& b) {
+  std::thread later([&] {
+    std::this_thread::sleep_for(50ms);
+    b.set("k", {'v', '1'});
+  });
+  CHECK(text(a.get("k", 5s)) == "v1");  // waits for b
+  later.join();
+  CHECK(a.add("n", 2) == 2);
+  CHECK(b.add("n", 3) == 5);
+  CHECK(a.check({"k", "n"}));
+  CHECK_FALSE(a.check({"k", "missing"}));
+  CHECK_THROWS_WITH_AS(a.get("missing", 200ms), doctest::Contains("key 'missing' did not appear"), ddp::CommError);
+  CHECK(text(a.get("k", 1s)) == "v1");  // the client reconnected after the timeout
+}
+
 }  // namespace
+
+TEST_CASE("TcpStore speaks PyTorch 2.x's protocol: detected against a 2.x server written from its sources") {
+  for (bool libuv : {false, true}) {  // the classic server closes a foreign first request; libuv ignores it
+    CAPTURE(libuv);
+    Torch2Server server(libuv);
+    ddp::TcpStore a({.port = server.port, .timeout = 10s}), b({.port = server.port, .timeout = 10s});
+    CHECK(a.protocol() == ddp::StoreProtocol::kTorch2);
+    exercise(a, b);
+    CHECK(b.add("n", 1) == 6);
+    // 1.x's protocol forced on a 2.x server fails at the first request, naming the store.
+    ddp::TcpStore old({.port = server.port, .timeout = 1s, .protocol = ddp::StoreProtocol::kTorch1});
+    CHECK_THROWS_WITH_AS(old.add("n", 1), doctest::Contains("TCP store 127.0.0.1:"), ddp::CommError);
+  }
+}
+
+TEST_CASE("TcpStoreServer answers PyTorch 1.x and 2.x clients alike, and 2.x's PING, APPEND and MULTI_GET") {
+  ddp::TcpStoreServer server({.host = "127.0.0.1"});
+  ddp::TcpStore one({.port = server.port(), .timeout = 10s, .protocol = ddp::StoreProtocol::kTorch1});
+  ddp::TcpStore two({.port = server.port(), .timeout = 10s, .protocol = ddp::StoreProtocol::kTorch2});
+  ddp::TcpStore found({.port = server.port(), .timeout = 10s});
+  CHECK(found.protocol() != ddp::StoreProtocol::kDetect);  // both probes get an answer here: either one wins
+  exercise(one, two);
+  CHECK(found.add("n", 1) == 6);
+  CHECK(text(two.get("k", 1s)) == "v1");
+  // Raw 2.x bytes: VALIDATE, PING (echoed), APPEND (no reply), MULTI_GET (a value per key, empty when missing).
+  int fd = raw_connect(server.port());
+  std::string const validate("\x00\xCE\xF7\x85\x3C", 5);
+  CHECK(raw_exchange(fd,
+                     validate + std::string("\x0D"
+                                            "abcd",
+                                            5),
+                     4) == "abcd");
+  std::string const append = std::string(1, '\x09') + field("k") + field("+2");
+  std::string const multi_get = std::string(1, '\x0A') + u64_bytes(2) + field("k") + field("none");
+  CHECK(raw_exchange(fd, append + multi_get, 8 + 4 + 8) == field("v1+2") + u64_bytes(0));
+  ::close(fd);
+  CHECK(server.rejected() == 0);
+}
+
+TEST_CASE("a service on the store's port that is not a TCPStore is named as such, within the probe window") {
+  // Accepts connections and never answers (a stuck service); and one that answers with an HTTP error.
+  for (bool http : {false, true}) {
+    CAPTURE(http);
+    int const lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(lfd, 8) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+    int const port = ntohs(a.sin_port);
+    std::vector<int> accepted;
+    std::thread service([&] {
+      for (int i = 0; i < 2; ++i) {
+        int const c = ::accept(lfd, nullptr, nullptr);
+        if (c < 0) return;
+        accepted.push_back(c);
+        if (http) {
+          std::string const r = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+          ::send(c, r.data(), r.size(), MSG_NOSIGNAL);
+        }
+      }
+    });
+    auto const t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(ddp::TcpStore({.port = port, .timeout = 10s, .probe_window = 500ms}),
+                         doctest::Contains("does not speak PyTorch's TCPStore protocol"), ddp::CommError);
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+    service.join();
+    for (int c : accepted) ::close(c);
+    ::close(lfd);
+  }
+}
 
 TEST_CASE("TcpStore against TcpStoreServer: set, get after a wait, add, check; garbage closes only its connection") {
   ddp::TcpStoreServer server({.host = "127.0.0.1"});
@@ -229,4 +379,53 @@ TEST_CASE("two jobs on one port: the second cannot serve it, and its ranks that 
   CHECK(errs[0].find("cannot listen on 0.0.0.0:" + std::to_string(port)) != std::string::npos);
   CHECK(errs[1].find("rank 1 has already joined") != std::string::npos);
   CHECK(errs[1].find("two jobs share this store") != std::string::npos);
+}
+
+TEST_CASE("a store directory a finished job left is reused (a Slurm requeue); one a live job uses is refused") {
+  auto const dir = std::filesystem::temp_directory_path() / ("ddp_requeue_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto file_env = [&](int r, int n) {
+    return Env{{"RANK", std::to_string(r)},
+               {"WORLD_SIZE", std::to_string(n)},
+               {"LOCAL_RANK", std::to_string(r)},
+               {"LOCAL_WORLD_SIZE", std::to_string(n)},
+               {"DDP_STORE_FILE", dir.string()}};
+  };
+  for (auto const& m : meet({file_env(0, 2), file_env(1, 2)}, 10s)) CHECK(m == "");
+  CHECK(std::filesystem::exists(dir / "ddp%2Frank_1%2Fclaims"));  // the finished job's keys are still there
+  for (auto const& m : meet({file_env(0, 2), file_env(1, 2)}, 10s)) CHECK(m == "");  // and the job runs again
+
+  // A live job holds the directory: a second job's ranks are refused, naming the cause.
+  std::vector<ddp::Rendezvous> live(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] { live[r] = ddp::rendezvous({.timeout = 10s, .env = lookup(file_env(r, 2))}); });
+  for (auto& t : ranks) t.join();
+  auto const errs = meet({file_env(0, 2), file_env(1, 2)}, 2s);
+  for (auto const& e : errs) {
+    CAPTURE(e);
+    CHECK(e.find("two jobs share this store") != std::string::npos);
+  }
+  live.clear();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a store directory that cannot be written is named at once, not blamed on rank 0") {
+  // /proc/1 is a directory no one can create files in, root included.
+  CHECK_THROWS_WITH_AS(ddp::FileStore("/proc/1"), doctest::Contains("cannot write in the directory '/proc/1'"),
+                       ddp::ArgumentError);
+  Env e{{"RANK", "1"},
+        {"WORLD_SIZE", "2"},
+        {"LOCAL_RANK", "1"},
+        {"LOCAL_WORLD_SIZE", "2"},
+        {"DDP_STORE_FILE", "/proc/1"}};
+  try {
+    ddp::rendezvous({.timeout = 2s, .env = lookup(e)});
+    FAIL("no error");
+  } catch (ddp::Error const& err) {
+    std::string const what = err.what();
+    CAPTURE(what);
+    CHECK(what.find("cannot write in the directory '/proc/1'") != std::string::npos);
+    CHECK(what.find("rank 0") == std::string::npos);
+  }
 }

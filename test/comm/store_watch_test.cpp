@@ -6,8 +6,13 @@
 // LocalStore, and once a TcpStore, the store torchrun's agent serves.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -267,5 +272,107 @@ TEST_CASE("share_from_root: rank 0's bytes reach every rank; a root that never s
     CHECK(contains(what, "rank 2 waited 0.2 s for 'nccl/1/unique_id' from rank 0 through in-process store"));
     CHECK(contains(what, "rank 0 failed before it set it"));
     CHECK(e.rank() == 0);
+  }
+}
+
+TEST_CASE("share_from_root: a root that left is named at once, with its reason") {
+  auto store = std::make_shared<ddp::LocalStore>();
+  std::thread root([&] {
+    std::this_thread::sleep_for(200ms);
+    StoreWatch w(store, 0, 2, deadlines(60s), "nccl", "nccl/0/watch/");
+    w.leave("its backend failed to start: ncclGetUniqueId failed");
+  });
+  auto const t0 = std::chrono::steady_clock::now();
+  try {
+    ddp::share_from_root(
+        *store, "nccl/0/unique_id", 1, 0, 60s, [] { return std::vector<char>{}; }, "nccl/0/watch/left/0");
+    FAIL("no error");
+  } catch (ddp::CommError const& e) {
+    std::string const what = e.what();
+    CAPTURE(what);
+    CHECK(contains(what,
+                   "for 'nccl/0/unique_id' from rank 0 through in-process store: rank 0 is gone: it left: its "
+                   "backend failed to start: ncclGetUniqueId failed"));
+    CHECK(e.rank() == 0);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  root.join();
+}
+
+namespace {
+// Rank 0 as a child process that does `setup` (which returns a line for the parent: a port, "ready"), then sleeps
+// until killed; the parent reads the line.
+template <class Setup>
+std::pair<pid_t, std::string> child_rank0(Setup&& setup) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t const pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    auto held = setup();  // kept until the process is killed
+    std::string const line = held.second + "\n";
+    [[maybe_unused]] auto k = ::write(fds[1], line.data(), line.size());
+    for (;;) ::pause();
+  }
+  ::close(fds[1]);
+  std::string line;
+  char c;
+  while (::read(fds[0], &c, 1) == 1 && c != '\n') line += c;
+  ::close(fds[0]);
+  return {pid, line};
+}
+
+// Rank 1 waits in share_from_root for a rank 0 that is killed 300 ms in; returns the error and how long it took.
+std::pair<std::string, std::chrono::milliseconds> wait_for_killed_root(ddp::Store& store, pid_t root) {
+  std::thread killer([root] {
+    std::this_thread::sleep_for(300ms);
+    ::kill(root, SIGKILL);
+    ::waitpid(root, nullptr, 0);
+  });
+  auto const t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    ddp::share_from_root(
+        store, "nccl/0/unique_id", 1, 0, 60s, [] { return std::vector<char>{}; }, "nccl/0/watch/left/0");
+  } catch (ddp::CommError const& e) {
+    error = e.what();
+  }
+  killer.join();
+  return {error, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)};
+}
+}  // namespace
+
+TEST_CASE("share_from_root: a killed rank 0 is named by its peers within 5 s (file store; TCP store it served)") {
+  SUBCASE("a file store sees its process end") {
+    auto const dir = std::filesystem::temp_directory_path() / ("ddp_share_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    auto [pid, line] = child_rank0([&] {
+      auto s = std::make_shared<ddp::FileStore>(dir.string());
+      s->hold_rank(0);
+      return std::pair{s, std::string("ready")};
+    });
+    REQUIRE(line == "ready");
+    ddp::FileStore store(dir.string());
+    store.hold_rank(1);
+    auto const [error, took] = wait_for_killed_root(store, pid);
+    CAPTURE(error);
+    CHECK(contains(error, "rank 1 waited"));
+    CHECK(contains(error, "rank 0 is gone: its process ended (killed, or crashed) before it set it"));
+    CHECK(took < 5s);
+    std::filesystem::remove_all(dir);
+  }
+  SUBCASE("the TCP store rank 0 served ends with it") {
+    auto [pid, line] = child_rank0([] {
+      auto server = std::make_shared<ddp::TcpStoreServer>(ddp::TcpStoreServer::Options{.host = "127.0.0.1"});
+      return std::pair{server, std::to_string(server->port())};
+    });
+    ddp::TcpStore store({.port = std::stoi(line), .timeout = 60s});
+    auto const [error, took] = wait_for_killed_root(store, pid);
+    CAPTURE(error);
+    CHECK(contains(error, "rank 1 lost TCP store 127.0.0.1:"));
+    CHECK(contains(error, "waiting for 'nccl/0/unique_id' from rank 0"));
+    CHECK(contains(error, "if rank 0 serves the store (MASTER_ADDR/MASTER_PORT without torchrun), it ended"));
+    CHECK(took < 5s);
   }
 }

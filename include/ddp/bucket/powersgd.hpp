@@ -17,8 +17,9 @@
 // joined run equals plain averaging). On one rank nothing is exchanged, so nothing is compressed (BucketReducer
 // launches nothing there), as for the 16-bit wires.
 // Not world-size-invariant, not bitwise reproducible across world sizes (the sums of P and Q are not), so
-// deterministic mode cannot use it. Its state (E and Q) is not part of a checkpoint: a resumed run draws Q again
-// and starts with E = 0.
+// deterministic mode cannot use it. Its state (each bucket's round count, whether Q was drawn, Q and E) is part of
+// a checkpoint (state(), load_state()): a run resumed at the same world size continues bitwise; at another world
+// size it keeps the round counts and Q (the same on every rank) and starts with E = 0 (E is per rank).
 // All arithmetic goes through Kernels<S> (GEMM, norm, axpby), so it runs on host and device tensors alike.
 #pragma once
 
@@ -171,6 +172,52 @@ class BucketWire<T, LowRank, S> {
     for (auto const& k : buckets_) n += k.first_numel + k.q_numel;
     return n * static_cast<i64>(sizeof(T));
   }
+  // What carries over between rounds: per bucket its round count and whether Q was drawn (counters), then its Q and
+  // E (values; Q is the same on every rank, E is this rank's). The layout is each bucket's Q and E sizes.
+  WireState<T> state() const {
+    WireState<T> st{.kind = "powersgd"};
+    for (auto const& k : buckets_) {
+      st.layout.insert(st.layout.end(), {k.q_numel, k.err_numel});
+      st.counters.insert(st.counters.end(), {k.rounds, k.q_drawn ? 1 : 0});
+    }
+    for (auto const& k : buckets_) {
+      std::size_t const at = st.values.size();
+      st.values.resize(at + static_cast<std::size_t>(k.q_numel + k.err_numel));
+      K::to_host(k.q_numel, this->at(k.q_at), st.values.data() + at);
+      K::to_host(k.err_numel, this->at(k.err_at), st.values.data() + at + k.q_numel);
+    }
+    return st;
+  }
+  // Loads what state() returned (ArgumentError, naming the difference, when it was another wire or another bucket
+  // layout). From another rank (another world size), E starts at zero.
+  void load_state(WireState<T> const& st, WireStateFrom from) {
+    WireState<T> const mine = state();
+    if (st.kind != mine.kind || st.layout != mine.layout || st.counters.size() != mine.counters.size() ||
+        st.values.size() != mine.values.size())
+      throw ArgumentError(
+          detail::cat("PowerSGD: the saved state (", st.kind.empty() ? "no wire" : st.kind, ", ", st.layout.size() / 2,
+                      " buckets, ", st.values.size(), " values) does not fit this run's (", buckets_.size(),
+                      " buckets, ", mine.values.size(),
+                      " values of Q and E): resume with the same bucket cap, parameters and PowerSgdOptions::rank"));
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      if (st.counters[2 * b] < 0 || st.counters[2 * b + 1] < 0 || st.counters[2 * b + 1] > 1)
+        throw ArgumentError(detail::cat("PowerSGD: the saved state of bucket ", b, " has round count ",
+                                        st.counters[2 * b], " and Q-drawn flag ", st.counters[2 * b + 1]));
+    std::size_t at = 0;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      Bucket& k = buckets_[b];
+      k.rounds = st.counters[2 * b];
+      k.q_drawn = st.counters[2 * b + 1] == 1;
+      k.stage = Stage::kDone;
+      K::from_host(k.q_numel, st.values.data() + at, this->at(k.q_at));
+      if (from == WireStateFrom::kThisRank)
+        K::from_host(k.err_numel, st.values.data() + at + k.q_numel, this->at(k.err_at));
+      else
+        K::fill(k.err_numel, T(0), this->at(k.err_at));
+      at += static_cast<std::size_t>(k.q_numel + k.err_numel);
+    }
+  }
+
   // Gradient elements that travel as rank-r factors (the rest go uncompressed).
   std::int64_t compressed_numel() const noexcept {
     i64 n = 0;

@@ -96,6 +96,22 @@ class BucketReducer {
   BucketPlan const& plan() const noexcept { return plan_; }
   // Bytes one rank puts on the wire per round, as the wire format says (none on one rank).
   std::int64_t wire_bytes() const noexcept { return world_ > 1 ? wire_.bytes() : 0; }
+  // What the wire carries between rounds (StatefulWire: PowerSGD), for checkpoints; empty for a wire without.
+  WireState<T> wire_state() const {
+    if constexpr (StatefulWire<wire_t, T>)
+      return wire_.state();
+    else
+      return {};
+  }
+  // Loads it between rounds. A saved state for a stateless wire is refused (ArgumentError); a wire with state
+  // checks the layout itself.
+  void load_wire_state(WireState<T> const& st, WireStateFrom from) {
+    if constexpr (StatefulWire<wire_t, T>) {
+      wire_.load_state(st, from);
+    } else if (!st.kind.empty()) {
+      throw ArgumentError(detail::cat("BucketReducer: a saved ", st.kind, " wire state cannot load into this wire"));
+    }
+  }
   // Elements of bucket b's slice that the all-reduce moves (gradients and status words).
   std::int64_t slice_numel(std::size_t b) const noexcept {
     return plan_.buckets[b].numel + status_slots(plan_.buckets[b].params.size(), world_);

@@ -16,7 +16,9 @@
 //    completes the bucket;
 //  - unpack(b, slice): called once that collective completed; returns the bucket's next collective (a wire that
 //    needs two, like PowerSGD's P and Q) or nothing once the slice holds the average;
-//  - bytes(): what one rank sends per round (steady state).
+//  - bytes(): what one rank sends per round (steady state);
+//  - optionally, state() and load_state(state, WireStateFrom): what it carries from round to round (PowerSGD's
+//    counters, Q and error feedback), so that a checkpoint resumes it exactly (WireState).
 // A wire's collectives are a pure function of the round on every rank (same count, order and sizes), so ranks
 // stay matched.
 #pragma once
@@ -25,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -55,6 +58,29 @@ struct WirePiece {
   SpaceSpan<V, S> span;
   ReduceOp op;
   std::string_view label;
+};
+
+// What a wire carries from one round to the next, for checkpoints. `kind` names the wire ("" for one without
+// state); `layout` describes how `values` is cut (a load into another layout is refused); `counters` are the same
+// on every rank; `values` are this rank's own.
+template <class T>
+struct WireState {
+  std::string kind{};
+  std::vector<std::int64_t> layout{};
+  std::vector<std::int64_t> counters{};
+  std::vector<T> values{};
+  friend bool operator==(WireState const&, WireState const&) = default;
+};
+
+// Whose values a loaded WireState holds: this rank's own (a resume at the world size that wrote it), or another
+// rank's (a resume at another world size: the wire keeps what is the same on every rank and drops the rest).
+enum class WireStateFrom { kThisRank, kOtherRank };
+
+// Whether a wire keeps state between rounds (state() and load_state()).
+template <class Wire, class T>
+concept StatefulWire = requires(Wire& w, Wire const& cw, WireState<T> const& st) {
+  { cw.state() } -> std::same_as<WireState<T>>;
+  w.load_state(st, WireStateFrom::kThisRank);
 };
 
 // In place, averaged by the backend.

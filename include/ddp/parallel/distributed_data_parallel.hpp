@@ -195,6 +195,22 @@ class DistributedDataParallel {
 
   nn::ParameterArena<T, S>& parameters() noexcept { return arena_; }
   BucketPlan const& plan() const noexcept { return reducer_->plan(); }
+  // What the reduction's wire carries between rounds (PowerSGD's round counts, Q and error feedback; empty for
+  // other wires), and loading it back between rounds: checkpoints keep it (save_checkpoint with a RoundState).
+  WireState<T> wire_state() const {
+    if constexpr (requires { reducer_->wire_state(); })
+      return reducer_->wire_state();
+    else
+      return {};
+  }
+  void load_wire_state(WireState<T> const& st, WireStateFrom from) {
+    if constexpr (requires { reducer_->load_wire_state(st, from); }) {
+      reducer_->load_wire_state(st, from);
+    } else if (!st.kind.empty()) {
+      throw ArgumentError(detail::cat("DistributedDataParallel: ", reduction_.name(), " keeps no wire state, but a ",
+                                      st.kind, " state was given to load"));
+    }
+  }
   M& module() noexcept { return *model_; }
   C& comm() noexcept { return *comm_; }
   DdpOptions const& options() const noexcept { return opts_; }

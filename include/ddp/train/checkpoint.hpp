@@ -28,6 +28,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "ddp/bucket/wire.hpp"
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/host_collectives.hpp"
 #include "ddp/error.hpp"
@@ -268,6 +269,18 @@ concept CheckpointableOptimizer = requires(O& o, O const& co, optim::OptimizerSt
   o.load_state(st);
 };
 
+// What a training loop carries from step to step besides the model, the optimizer and the position, for
+// save_checkpoint / load_checkpoint: the loss scale (GradScaler::state()) and this rank's gradient wire state
+// (DistributedDataParallel::wire_state(): PowerSGD's round counts, Q and error feedback). basic_trainer's
+// save_checkpoint / load_checkpoint fill and apply it.
+template <class T>
+struct RoundState {
+  std::optional<optim::GradScalerState> loss_scale{};
+  WireState<T> wire{};
+  // After a load: whose values `wire` holds (another rank's when the file was written at another world size).
+  WireStateFrom wire_from = WireStateFrom::kThisRank;
+};
+
 // Which rank restores a checkpoint, out of how many (a generator state is per rank).
 struct RankOf {
   int rank = 0;
@@ -384,6 +397,41 @@ std::vector<std::vector<GeneratorState>> gather_generators(C& comm, M const& mod
   return out;
 }
 
+// Every rank's wire values, on rank 0 (collective; other ranks get an empty record). The wire is the same
+// composition on every rank (DistributedDataParallel checks the bucket plan), so every rank holds as many values.
+template <Communicator C, class T>
+WireRecords<T> gather_wire(C& comm, WireState<T> const& mine) {
+  WireRecords<T> out{.kind = mine.kind, .layout = mine.layout, .counters = mine.counters};
+  if (mine.kind.empty()) return out;
+  int const n = comm.world_size();
+  if (n == 1) {
+    out.ranks.push_back(mine.values);
+    return out;
+  }
+  std::vector<T> all(mine.values.size() * static_cast<std::size_t>(n));
+  if (!mine.values.empty())
+    host_all_gather(comm, std::span<T const>(mine.values), std::span<T>(all), CollectiveTag{"checkpoint.wire"});
+  if (comm.rank() != 0) return {};
+  for (int r = 0; r < n; ++r) {
+    auto const first = all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * mine.values.size());
+    out.ranks.emplace_back(first, first + static_cast<std::ptrdiff_t>(mine.values.size()));
+  }
+  return out;
+}
+
+// A file's wire state against this run's (`mine`: kind and layout). The same kind with another layout is an
+// ArgumentError (via `err`); another kind (a run that changed its comm hook) is not: that state is not loaded.
+template <class T, class Err>
+void check_wire_fits(WireRecords<T> const& file, WireState<T> const& mine, Err const& err) {
+  if (file.kind.empty() || file.kind != mine.kind) return;
+  if (file.layout != mine.layout || file.counters.size() != mine.counters.size() ||
+      (!file.ranks.empty() && file.ranks[0].size() != mine.values.size()))
+    throw err("its ", file.kind, " state was written for another bucket layout (", file.layout.size(),
+              " layout entries and ", file.ranks.empty() ? 0 : file.ranks[0].size(), " values per rank; this run has ",
+              mine.layout.size(), " and ", mine.values.size(),
+              "): resume with the same bucket cap, parameters and compression rank");
+}
+
 }  // namespace detail
 
 // The model (parameters, frozen ones included, and buffers), the optimizer's per-parameter state, this
@@ -470,11 +518,13 @@ void restore_checkpoint(CheckpointData<T> const& c, M& model, O& opt, RankOf at 
 // under DDP they equal rank 0's (bitwise, for the threads and MPI backends; buffers are broadcast from rank 0).
 // A sharded optimizer (consolidated_state(): ZeroRedundancyOptimizer) first puts its pieces together on every
 // rank, so the file holds the whole state, by parameter name, and resumes at any world size, sharded or not.
+// `round`: this rank's RoundState (loss scale, wire state), kept too; every rank's wire values are gathered.
 template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
 requires CheckpointableOptimizer<O, T>
 void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model, O const& opt, TrainPosition const& pos,
-                     std::string_view extra = {}) {
+                     std::string_view extra, RoundState<T> const& round) {
   auto generators = detail::gather_generators(comm, model);
+  auto wire = detail::gather_wire(comm, round.wire);
   std::optional<optim::OptimizerState<T>> full;  // a sharded optimizer's pieces, put together (collective)
   if constexpr (requires { opt.consolidated_state(); }) full = opt.consolidated_state();
   std::string message;
@@ -484,10 +534,18 @@ void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model,
                                              auto c = full ? capture_checkpoint(model, std::move(*full), pos, extra)
                                                            : capture_checkpoint(model, opt, pos, extra);
                                              c.generators.ranks = std::move(generators);
+                                             c.loss_scale = round.loss_scale;
+                                             c.wire = std::move(wire);
                                              write_checkpoint_file(path, c);
                                            },
                                            message);
   detail::agree_or_throw(comm, kind, message);
+}
+template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
+requires CheckpointableOptimizer<O, T>
+void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model, O const& opt, TrainPosition const& pos,
+                     std::string_view extra = {}) {
+  save_checkpoint(path, comm, model, opt, pos, extra, RoundState<T>{});
 }
 
 // Collective (every rank calls it): rank 0 reads `path` and checks its container (truncation, magic,
@@ -498,9 +556,14 @@ void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model,
 // every rank (IoError for a bad file, ArgumentError for a model or optimizer mismatch), never a hang.
 // Returns the training position stored in the file; `extra`, when given, receives the bytes save_checkpoint
 // stored (empty if none).
+// `round`, when given: on entry this run's RoundState (its wire's kind and layout are checked against the file's:
+// the same kind in another layout is refused like a model mismatch); on return the file's loss scale (none if it
+// kept none) and wire state: this rank's values when the file was written at this world size, rank 0's otherwise
+// (round->wire_from says which), or an empty state when the file kept none for this run's kind of wire.
 template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
 requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm,
-                                                                     M& model, O& opt, std::string* extra = nullptr) {
+                                                                     M& model, O& opt, std::string* extra = nullptr,
+                                                                     RoundState<T>* round = nullptr) {
   std::string const file = path.string();
   std::string text;
   auto kind = detail::Failure::kNone;
@@ -526,11 +589,26 @@ requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesy
       [&] {
         c = decode_checkpoint<T>(text, file);
         check_checkpoint_fits(c, model, opt, file);
+        if (round)
+          detail::check_wire_fits(c.wire, round->wire, [&](auto const&... what) {
+            return ArgumentError(ddp::detail::cat("checkpoint ", file, " does not fit this run: ", what...));
+          });
       },
       message);
   detail::agree_or_throw(comm, kind, message);
   restore_checkpoint(c, model, opt, RankOf{comm.rank(), comm.world_size()});
   if (extra) *extra = std::move(c.extra);
+  if (round) {
+    round->loss_scale = c.loss_scale;
+    bool const mine = c.wire.kind == round->wire.kind && !c.wire.kind.empty();
+    bool const same_world = c.wire.ranks.size() == static_cast<std::size_t>(comm.world_size());
+    round->wire_from = same_world ? WireStateFrom::kThisRank : WireStateFrom::kOtherRank;
+    round->wire = mine ? WireState<T>{.kind = std::move(c.wire.kind),
+                                      .layout = std::move(c.wire.layout),
+                                      .counters = std::move(c.wire.counters),
+                                      .values = std::move(c.wire.ranks[same_world ? comm.rank() : 0])}
+                       : WireState<T>{};
+  }
   return c.position;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "ddp/error.hpp"
+#include "ddp/optim/grad_scaler.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/tensor/random.hpp"
 
@@ -41,6 +43,10 @@ static_assert(std::endian::native == std::endian::little,
 //     RNGS  u32 g, g × string name, u32 ranks, ranks × g × (u64 state, u64 inc, f64 spare, u64 has_spare):
 //           every rank's generators (Dropout), rank-major
 //     XTRA  optional: the caller's opaque bytes (e.g. the metrics so far); absent when empty
+//     SCAL  optional: the trainer's GradScaler: f64 scale, i64 growth tracker; absent without loss scaling
+//     WIRE  optional: what the gradient wire carries between rounds (PowerSGD): string kind, u32 l, l × i64 layout,
+//           u32 c, c × i64 counters, u32 ranks, u64 v, ranks × v elements (each rank's values, rank-major);
+//           absent for a wire without state
 //   tensors: u32 n, n × (string name, shape, numel elements); shape: u32 rank, rank × i64 dims;
 //   strings: u32 length + bytes. Unknown sections are skipped (a reader of version 2 ignores additions).
 // Version 1 (until 2026-11) kept the optimizer's state as flat buffers in the writer's arena layout, which
@@ -99,6 +105,17 @@ struct GeneratorRecords {
   friend bool operator==(GeneratorRecords const&, GeneratorRecords const&) = default;
 };
 
+// The gradient wire's state on every rank that wrote the checkpoint (WireState, bucket/wire.hpp, per rank):
+// kind, layout and counters are the same on every rank; ranks[r] is rank r's values. Empty kind: none.
+template <class T>
+struct WireRecords {
+  std::string kind{};
+  std::vector<std::int64_t> layout{};
+  std::vector<std::int64_t> counters{};
+  std::vector<std::vector<T>> ranks{};
+  friend bool operator==(WireRecords const&, WireRecords const&) = default;
+};
+
 // Everything a checkpoint holds, in memory.
 template <class T>
 struct CheckpointData {
@@ -110,6 +127,8 @@ struct CheckpointData {
   optim::OptimizerState<T> optimizer{};
   GeneratorRecords generators{};
   std::string extra{};  // the caller's bytes, stored as they are (e.g. MetricsLog::csv())
+  std::optional<optim::GradScalerState> loss_scale{};  // the trainer's GradScaler, under loss scaling
+  WireRecords<T> wire{};                               // the gradient wire's state (PowerSGD), when it keeps one
 };
 
 namespace detail {
@@ -352,6 +371,29 @@ std::string encode_checkpoint(CheckpointData<T> const& c) {
     }
   });
   if (!c.extra.empty()) section(fourcc("XTRA"), [&](detail::ByteWriter& s) { s.bytes() += c.extra; });
+  if (c.loss_scale)
+    section(fourcc("SCAL"), [&](detail::ByteWriter& s) {
+      s.put(c.loss_scale->scale);
+      s.put(c.loss_scale->growth_tracker);
+    });
+  if (!c.wire.kind.empty())
+    section(fourcc("WIRE"), [&](detail::ByteWriter& s) {
+      auto const& w = c.wire;
+      s.put_string(w.kind);
+      for (auto const* v : {&w.layout, &w.counters}) {
+        s.put(static_cast<std::uint32_t>(v->size()));
+        for (auto x : *v) s.put(x);
+      }
+      std::size_t const per = w.ranks.empty() ? 0 : w.ranks[0].size();
+      s.put(static_cast<std::uint32_t>(w.ranks.size()));
+      s.put(static_cast<std::uint64_t>(per));
+      for (auto const& r : w.ranks) {
+        if (r.size() != per)
+          throw ArgumentError(ddp::detail::cat("checkpoint: the ", w.kind, " wire state has ", r.size(),
+                                               " values on one rank and ", per, " on rank 0"));
+        s.put_array(std::span<T const>(r));
+      }
+    });
   std::string const& body = payload.bytes();
   detail::ByteWriter h;
   h.bytes().append(kCheckpointMagic, sizeof(kCheckpointMagic));
@@ -468,6 +510,7 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
       if (s.tag == fourcc(name)) return detail::ByteReader(s.body, file, name);
     throw err("required section ", name, " is missing");
   };
+  auto has = [&](char const(&name)[5]) { return tags.contains(fourcc(name)); };
 
   CheckpointData<T> c;
   {
@@ -562,6 +605,38 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
   }
   for (auto const& sec : secs)
     if (sec.tag == fourcc("XTRA")) c.extra = std::string(sec.body);
+  if (has("SCAL")) {
+    detail::ByteReader s = find("SCAL");
+    optim::GradScalerState st{.scale = s.get<double>(), .growth_tracker = s.get<std::int64_t>()};
+    if (!(std::isfinite(st.scale) && st.scale > 0) || st.growth_tracker < 0)
+      s.fail("loss scale ", st.scale, " with growth tracker ", st.growth_tracker,
+             " (the scale must be positive and finite, the tracker >= 0)");
+    s.expect_end();
+    c.loss_scale = st;
+  }
+  if (has("WIRE")) {
+    detail::ByteReader s = find("WIRE");
+    auto& w = c.wire;
+    w.kind = s.get_string();
+    if (w.kind.empty()) s.fail("the wire state has no kind");
+    for (auto [v, what] : {std::pair{&w.layout, "layout"}, std::pair{&w.counters, "counters"}}) {
+      auto const n = s.get<std::uint32_t>();
+      s.need_elements(n, 8, ddp::detail::cat("the wire state's ", what));
+      v->resize(n);
+      for (auto& x : *v) x = s.get<std::int64_t>();
+    }
+    auto const nr = detail::checked_count(s, "the number of ranks", s.get<std::uint32_t>(), kCheckpointMaxRanks);
+    auto const per = s.get<std::uint64_t>();
+    if (nr == 0) s.fail("the wire state is held by no rank");
+    s.need_elements(per, sizeof(T), "the wire state's values per rank");
+    s.need_elements(static_cast<std::uint64_t>(nr) * per, sizeof(T), "the wire state's values");
+    w.ranks.resize(static_cast<std::size_t>(nr));
+    for (auto& values : w.ranks) {
+      values.resize(static_cast<std::size_t>(per));
+      s.get_array(values.data(), values.size());
+    }
+    s.expect_end();
+  }
   return c;
 }
 

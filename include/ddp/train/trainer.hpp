@@ -24,6 +24,7 @@
 #include "ddp/parallel/join.hpp"
 #include "ddp/parallel/overlapped_update.hpp"
 #include "ddp/trace/timeline.hpp"
+#include "ddp/train/checkpoint.hpp"
 #include "ddp/train/evaluate.hpp"
 
 namespace ddp {
@@ -56,9 +57,8 @@ struct TrainerOptions {
   // alike and the scale backs off (as do steps DdpOptions::non_finite skips). loss_scale() reads the scale. Not
   // with EpochSplit::kJoin, nor with an optimizer that updates inside backward. Deterministic mode's exact sums
   // cannot carry an Inf: there, set ddp.non_finite = NonFinite::kSkipStep, or an overflow raises on every rank
-  // instead of backing the scale off. Checkpoints do not hold the scale:
-  // a resumed run starts again from init_scale (with power-of-two factors the weights do not depend on the scale,
-  // barring overflow).
+  // instead of backing the scale off. The trainer's save_checkpoint keeps the scale and its growth tracker, and
+  // load_checkpoint restores them (the weights can depend on the scale: float16 rounds the scaled gradients).
   std::optional<optim::GradScalerOptions> loss_scaling{};
   // How often a step reads its loss on the host, which on a device waits for the step to finish: every step (1),
   // or every loss_every-th step and the epoch's last. Between reads the losses stay in device memory (copied into
@@ -322,6 +322,25 @@ class basic_trainer {
     r.mean_loss = counted[0] ? sum[0] / mean_steps : 0.0;
     if constexpr (invariant) exact_mean_loss(r, micro_losses);
     return r;
+  }
+
+  // Collective: ddp::save_checkpoint of the model, the optimizer and `pos`, with what the loop carries between
+  // steps: the loss scale (TrainerOptions::loss_scaling) and the gradient wire's state (PowerSGD's round counts, Q
+  // and every rank's error feedback). load_checkpoint restores all of it, so a resumed run continues the
+  // uninterrupted one bitwise at the same world size (at another, PowerSGD's error feedback starts at zero).
+  void save_checkpoint(std::filesystem::path const& path, TrainPosition const& pos, std::string_view extra = {}) {
+    RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
+    if (scaler_) round.loss_scale = scaler_->state();
+    ddp::save_checkpoint(path, *comm_, ddp_.module(), opt_, pos, extra, round);
+  }
+  // Collective: ddp::load_checkpoint (every failure on every rank), then the loss scale and the wire state where
+  // the file holds them for this run's composition. Returns the stored position; `extra` receives the stored bytes.
+  TrainPosition load_checkpoint(std::filesystem::path const& path, std::string* extra = nullptr) {
+    RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
+    TrainPosition const pos = ddp::load_checkpoint(path, *comm_, ddp_.module(), opt_, extra, &round);
+    if (scaler_ && round.loss_scale) scaler_->load_state(*round.loss_scale);
+    if (!round.wire.kind.empty()) ddp_.load_wire_state(round.wire, round.wire_from);
+    return pos;
   }
 
   // Batches per epoch (the most any rank has): what fit_epoch's steps_in_epoch will be.

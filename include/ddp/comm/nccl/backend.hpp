@@ -7,12 +7,14 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -148,12 +150,15 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
       watch_ = std::make_unique<detail::StoreWatch>(
           rendezvous_->store, rank_, n_, detail::resolve(opts.timeout, backend_name), backend_name, prefix + "watch/");
       init(rendezvous_->launch.local_rank, opts, [&](ncclUniqueId& id) {
-        auto const bytes = share_from_root(store, prefix + "unique_id", rank_, 0, rendezvous_->timeout, [&] {
-          ncclUniqueId made{};
-          nccl(ncclGetUniqueId(&made), "ncclGetUniqueId");
-          auto const* p = reinterpret_cast<char const*>(&made);
-          return std::vector<char>(p, p + sizeof made);
-        });
+        auto const bytes = share_from_root(
+            store, prefix + "unique_id", rank_, 0, rendezvous_->timeout,
+            [&] {
+              ncclUniqueId made{};
+              nccl(ncclGetUniqueId(&made), "ncclGetUniqueId");
+              auto const* p = reinterpret_cast<char const*>(&made);
+              return std::vector<char>(p, p + sizeof made);
+            },
+            std::get<std::unique_ptr<detail::StoreWatch>>(watch_)->left_key(0));
         if (bytes.size() != sizeof id)
           throw CommError(detail::cat("ddp nccl: rank ", rank_, " read a ", bytes.size(), "-byte ncclUniqueId from ",
                                       store.describe(), " (expected ", sizeof id,
@@ -161,6 +166,10 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
                           rank_);
         std::memcpy(&id, bytes.data(), sizeof id);
       });
+    } catch (std::exception const& e) {
+      leave(detail::cat("its backend failed to start: ", e.what()));  // its peers name it at once, with this
+      release();
+      throw;
     } catch (...) {
       leave("its backend failed to start");
       release();
@@ -228,7 +237,7 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
     cuda(cudaSetDevice(device_), "cudaSetDevice");
     ncclUniqueId id{};
     share_id(id);
-    nccl(ncclCommInitRank(&comm_, n_, id, rank_), "ncclCommInitRank");
+    init_comm(id);
     cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
     cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     cuda(cudaEventCreateWithFlags(&barrier_, cudaEventDisableTiming), "cudaEventCreate");
@@ -236,6 +245,40 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
     for (auto& e : events_) cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     scratch_ = DeviceBuffer<std::int32_t>(1);
   }
+  // ncclCommInitRank under the collectives' deadline: it waits in NCCL's bootstrap for every peer, without a
+  // timeout of its own, so it runs on a helper thread while this one waits as for a collective (the watch names a
+  // peer that left or stalls, at the deadline at the latest). On failure the helper is left behind (detached, its
+  // state shared): the communicator it may still make is never used. Keeps the blocking mode, so the collectives'
+  // calls keep their blocking semantics (a non-blocking config would make every later call return ncclInProgress).
+  // Compiled by nvcc in CI; not yet run on a GPU.
+  void init_comm(ncclUniqueId const& id) {
+    struct Pending {
+      std::atomic<bool> done{false};
+      ncclResult_t rc = ncclSuccess;
+      cudaError_t device = cudaSuccess;
+      ncclComm_t comm = nullptr;
+    };
+    auto pending = std::make_shared<Pending>();
+    std::thread([pending, id, n = n_, rank = rank_, device = device_] {
+      pending->device = cudaSetDevice(device);  // the device is per host thread
+      if (pending->device == cudaSuccess) pending->rc = ncclCommInitRank(&pending->comm, n, id, rank);
+      pending->done.store(true, std::memory_order_release);
+    }).detach();
+    auto done = [&] {
+      if (!pending->done.load(std::memory_order_acquire)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        return false;
+      }
+      cuda(pending->device, "cudaSetDevice (ncclCommInitRank's thread)");
+      nccl(pending->rc, "ncclCommInitRank");
+      comm_ = pending->comm;
+      return true;
+    };
+    auto const call = detail::CallRecord::make(calls_++, CollectiveKind::kBarrier, 0, Dtype::kInt32, ReduceOp::kSum, -1,
+                                               CollectiveTag{"ncclCommInitRank"});
+    std::visit([&](auto& watch) { watch->wait_until(done, call); }, watch_);
+  }
+
   // Ends every kernel of this communicator (they may wait forever for absent peers) and poisons the backend.
   void abort_comm() noexcept {
     if (comm_ != nullptr) ncclCommAbort(comm_);

@@ -5,7 +5,9 @@
 //   env             the same variables without the agent (a hand-written launcher, a container entry point):
 //                   rank 0 serves the TCPStore on MASTER_PORT, as PyTorch's env:// init does.
 //   file            DDP_STORE_FILE=<directory every rank sees> (Slurm's srun without MPI: ranks from SLURM_*):
-//                   a FileStore there. Give each job its own directory (e.g. with $SLURM_JOB_ID in it).
+//                   a FileStore there. Give each job its own directory (e.g. with $SLURM_JOB_ID in it); a
+//                   directory a finished job left (a Slurm requeue) is cleared and reused, one a live job uses
+//                   is refused (FileStore's liveness locks).
 // Then every rank checks in: it claims its rank (a second claim means two jobs share one store: an error), says
 // its world size, and waits for every other rank. Each rank ends with the same verdict: all arrived with one
 // world size, or an error naming the ranks missing or disagreeing, within the timeout.
@@ -60,6 +62,7 @@ inline std::string text_of(std::vector<char> const& v) { return std::string(v.be
 // Claims the rank, publishes the world size, waits for everyone, and compares world sizes.
 inline void check_in(Store& store, LaunchEnv const& env, std::chrono::milliseconds timeout, std::string const& where) {
   int const r = env.rank, n = env.world_size;
+  store.hold_rank(r);  // where the store sees liveness, peers can now tell when this rank's process ends
   if (std::int64_t const claims = store.add(cat("rank_", r, "/claims"), 1); claims > 1)
     throw CommError(cat("rendezvous at ", where, ": rank ", r, " has already joined (", claims,
                         " claims): two jobs share this store; give each job its own MASTER_PORT (or DDP_STORE_FILE "
@@ -112,7 +115,7 @@ inline Rendezvous rendezvous(RendezvousOptions const& opt = {}) {
   if (dir) {
     if (dir->empty()) throw ArgumentError("rendezvous: DDP_STORE_FILE is set but empty; give it a shared directory");
     rv.method = "file";
-    rv.store = std::make_shared<FileStore>(*dir);
+    rv.store = std::make_shared<FileStore>(*dir, FileStoreOptions{.stale = StaleKeys::kClear});
   } else if (addr || port) {
     if (!addr || addr->empty() || !port || port->empty())
       throw ArgumentError(cat("rendezvous: ", addr ? "MASTER_PORT" : "MASTER_ADDR", " is not set but ",
@@ -150,6 +153,10 @@ inline Rendezvous rendezvous(RendezvousOptions const& opt = {}) {
     if (rv.server)
       std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(rv.timeout, std::chrono::seconds(2)));
     if (std::string_view(e.what()).starts_with("rendezvous at ")) throw;
+    if (rv.method == "file")
+      throw CommError(cat("rendezvous at ", rv.describe(), ": rank ", rv.launch.rank,
+                          " could not use the file store while the ranks checked in: ", e.what()),
+                      rv.launch.rank);
     throw CommError(cat("rendezvous at ", rv.describe(), ": rank ", rv.launch.rank,
                         " lost the store while the ranks "
                         "checked in (",
@@ -162,23 +169,57 @@ inline Rendezvous rendezvous(RendezvousOptions const& opt = {}) {
 
 // One rank's bytes to every rank, through the store: `root` sets `key` to make() (called on the root only), the
 // others wait for it (at most `timeout`). For a value made once and needed everywhere, e.g. NCCL's unique id.
-// The CommError on a rank that waits in vain names the key, the root and the store.
+// A waiting rank does not sit out the timeout when the root is gone: it polls (backing off to 50 ms) and fails at
+// once, naming the root, when the root posted at `root_left` that it gave up (StoreWatch::left_key: its reason is
+// quoted), when the store sees the root's process ended (Store::rank_gone), or when the store itself fails (a store
+// rank 0 served ends with it). Every CommError names the key, the root and the store, and blames the root.
 template <class Make>
 std::vector<char> share_from_root(Store& store, std::string const& key, int rank, int root,
-                                  std::chrono::milliseconds timeout, Make&& make) {
+                                  std::chrono::milliseconds timeout, Make&& make, std::string const& root_left = {}) {
   if (rank == root) {
     std::vector<char> bytes = make();
     store.set(key, bytes);
     return bytes;
   }
+  using detail::cat;
+  auto const start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::milliseconds(1);
+  auto waited = [&] {
+    return detail::seconds_text(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start));
+  };
+  std::string gone;
   try {
-    return store.get(key, timeout);
+    for (;;) {
+      if (store.check({key})) return store.get(key, timeout);
+      if (!root_left.empty() && store.check({root_left})) {
+        auto const why = store.get(root_left, timeout);
+        gone = cat("it left: ", std::string(why.begin(), why.end()));
+        break;
+      }
+      if (store.rank_gone(root)) {
+        gone = cat("its process ended (killed, or crashed) before it set it");
+        break;
+      }
+      if (std::chrono::steady_clock::now() - start >= timeout) {
+        throw CommError(cat("rank ", rank, " waited ", detail::seconds_text(timeout), " for '", key, "' from rank ",
+                            root, " through ", store.describe(), ": it did not appear; rank ", root,
+                            " failed before it set it (see its error) or never started"),
+                        root);
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
   } catch (CommError const& e) {
-    throw CommError(detail::cat("rank ", rank, " waited ", detail::seconds_text(timeout), " for '", key, "' from rank ",
-                                root, " through ", store.describe(), ": ", e.what(), "; rank ", root,
-                                " failed before it set it (see its error) or never started"),
+    if (e.rank() == root && std::string_view(e.what()).starts_with(cat("rank ", rank, " waited "))) throw;
+    throw CommError(cat("rank ", rank, " lost ", store.describe(), " after ", waited(), " waiting for '", key,
+                        "' from rank ", root, ": ", e.what(), "; if rank ", root,
+                        " serves the store (MASTER_ADDR/MASTER_PORT without torchrun), it ended: see its error"),
                     root);
   }
+  throw CommError(cat("rank ", rank, " waited ", waited(), " for '", key, "' from rank ", root, " through ",
+                      store.describe(), ": rank ", root, " is gone: ", gone),
+                  root);
 }
 
 }  // namespace ddp

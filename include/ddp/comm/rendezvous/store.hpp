@@ -1,7 +1,8 @@
 // Store: the small key-value service ranks meet through before they can talk to each other (PyTorch's c10d
 // Store; Gloo's rendezvous store): set a key, get one (waiting until some rank sets it), add to a counter.
 // Implementations: TcpStore (tcp_store.hpp: PyTorch's TCPStore protocol, so torchrun's agent serves it) and
-// FileStore (file_store.hpp: a directory on a filesystem every rank sees). PrefixStore keeps one job's keys apart
+// FileStore (file_store.hpp: a directory on a filesystem every rank sees, which also sees which ranks live).
+// PrefixStore keeps one job's keys apart
 // from everything else a shared store holds.
 #pragma once
 
@@ -33,6 +34,12 @@ class Store {
   virtual bool check(std::vector<std::string> const& keys) = 0;
   // For messages: "TCP store 127.0.0.1:29500", "file store /shared/job".
   virtual std::string describe() const = 0;
+  // Liveness, where the store can see it (FileStore: a lock each rank holds while its process lives). hold_rank(r)
+  // marks this process as rank r for as long as the store object lives; rank_gone(q) is true once rank q held its
+  // mark and no longer does (its process ended: returned, crashed or killed). A store that cannot tell never says
+  // gone (a TCP store served by a rank fails on its own when that rank ends).
+  virtual void hold_rank(int /*rank*/) {}
+  virtual bool rank_gone(int /*rank*/) { return false; }
 };
 
 // Another store's keys under `prefix` ("ddp/attempt_0/" + key).
@@ -51,6 +58,8 @@ class PrefixStore final : public Store {
     return base_->check(full);
   }
   std::string describe() const override { return base_->describe(); }
+  void hold_rank(int rank) override { base_->hold_rank(rank); }
+  bool rank_gone(int rank) override { return base_->rank_gone(rank); }
   Store& base() const noexcept { return *base_; }
 
  private:

@@ -49,6 +49,9 @@ class StoreWatch {
   StoreWatch(StoreWatch const&) = delete;
   StoreWatch& operator=(StoreWatch const&) = delete;
 
+  // Where rank q posts that it left, and why (for share_from_root's root_left).
+  std::string left_key(int q) const { return cat(prefix_, "left/", q); }
+
   // Tells the peers this rank takes part in no further collective, and why ("its backend was destroyed"). The
   // first reason stands. Never throws: a store that is gone leaves the peers to their deadline.
   void leave(std::string const& why) noexcept {

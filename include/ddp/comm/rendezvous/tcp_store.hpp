@@ -1,11 +1,21 @@
-// TcpStore and TcpStoreServer: a Store over TCP that speaks PyTorch's TCPStore wire protocol (c10d, as in
-// PyTorch 1.13), so a ddp rank joins the store torchrun's agent serves (TORCHELASTIC_USE_AGENT_STORE) as
-// PyTorch's own workers do, and PyTorch clients can join a TcpStoreServer.
-//
-// The protocol, per request: one byte of query type, then strings and byte vectors as a native-endian uint64
-// length followed by the bytes, integers as native-endian int64. SET (key, value) has no reply; GET (key)
-// replies with the value; ADD (key, delta) with the new value; CHECK (n, keys) and WAIT (n, keys) with one
-// byte (CHECK: 0 ready, 1 not; WAIT: 0 once every key exists). A client waits for a key before getting it.
+// TcpStore and TcpStoreServer: a Store over TCP that speaks PyTorch's TCPStore wire protocol (c10d), in both of its
+// versions, so a ddp rank joins the store torchrun's agent serves (TORCHELASTIC_USE_AGENT_STORE) as PyTorch's own
+// workers do, and PyTorch clients can join a TcpStoreServer:
+//  - PyTorch 1.x (1.13): one byte of query type per request, SET = 0 ... GETNUMKEYS = 6, WATCH_KEY = 7,
+//    DELETE_KEY = 8;
+//  - PyTorch 2.x (the TCPStoreBackend of 2.2 and later, both its classic and its libuv server): every connection
+//    opens with VALIDATE (query 0 and the 4-byte magic 0x3C85F7CE, no reply); the query types after it moved up by
+//    one (SET = 1 ... GETNUMKEYS = 7), DELETE_KEY stayed 8, and APPEND = 9, MULTI_GET = 10, MULTI_SET = 11,
+//    CANCEL_WAIT = 12, PING = 13 (an echoed 4-byte nonce) were added. A 2.x server closes, or ignores, a
+//    connection whose first request is not VALIDATE; a 1.x server reads VALIDATE as a SET with a key of gigabytes.
+// Fields, in both: strings and byte vectors as a native-endian uint64 length followed by the bytes, integers as
+// native-endian int64. SET (key, value) has no reply; GET (key) replies with the value; ADD (key, delta) with the new
+// value; CHECK (n, keys) and WAIT (n, keys) with one byte (CHECK: 0 ready, 1 not; WAIT: 0 once every key exists). A
+// client waits for a key before getting it.
+// The client finds out which protocol the server speaks (StoreProtocol::kDetect) with two probes on throw-away
+// connections, each harmless to the other version: VALIDATE then 2.x's GETNUMKEYS, and 1.x's GETNUMKEYS alone; the
+// one that gets a key count back names the protocol. A service that answers neither is named as not a TCPStore.
+// The server reads the first bytes of each connection: VALIDATE's 5 bytes make it a 2.x client, anything else 1.x.
 //
 // The server is one thread polling every connection; a request that is not the protocol (an unknown query
 // type, a length beyond kMaxStoreBytes) closes that connection only, so garbage sent to the port leaves the
@@ -42,9 +52,43 @@ namespace ddp {
 // The largest key or value either side accepts (a rendezvous moves addresses and ids: bytes, not megabytes).
 inline constexpr std::uint64_t kMaxStoreBytes = std::uint64_t{64} << 20;
 
+namespace detail {}  // namespace detail
+
+// Which version of PyTorch's TCPStore protocol a TcpStore speaks (see the top of this file).
+enum class StoreProtocol {
+  kDetect,  // probe the server when connecting
+  kTorch1,  // PyTorch 1.x (1.13)
+  kTorch2,  // PyTorch 2.x (2.2 and later: VALIDATE first)
+};
+inline char const* name(StoreProtocol p) noexcept {
+  return p == StoreProtocol::kTorch1 ? "PyTorch 1.x" : p == StoreProtocol::kTorch2 ? "PyTorch 2.x" : "detect";
+}
+
 namespace detail {
 
+// The queries ddp uses, by their 1.x numbers (query_byte gives the wire byte for a protocol).
 enum class StoreQuery : std::uint8_t { kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kNumKeys, kWatchKey, kDeleteKey };
+// PyTorch 2.x's query bytes (TCPStoreBackend.hpp's QueryType).
+enum class Torch2Query : std::uint8_t {
+  kValidate = 0,
+  kSet = 1,  // ... kNumKeys = 7: the 1.x queries moved up by one
+  kNumKeys = 7,
+  kDeleteKey = 8,
+  kAppend = 9,
+  kMultiGet = 10,
+  kMultiSet = 11,
+  kCancelWait = 12,
+  kPing = 13,
+};
+inline constexpr std::uint32_t kStoreValidateMagic = 0x3C85F7CE;
+// VALIDATE with its magic, as a 2.x client sends it first on every connection (no reply).
+inline constexpr unsigned char kStoreValidate[5] = {0x00, 0xCE, 0xF7, 0x85, 0x3C};
+
+inline std::uint8_t query_byte(StoreQuery q, StoreProtocol p) noexcept {
+  auto const v = static_cast<std::uint8_t>(q);
+  if (p != StoreProtocol::kTorch2) return v;
+  return q == StoreQuery::kDeleteKey ? std::uint8_t{8} : static_cast<std::uint8_t>(v + 1);
+}
 
 // An owned file descriptor.
 class Fd {
@@ -168,7 +212,7 @@ inline bool recv_exact(int fd, void* data, std::size_t n, StoreClock::time_point
 // A request under construction: the wire encoding of the protocol's fields.
 struct StoreRequest {
   std::vector<char> bytes;
-  explicit StoreRequest(StoreQuery q) { bytes.push_back(static_cast<char>(q)); }
+  StoreRequest(StoreQuery q, StoreProtocol p) { bytes.push_back(static_cast<char>(query_byte(q, p))); }
   StoreRequest& u64(std::uint64_t v) {
     char b[8];
     std::memcpy(b, &v, 8);
@@ -188,6 +232,63 @@ struct StoreRequest {
   }
 };
 
+// Which protocol the TCPStore at host:port speaks: two probes on connections of their own, sent at once, each
+// harmless to a server of the other version (a 1.x server reads VALIDATE's magic as the start of a key length and
+// waits for the rest; a 2.x server closes or ignores a connection that does not start with VALIDATE). The probe
+// that gets a plausible key count back (8 bytes, in [0, 2^40)) wins. CommError naming the address when neither does
+// within `window` (capped by the deadline): a service on that port that is not a TCPStore.
+inline StoreProtocol detect_store_protocol(std::string const& host, int port, StoreClock::time_point deadline,
+                                           std::chrono::milliseconds window, std::string const& what) {
+  struct Probe {
+    StoreProtocol protocol;
+    Fd fd;
+    std::vector<char> request, reply;
+    std::string outcome = "no reply";
+  };
+  Probe probes[2] = {{StoreProtocol::kTorch2, {}, {}, {}}, {StoreProtocol::kTorch1, {}, {}, {}}};
+  probes[0].request.assign(kStoreValidate, kStoreValidate + 5);
+  probes[0].request.push_back(static_cast<char>(Torch2Query::kNumKeys));
+  probes[1].request.push_back(static_cast<char>(StoreQuery::kNumKeys));
+  for (auto& p : probes) {
+    p.fd = connect_tcp(host, port, deadline, what);
+    if (!send_exact(p.fd.get(), p.request.data(), p.request.size(), deadline, what))
+      throw CommError(cat(what, ": sending a protocol probe timed out"));
+  }
+  auto const until = std::min(deadline, StoreClock::now() + window);
+  for (;;) {
+    pollfd fds[2];
+    nfds_t n = 0;
+    Probe* of[2];
+    for (auto& p : probes)
+      if (p.fd) fds[n] = {p.fd.get(), POLLIN, 0}, of[n++] = &p;
+    if (n == 0 || ::poll(fds, n, ms_left(until)) <= 0) break;
+    for (nfds_t i = 0; i < n; ++i) {
+      if (fds[i].revents == 0) continue;
+      Probe& p = *of[i];
+      char buf[64];
+      ssize_t const k = ::recv(p.fd.get(), buf, sizeof buf, 0);
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+      if (k <= 0) {
+        p.outcome = k == 0 ? "closed the connection" : std::strerror(errno);
+        p.fd.reset();
+        continue;
+      }
+      p.reply.insert(p.reply.end(), buf, buf + k);
+      if (p.reply.size() < 8) continue;
+      std::int64_t count = -1;
+      std::memcpy(&count, p.reply.data(), 8);
+      if (p.reply.size() == 8 && count >= 0 && count < (std::int64_t{1} << 40)) return p.protocol;
+      p.outcome = cat("replied with ", p.reply.size(), "+ bytes that are not a key count");
+      p.fd.reset();
+    }
+    if (StoreClock::now() >= until) break;
+  }
+  throw CommError(cat(what, ": the service on ", host, ":", port,
+                      " does not speak PyTorch's TCPStore protocol (to PyTorch 2.x's VALIDATE and key count: ",
+                      probes[0].outcome, "; to PyTorch 1.x's key count: ", probes[1].outcome,
+                      "). Is MASTER_ADDR:MASTER_PORT another service's address? Give the job a free port"));
+}
+
 }  // namespace detail
 
 // A client of a TCPStore (PyTorch's, torchrun's agent's, or a TcpStoreServer). One connection, one request at a
@@ -200,22 +301,26 @@ class TcpStore final : public Store {
     int port = 29500;
     // How long connecting may take (the server may start after this rank) and how long any request may wait.
     std::chrono::milliseconds timeout = std::chrono::seconds(300);
+    // PyTorch 1.x's or 2.x's protocol, or probe the server for it when connecting (the default).
+    StoreProtocol protocol = StoreProtocol::kDetect;
+    // How long the probes may wait for a reply from a server that accepted the connections.
+    std::chrono::milliseconds probe_window = std::chrono::seconds(10);
   };
 
-  explicit TcpStore(Options opt) : opt_(std::move(opt)) {
+  explicit TcpStore(Options opt) : opt_(std::move(opt)), protocol_(opt_.protocol) {
     if (opt_.port <= 0 || opt_.port > 65535)
       throw ArgumentError(detail::cat("TcpStore: port ", opt_.port, " is outside [1, 65535]"));
     connect();
   }
 
   void set(std::string const& key, std::vector<char> const& value) override {
-    detail::StoreRequest r(detail::StoreQuery::kSet);
+    detail::StoreRequest r(detail::StoreQuery::kSet, protocol_);
     r.str(key).vec(value);
     send(r, key);
   }
   std::vector<char> get(std::string const& key, std::chrono::milliseconds timeout) override {
     wait({key}, timeout);
-    detail::StoreRequest r(detail::StoreQuery::kGet);
+    detail::StoreRequest r(detail::StoreQuery::kGet, protocol_);
     r.str(key);
     send(r, key);
     std::uint64_t n = 0;
@@ -229,7 +334,7 @@ class TcpStore final : public Store {
     return value;
   }
   std::int64_t add(std::string const& key, std::int64_t delta) override {
-    detail::StoreRequest r(detail::StoreQuery::kAdd);
+    detail::StoreRequest r(detail::StoreQuery::kAdd, protocol_);
     r.str(key).i64(delta);
     send(r, key);
     std::int64_t v = 0;
@@ -237,7 +342,7 @@ class TcpStore final : public Store {
     return v;
   }
   bool check(std::vector<std::string> const& keys) override {
-    detail::StoreRequest r(detail::StoreQuery::kCheck);
+    detail::StoreRequest r(detail::StoreQuery::kCheck, protocol_);
     r.u64(keys.size());
     for (auto const& k : keys) r.str(k);
     std::string const what = keys.empty() ? std::string("(no keys)") : keys.front();
@@ -248,7 +353,7 @@ class TcpStore final : public Store {
   }
   // Waits until every key exists; CommError naming the first key and the store after `timeout`.
   void wait(std::vector<std::string> const& keys, std::chrono::milliseconds timeout) {
-    detail::StoreRequest r(detail::StoreQuery::kWait);
+    detail::StoreRequest r(detail::StoreQuery::kWait, protocol_);
     r.u64(keys.size());
     for (auto const& k : keys) r.str(k);
     std::string const what = keys.empty() ? std::string("(no keys)") : keys.front();
@@ -263,12 +368,24 @@ class TcpStore final : public Store {
   }
   std::string describe() const override { return detail::cat("TCP store ", opt_.host, ":", opt_.port); }
   Options const& options() const noexcept { return opt_; }
+  // The protocol spoken: Options::protocol, or what the probes found.
+  StoreProtocol protocol() const noexcept { return protocol_; }
 
  private:
   static detail::StoreClock::time_point deadline_after(std::chrono::milliseconds t) {
     return detail::StoreClock::now() + t;
   }
-  void connect() { fd_ = detail::connect_tcp(opt_.host, opt_.port, deadline_after(opt_.timeout), describe()); }
+  void connect() {
+    auto const deadline = deadline_after(opt_.timeout);
+    if (protocol_ == StoreProtocol::kDetect)
+      protocol_ = detail::detect_store_protocol(opt_.host, opt_.port, deadline, opt_.probe_window, describe());
+    fd_ = detail::connect_tcp(opt_.host, opt_.port, deadline, describe());
+    if (protocol_ == StoreProtocol::kTorch2 &&
+        !detail::send_exact(fd_.get(), detail::kStoreValidate, sizeof detail::kStoreValidate, deadline, describe())) {
+      fd_.reset();
+      throw CommError(detail::cat(describe(), ": sending VALIDATE timed out"));
+    }
+  }
   void send(detail::StoreRequest const& r, std::string const& key) {
     if (!fd_) connect();
     try {
@@ -290,6 +407,7 @@ class TcpStore final : public Store {
   }
 
   Options opt_;
+  StoreProtocol protocol_;
   detail::Fd fd_;
 };
 
@@ -332,6 +450,7 @@ class TcpStoreServer {
     std::vector<char> in;              // bytes received, not yet a whole request
     std::vector<std::string> waiting;  // WAIT keys still missing
     bool closing = false;
+    StoreProtocol protocol = StoreProtocol::kDetect;  // known from its first bytes
   };
 
   detail::Fd bind_listen() {
@@ -431,14 +550,38 @@ class TcpStoreServer {
 
   // Handles the first whole request in c.in, if there is one; false when more bytes are needed (or c closes).
   bool handle_one(Client& c) {
-    if (c.in.empty() || !c.waiting.empty()) return false;  // a waiting client sends nothing until answered
-    auto const q = static_cast<std::uint8_t>(c.in[0]);
-    Reader r{c.in, 1};
+    if (c.in.empty()) return false;
     auto reject = [&] {
       rejected_.fetch_add(1);
       c.closing = true;
       return false;
     };
+    if (c.protocol == StoreProtocol::kDetect) {  // VALIDATE's 5 bytes first: a 2.x client; anything else: 1.x
+      std::size_t const n = std::min<std::size_t>(c.in.size(), sizeof detail::kStoreValidate);
+      if (std::memcmp(c.in.data(), detail::kStoreValidate, n) != 0) {
+        c.protocol = StoreProtocol::kTorch1;
+      } else {
+        if (n < sizeof detail::kStoreValidate) return false;
+        consume(c, sizeof detail::kStoreValidate);
+        c.protocol = StoreProtocol::kTorch2;
+        return true;
+      }
+    }
+    auto const b = static_cast<std::uint8_t>(c.in[0]);
+    bool const v2 = c.protocol == StoreProtocol::kTorch2;
+    if (!c.waiting.empty()) {  // a waiting client sends nothing until answered, but a 2.x one may cancel
+      if (!v2 || b != static_cast<std::uint8_t>(detail::Torch2Query::kCancelWait)) return false;
+      consume(c, 1);
+      c.waiting.clear();
+      std::uint8_t const canceled = 1;
+      reply(c, &canceled, 1);
+      return true;
+    }
+    Reader r{c.in, 1};
+    if (v2 && b >= static_cast<std::uint8_t>(detail::Torch2Query::kAppend)) return handle_torch2(c, b, r);
+    if (v2 && (b == 0 || b > 8)) return reject();  // a second VALIDATE, or not the protocol
+    // The 1.x query this byte means (2.x moved SET ... GETNUMKEYS up by one; DELETE_KEY stayed 8).
+    auto const q = !v2 || b == 8 ? b : static_cast<std::uint8_t>(b - 1);
     switch (static_cast<detail::StoreQuery>(q)) {
       case detail::StoreQuery::kSet: {
         std::string key = r.bytes(), value = r.bytes();
@@ -523,6 +666,74 @@ class TcpStoreServer {
       }
       default:
         return reject();  // WATCH_KEY (unused by ddp) and anything that is not the protocol
+    }
+  }
+
+  // PyTorch 2.x's additions: APPEND, MULTI_GET, MULTI_SET, CANCEL_WAIT (nothing to cancel: still answered), PING.
+  bool handle_torch2(Client& c, std::uint8_t b, Reader& r) {
+    auto reject = [&] {
+      rejected_.fetch_add(1);
+      c.closing = true;
+      return false;
+    };
+    using Q = detail::Torch2Query;
+    switch (static_cast<Q>(b)) {
+      case Q::kAppend: {
+        std::string key = r.bytes(), value = r.bytes();
+        if (!r.ok) return r.bad ? reject() : false;
+        auto& v = data_[key];
+        if (v.size() + value.size() > kMaxStoreBytes) return reject();
+        v.insert(v.end(), value.begin(), value.end());
+        consume(c, r.at);
+        wake_waiters();
+        return true;
+      }
+      case Q::kMultiGet:
+      case Q::kMultiSet: {
+        std::uint64_t const n = r.u64();
+        if (r.ok && n > 1 << 20) return reject();
+        std::vector<std::pair<std::string, std::string>> kv;
+        bool const set = static_cast<Q>(b) == Q::kMultiSet;
+        for (std::uint64_t i = 0; r.ok && i < n; ++i) {
+          std::string key = r.bytes();
+          std::string value = set ? r.bytes() : std::string();
+          kv.emplace_back(std::move(key), std::move(value));
+        }
+        if (!r.ok) return r.bad ? reject() : false;
+        consume(c, r.at);
+        if (set) {
+          for (auto& [k, v] : kv) data_[k] = std::vector<char>(v.begin(), v.end());
+          wake_waiters();
+          return true;
+        }
+        std::vector<char> out;
+        for (auto const& [k, unused] : kv) {
+          auto const it = data_.find(k);
+          std::uint64_t const len = it == data_.end() ? 0 : it->second.size();
+          char l[8];
+          std::memcpy(l, &len, 8);
+          out.insert(out.end(), l, l + 8);
+          if (len) out.insert(out.end(), it->second.begin(), it->second.end());
+        }
+        reply(c, out.data(), out.size());
+        return true;
+      }
+      case Q::kCancelWait: {
+        consume(c, 1);
+        std::uint8_t const canceled = 1;
+        reply(c, &canceled, 1);
+        return true;
+      }
+      case Q::kPing: {
+        if (c.in.size() < 5) return false;
+        char nonce[4];
+        std::memcpy(nonce, c.in.data() + 1, 4);
+        consume(c, 5);
+        reply(c, nonce, 4);
+        return true;
+      }
+      default:
+        return reject();
     }
   }
 
