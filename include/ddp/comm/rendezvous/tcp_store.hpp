@@ -13,8 +13,8 @@
 // value; CHECK (n, keys) and WAIT (n, keys) with one byte (CHECK: 0 ready, 1 not; WAIT: 0 once every key exists). A
 // client waits for a key before getting it.
 // The client finds out which protocol the server speaks (StoreProtocol::kDetect) with two probes on throw-away
-// connections, each harmless to the other version: VALIDATE then 2.x's GETNUMKEYS, and 1.x's GETNUMKEYS alone; the
-// one that gets a key count back names the protocol. A service that answers neither is named as not a TCPStore.
+// connections, one after the other, each harmless to the other version: VALIDATE then 2.x's GETNUMKEYS, and 1.x's
+// GETNUMKEYS alone; the one that gets a key count back names the protocol (against 1.x the first costs 200 ms). A service that answers neither is named as not a TCPStore.
 // The server reads the first bytes of each connection: VALIDATE's 5 bytes make it a 2.x client, anything else 1.x.
 //
 // The server is one thread polling every connection; a request that is not the protocol (an unknown query
@@ -232,57 +232,53 @@ struct StoreRequest {
   }
 };
 
-// Which protocol the TCPStore at host:port speaks: two probes on connections of their own, sent at once, each
-// harmless to a server of the other version (a 1.x server reads VALIDATE's magic as the start of a key length and
-// waits for the rest; a 2.x server closes or ignores a connection that does not start with VALIDATE). The probe
-// that gets a plausible key count back (8 bytes, in [0, 2^40)) wins. CommError naming the address when neither does
-// within `window` (capped by the deadline): a service on that port that is not a TCPStore.
+// Which protocol the TCPStore at host:port speaks: two probes, each on a connection of its own and harmless to a
+// server of the other version: 2.x's VALIDATE then its key count (a 1.x server reads the magic as the start of a
+// key length and waits for the rest: closing the probe frees it), then 1.x's key count (a 2.x server closes or
+// ignores a connection that does not start with VALIDATE). One at a time, since PyTorch 1.x's server is one thread
+// that a half-read request blocks. The probe that gets a plausible key count back (8 bytes, in [0, 2^40)) wins.
+// Each gets 200 ms, then four times as long each round, until `window` (capped by the deadline) has passed:
+// CommError naming the address then, a service on that port that is not a TCPStore.
 inline StoreProtocol detect_store_protocol(std::string const& host, int port, StoreClock::time_point deadline,
                                            std::chrono::milliseconds window, std::string const& what) {
   struct Probe {
     StoreProtocol protocol;
-    Fd fd;
-    std::vector<char> request, reply;
+    std::vector<char> request;
     std::string outcome = "no reply";
   };
-  Probe probes[2] = {{StoreProtocol::kTorch2, {}, {}, {}}, {StoreProtocol::kTorch1, {}, {}, {}}};
+  Probe probes[2] = {{StoreProtocol::kTorch2, {}}, {StoreProtocol::kTorch1, {}}};
   probes[0].request.assign(kStoreValidate, kStoreValidate + 5);
   probes[0].request.push_back(static_cast<char>(Torch2Query::kNumKeys));
   probes[1].request.push_back(static_cast<char>(StoreQuery::kNumKeys));
-  for (auto& p : probes) {
-    p.fd = connect_tcp(host, port, deadline, what);
-    if (!send_exact(p.fd.get(), p.request.data(), p.request.size(), deadline, what))
-      throw CommError(cat(what, ": sending a protocol probe timed out"));
-  }
-  auto const until = std::min(deadline, StoreClock::now() + window);
-  for (;;) {
-    pollfd fds[2];
-    nfds_t n = 0;
-    Probe* of[2];
-    for (auto& p : probes)
-      if (p.fd) fds[n] = {p.fd.get(), POLLIN, 0}, of[n++] = &p;
-    if (n == 0 || ::poll(fds, n, ms_left(until)) <= 0) break;
-    for (nfds_t i = 0; i < n; ++i) {
-      if (fds[i].revents == 0) continue;
-      Probe& p = *of[i];
+  // One probe for up to `wait`: true when it got a key count.
+  auto ask = [&](Probe& p, std::chrono::milliseconds wait) {
+    Fd fd = connect_tcp(host, port, deadline, what);
+    if (!send_exact(fd.get(), p.request.data(), p.request.size(), deadline, what)) return false;
+    auto const until = std::min(deadline, StoreClock::now() + wait);
+    std::vector<char> reply;
+    for (;;) {
+      pollfd q{fd.get(), POLLIN, 0};
+      if (::poll(&q, 1, ms_left(until)) <= 0) return false;  // no reply in time
       char buf[64];
-      ssize_t const k = ::recv(p.fd.get(), buf, sizeof buf, 0);
+      ssize_t const k = ::recv(fd.get(), buf, sizeof buf, 0);
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
       if (k <= 0) {
         p.outcome = k == 0 ? "closed the connection" : std::strerror(errno);
-        p.fd.reset();
-        continue;
+        return false;
       }
-      p.reply.insert(p.reply.end(), buf, buf + k);
-      if (p.reply.size() < 8) continue;
+      reply.insert(reply.end(), buf, buf + k);
+      if (reply.size() < 8) continue;
       std::int64_t count = -1;
-      std::memcpy(&count, p.reply.data(), 8);
-      if (p.reply.size() == 8 && count >= 0 && count < (std::int64_t{1} << 40)) return p.protocol;
-      p.outcome = cat("replied with ", p.reply.size(), "+ bytes that are not a key count");
-      p.fd.reset();
+      std::memcpy(&count, reply.data(), 8);
+      if (reply.size() == 8 && count >= 0 && count < (std::int64_t{1} << 40)) return true;
+      p.outcome = cat("replied with ", reply.size(), "+ bytes that are not a key count");
+      return false;
     }
-    if (StoreClock::now() >= until) break;
-  }
+  };
+  auto const until = std::min(deadline, StoreClock::now() + window);
+  for (auto wait = std::chrono::milliseconds(200); StoreClock::now() < until; wait *= 4)
+    for (auto& p : probes)
+      if (ask(p, wait)) return p.protocol;
   throw CommError(cat(what, ": the service on ", host, ":", port,
                       " does not speak PyTorch's TCPStore protocol (to PyTorch 2.x's VALIDATE and key count: ",
                       probes[0].outcome, "; to PyTorch 1.x's key count: ", probes[1].outcome,
