@@ -50,10 +50,12 @@ inline std::int64_t compressed_rank(Shape const& shape, std::int64_t numel, Powe
 // compressed matrix, M_q = g_q + E_q on every rank q, P = mean_q(M_q) Q, P's columns orthonormalised in order,
 // Q = mean_q(M_q)^T P, the result P Q^T, and E_q = M_q - P Q^T. Q starts from the documented draw (per bucket, a
 // Generator seeded seed ^ mix64(bucket), its normals over the bucket's compressed matrices in bucket order, each
-// Q^T row by row) and is kept (warm start).
+// Q^T row by row) and is kept (warm start); without warm start every compressed round draws it again the same way,
+// from the generator's stream `round + 1`.
 class PowerSgdReference {
  public:
   struct Matrix {
+    std::size_t bucket;
     std::int64_t offset, rows, cols, r;  // offset: in the registration-order gradient vector
     std::vector<double> qt;              // r x cols
     std::vector<std::vector<double>> e;  // per rank, rows x cols
@@ -71,7 +73,7 @@ class PowerSgdReference {
         std::int64_t const r = compressed_rank(e.shape, e.numel, opts);
         if (r == 0) continue;
         std::int64_t const rows = e.shape[0], cols = e.numel / rows;
-        Matrix m{flat_offset[p], rows, cols, r, {}, {}};
+        Matrix m{b, flat_offset[p], rows, cols, r, {}, {}};
         for (std::int64_t i = 0; i < r * cols; ++i) m.qt.push_back(double(static_cast<float>(g.normal())));
         m.e.assign(static_cast<std::size_t>(world), std::vector<double>(static_cast<std::size_t>(rows * cols), 0.0));
         mats_.push_back(std::move(m));
@@ -87,6 +89,15 @@ class PowerSgdReference {
     for (auto const& gq : g)
       for (std::size_t k = 0; k < len; ++k) out[k] += gq[k] / double(n);
     if (round < opts_.warmup_steps) return out;
+    if (!opts_.warm_start) {  // a fresh Q per bucket, its normals over the bucket's matrices in order
+      std::size_t b = mats_.empty() ? 0 : mats_.front().bucket;
+      Generator draw(opts_.seed ^ detail::mix64(b), static_cast<std::uint64_t>(round) + 1);
+      for (auto& m : mats_) {
+        if (m.bucket != b)
+          b = m.bucket, draw = Generator(opts_.seed ^ detail::mix64(b), static_cast<std::uint64_t>(round) + 1);
+        for (auto& v : m.qt) v = double(static_cast<float>(draw.normal()));
+      }
+    }
     for (auto& m : mats_) {
       std::size_t const R = static_cast<std::size_t>(m.rows), Cc = static_cast<std::size_t>(m.cols),
                         r = static_cast<std::size_t>(m.r);

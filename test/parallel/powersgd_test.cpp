@@ -21,10 +21,15 @@ TEST_CASE("PowerSGD: each round's gradients are the reference's, with warm-up, w
   }
 }
 
-TEST_CASE("PowerSGD: without error feedback or warm start, still the reference's") {
-  PowerSgdOptions const opts{
-      .rank = 2, .warmup_steps = 0, .min_compression_rate = 1.0, .error_feedback = false, .warm_start = true};
-  spawn(2, [&](ThreadsBackend& comm) { test::powersgd_matches_reference(comm, opts, {}, 4, 2e-4); });
+TEST_CASE("PowerSGD: without error feedback, without warm start, and without both, still the reference's") {
+  for (auto [feedback, warm] : {std::pair{false, true}, std::pair{true, false}, std::pair{false, false}}) {
+    CAPTURE(feedback);
+    CAPTURE(warm);
+    PowerSgdOptions const opts{
+        .rank = 2, .warmup_steps = 1, .min_compression_rate = 1.0, .error_feedback = feedback, .warm_start = warm};
+    for (BucketConfig cfg : {BucketConfig{}, BucketConfig{.cap_bytes = 256, .first_cap_bytes = 64}})
+      spawn(2, [&](ThreadsBackend& comm) { test::powersgd_matches_reference(comm, opts, cfg, 4, 2e-4); });
+  }
 }
 
 TEST_CASE("PowerSGD: a full-rank approximation is the plain average") {
