@@ -8,6 +8,7 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -375,4 +376,25 @@ TEST_CASE("share_from_root: a killed rank 0 is named by its peers within 5 s (fi
     CHECK(contains(error, "if rank 0 serves the store (MASTER_ADDR/MASTER_PORT without torchrun), it ended"));
     CHECK(took < 5s);
   }
+}
+
+TEST_CASE("StoreWatch: a long wait sleeps between polls: it does not spin a core") {
+  auto store = std::make_shared<ddp::LocalStore>();
+  StoreWatch w(store, 0, 2, deadlines(60s), "nccl", "nccl/0/watch/");
+  std::atomic<bool> flag{false};
+  std::thread peer([&] {
+    std::this_thread::sleep_for(1s);
+    flag = true;
+  });
+  timespec cpu0{}, cpu1{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu0);
+  auto const o = wait(w, call(1), [&] { return flag.load(); });
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu1);
+  peer.join();
+  double const cpu = double(cpu1.tv_sec - cpu0.tv_sec) + 1e-9 * double(cpu1.tv_nsec - cpu0.tv_nsec);
+  CAPTURE(cpu);
+  CHECK(o.error == "");
+  CHECK(o.took >= 1s);
+  CHECK(o.took < 1500ms);  // the sleeps add at most a millisecond at the end
+  CHECK(cpu < 0.25);       // a spinning wait would burn the whole second
 }
