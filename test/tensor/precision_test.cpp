@@ -2,7 +2,7 @@
 // bf16 and fp16; GEMMs and convolutions under an autocast scope against references computed in double from the
 // rounded operands; the scope's nesting and threads; and training in bf16 and fp16 (with GradScaler) under DDP at
 // world sizes 1, 2 and 4: N ranks equal one process, the master weights stay float, an fp16 overflow skips the
-// step on every rank alike.
+// step on every rank alike. nvcc builds it too, without the DDP parts (//test/tensor:precision_cuda_test, on a GPU).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -183,6 +183,7 @@ TEST_CASE("precision: bf16 and fp16 training under DDP: N ranks equal one proces
     std::size_t not_representable = 0;
     for (float v : reference) not_representable += round_to(p, v) != v;
     CHECK(not_representable > reference.size() / 2);
+#if THRUST_DEVICE_SYSTEM != THRUST_DEVICE_SYSTEM_CUDA  // ThreadsBackend takes device memory the host can touch only
     for (int n : {1, 2, 4}) {
       CAPTURE(n);
       std::vector<std::vector<float>> got(static_cast<std::size_t>(n));
@@ -192,9 +193,13 @@ TEST_CASE("precision: bf16 and fp16 training under DDP: N ranks equal one proces
       });
       for (auto const& w : got) CHECK(test::device::rel_diff(w, reference) < 1e-5);
     }
+#endif
   }
 }
 
+// On CUDA (the nvcc build, //test/tensor:precision_cuda_test) the cases above run without their DDP part: DDP over
+// GPU tensors is NCCL's (//test/parallel:ddp_nccl_gpu_np*_test), and ThreadsBackend cannot take CUDA memory.
+#if THRUST_DEVICE_SYSTEM != THRUST_DEVICE_SYSTEM_CUDA
 TEST_CASE("precision: an fp16 overflow under GradScaler skips the step on every rank and backs the scale off") {
   using namespace precision_test;
   for (int n : {1, 2, 4}) {
@@ -222,3 +227,4 @@ TEST_CASE("precision: an fp16 overflow under GradScaler skips the step on every 
     });
   }
 }
+#endif
