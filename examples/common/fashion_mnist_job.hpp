@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <ddp/data/global_batch_sampler.hpp>
 #include <ddp/ddp.hpp>
@@ -108,10 +109,11 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   if (leader) print_header(t, cfg, steps_per_epoch, train_set, test_set);
 
   TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
-  MetricsLog log;  // rank 0's epochs so far; kept in the checkpoint so a resumed run's CSV and plot are whole
+  MetricsLog log;          // rank 0's epochs so far; kept in the checkpoint so a resumed run's CSV and plot are whole
+  EpochLoss resumed_loss;  // the interrupted epoch's train loss so far (a mid-epoch checkpoint's)
   if (!cfg.resume.empty()) {
     std::string history;
-    pos = resume_position(t.load_checkpoint(cfg.resume, &history), pos, cfg.resume.string());
+    pos = resume_position(t.load_checkpoint(cfg.resume, &history, &resumed_loss), pos, cfg.resume.string());
     if (!history.empty()) {
       auto const saved = MetricsLog::from_csv(history, cfg.resume.string() + " (metrics)");
       for (auto const& m : saved.epochs())
@@ -161,7 +163,10 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
               return stop ? StepControl::kStop : StepControl::kContinue;
             }};
     EpochResult const r = t.fit_epoch(
-        train_set, EpochStart{.epoch = epoch, .step = pos.step, .global_step = pos.global_step}, loss, hooks);
+        train_set,
+        EpochStart{
+            .epoch = epoch, .step = pos.step, .global_step = pos.global_step, .loss = std::exchange(resumed_loss, {})},
+        loss, hooks);
     if (bar) bar->finish();
     pos.global_step = r.global_step;
     stopped = r.stopped;

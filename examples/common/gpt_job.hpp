@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ddp/data/text_blocks.hpp>
@@ -170,9 +171,10 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
 
   TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
   std::vector<LossRow> rows;
+  EpochLoss resumed_loss;  // the interrupted epoch's train loss so far (a mid-epoch checkpoint's)
   if (!cfg.resume.empty()) {
     std::string extra;
-    pos = resume_position(t.load_checkpoint(cfg.resume, &extra), pos, cfg.resume.string());
+    pos = resume_position(t.load_checkpoint(cfg.resume, &extra, &resumed_loss), pos, cfg.resume.string());
     rows = check_checkpoint_extra(extra, corpus.vocab(), cfg.resume.string());
     if (leader)
       std::printf("resumed from %s at iteration %lld\n", cfg.resume.string().c_str(),
@@ -252,7 +254,10 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
               return stop ? StepControl::kStop : StepControl::kContinue;
             }};
     EpochResult const r = t.fit_epoch(
-        train_set, EpochStart{.epoch = epoch, .step = pos.step, .global_step = pos.global_step}, loss, hooks);
+        train_set,
+        EpochStart{
+            .epoch = epoch, .step = pos.step, .global_step = pos.global_step, .loss = std::exchange(resumed_loss, {})},
+        loss, hooks);
     pos.global_step = r.global_step;
     pos.step = 0;
     done = r.stopped || pos.global_step >= cfg.iters;

@@ -396,6 +396,48 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "device tensors: under static_graph, a desync is reported within static_graph_check_every steps though nothing "
+    "reads the device") {
+  using Branchy = test::BasicBranchy<Dev>;
+  for (std::int64_t every : {1, 4}) {
+    CAPTURE(every);
+    std::vector<int> reported_at(2, -1);
+    spawn(2, [&](ThreadsBackend& comm) {
+      Generator g(5);
+      Branchy model(g);
+      Variable<float, Dev> x(to_space<Dev>(full<float>({2, 4}, 1.0f)));
+      DistributedDataParallel ddp(
+          model, comm, {.find_unused_parameters = true, .static_graph = true, .static_graph_check_every = every});
+      optim::basic_sgd<float, Dev> opt(ddp.parameters(), {.lr = 0.1});
+      for (int s = 0; s < 12; ++s) {
+        model.use_extra = !(s >= 2 && comm.rank() == 1);  // rank 1 drops `extra` from step 2 on
+        try {
+          opt.zero_grad();
+          backward(sum(ddp(x)));  // no loss read, no evaluation: only the periodic check reads the device
+          opt.step();
+        } catch (DdpError const& e) {
+          CHECK(std::string(e.what()).find("static_graph") != std::string::npos);
+          reported_at[static_cast<std::size_t>(comm.rank())] = s;
+          break;
+        }
+      }
+    });
+    // Rounds 1 .. stay on the device (round 0 freezes the words); the check after every `every` of them.
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      CHECK(reported_at[static_cast<std::size_t>(r)] >= 2);
+      CHECK(reported_at[static_cast<std::size_t>(r)] <= 2 + every - 1);
+    }
+  }
+  spawn(1, [&](ThreadsBackend& comm) {
+    Generator g(5);
+    test::BasicBranchy<Dev> model(g);
+    CHECK_THROWS_WITH_AS(DistributedDataParallel(model, comm, {.static_graph = true, .static_graph_check_every = 0}),
+                         doctest::Contains("static_graph_check_every must be at least 1"), ArgumentError);
+  });
+}
+
 TEST_CASE("device tensors: under static_graph, ranks with uneven batches train inside ddp::join as without it") {
   // Rank r has 2 + r steps: the ranks that run out shadow the others' rounds (status words through the host), while
   // the active ones keep theirs on the device.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# README figures that a test asserts: each row pairs a phrase of README.md with the assertion that backs it, and the
-# test fails when either side changes without the other (a README bound that no test checks, or a test constant the
-# README misquotes). Rows: README_TEXT <TAB> FILE <TAB> FILE_TEXT (fixed strings; FILE relative to the workspace).
+# README figures that a test asserts or bench/RESULTS.md records: each row pairs a phrase of README.md with the
+# assertion or the recorded measurement that backs it, and the test fails when either side changes without the other
+# (a README bound that no test checks, a test constant the README misquotes, a range that leaves out a recorded run). Rows: README_TEXT <TAB> FILE <TAB> FILE_TEXT (fixed strings; FILE relative to the workspace).
 set -euo pipefail
 root="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-}"
 [ -f "$root/README.md" ] || root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -9,6 +9,11 @@ rows=$(cat <<'ROWS'
 30 steps stay within 2e-3 (bf16) and 4e-4 (fp16) of the float run	test/parallel/compressed_test.cpp	CHECK(bf[0] <= 2e-3);
 30 steps stay within 2e-3 (bf16) and 4e-4 (fp16) of the float run	test/parallel/compressed_test.cpp	CHECK(fp[0] <= 4e-4);
 30 steps stay within 2e-3 (bf16) and 4e-4 (fp16) of the float run	test/parallel/ddp_suite.hpp	bf <= 2e-3 && fp <= 4e-4
+takes 1.00–1.20 times training alone, against 1.11–1.30 stepping after backward	bench/RESULTS.md	| 6 | 133.4 | 173.8 | 176.1 | 159.6 | 1.303 | 1.320 | **1.196** | 0.919 |
+takes 1.00–1.20 times training alone, against 1.11–1.30 stepping after backward	bench/RESULTS.md	| 5 | 143.7 | 169.8 | 172.4 | 144.3 | 1.182 | 1.200 | **1.005** | 0.850 |
+sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	bench/RESULTS.md	| cnn | powersgd:2 | 90.21% | −0.41 | 80,016 | 1/60 |
+sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	bench/RESULTS.md	| mlp | powersgd:2 | 87.49% | −0.26 | 14,128 | 1/67 |
+sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	include/ddp/parallel/policies.hpp	1/60
 ROWS
 )
 fail=0 checked=0

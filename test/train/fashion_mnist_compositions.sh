@@ -3,7 +3,8 @@
 # Fashion-MNIST (threads, 2 ranks, MLP, 1 epoch): each comm hook (bf16, fp16, powersgd), ZeRO stages 1 and 2, the
 # overlapped update, and a hook with ZeRO and the overlapped update together. Each trains (test accuracy over 60%)
 # and names what it composed. Then PowerSGD (compressing from its third round) stopped mid-epoch and resumed ends
-# with the uninterrupted run's test loss and accuracy, digit for digit: its checkpoint carries PowerSGD's state.
+# with the uninterrupted run's train loss, test loss and accuracy, digit for digit: its checkpoint carries PowerSGD's
+# state and the epoch's loss so far.
 set -euo pipefail
 bin="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/compositions"
@@ -47,7 +48,7 @@ expect 'each bucket updated as its reduction lands'
 # PowerSGD stopped after 10 of its 16 steps and resumed: the same final test line as the uninterrupted run.
 psgd=(--comm-hook powersgd --powersgd-warmup 2)
 run "${psgd[@]}"
-test_line() { grep '^epoch 1/1: ' "$log" | grep -o 'test loss [0-9.]*  test accuracy [0-9.]*% ([0-9/]*)'; }
+test_line() { grep '^epoch 1/1: ' "$log" | grep -o 'train loss [0-9.]*  test loss [0-9.]*  test accuracy [0-9.]*% ([0-9/]*)'; }
 whole=$(test_line)
 stop "${psgd[@]}" --max-steps 10 --checkpoint "$dir/psgd.ckpt"
 expect 'stopped after 10 optimizer steps'

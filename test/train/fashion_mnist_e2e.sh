@@ -56,11 +56,15 @@ run --max-steps 40 --checkpoint "$dir/mid.ckpt"
 grep -q '^stopped after 40 optimizer steps (--max-steps) at epoch 2, step 8; checkpoint: ' "$log" || fail "no stop line"
 grep -q '^epoch 2/2: ' "$log" && fail "the stopped run evaluated epoch 2"
 row2() { sed -n 3p "$1" | cut -d, -f3-6; }  # epoch 2: test_loss,test_accuracy,test_correct,test_total
+train2() { sed -n 3p "$1" | cut -d, -f2; }  # epoch 2: train_loss (over the whole epoch: the checkpoint carries
+                                            # the interrupted epoch's partial sums)
 for cap in 0 0.01 100; do
   run --resume "$dir/mid.ckpt" --bucket-cap-mb "$cap" --out "$dir/cap$cap"
   grep -q '^resumed from .*mid.ckpt: epoch 2, step 8 (40 optimizer steps so far)' "$log" || fail "no mid-epoch resume line"
   [ "$(row2 "$dir/cap$cap/metrics.csv")" = "$(row2 "$dir/full/metrics.csv")" ] ||
     fail "resumed with --bucket-cap-mb $cap: epoch 2 is $(row2 "$dir/cap$cap/metrics.csv"), uninterrupted $(row2 "$dir/full/metrics.csv")"
+  [ "$(train2 "$dir/cap$cap/metrics.csv")" = "$(train2 "$dir/full/metrics.csv")" ] ||
+    fail "resumed with --bucket-cap-mb $cap: epoch 2's train loss is $(train2 "$dir/cap$cap/metrics.csv"), uninterrupted $(train2 "$dir/full/metrics.csv")"
 done
 # --bucket-cap-mb auto: the cost model chooses the cap (calibrating, then from the cache) and the run trains
 # bitwise as the fixed-cap run; a cache that cannot be written is a clear error before anything runs.
@@ -84,6 +88,9 @@ for ws in 4 1; do
   paste -d, <(row2 "$dir/ws$ws/metrics.csv") <(row2 "$dir/full/metrics.csv") |
     awk -F, '{ d = $1 - $5; if (d < 0) d = -d; c = $3 - $7; if (c < 0) c = -c; exit !(d <= 1e-4 && c <= 1) }' ||
     fail "resumed on $ws ranks: epoch 2 is $(row2 "$dir/ws$ws/metrics.csv"), uninterrupted $(row2 "$dir/full/metrics.csv")"
+  paste -d, <(train2 "$dir/ws$ws/metrics.csv") <(train2 "$dir/full/metrics.csv") |
+    awk -F, '{ d = $1 - $2; if (d < 0) d = -d; exit !(d <= 1e-4) }' ||
+    fail "resumed on $ws ranks: epoch 2's train loss is $(train2 "$dir/ws$ws/metrics.csv"), uninterrupted $(train2 "$dir/full/metrics.csv")"
 done
 # Resuming a CNN from the MLP's checkpoint is a clear error on every rank, not a crash or a hang.
 if timeout --kill-after=5 60 "$bin" --limit-train 256 --limit-test 64 --model cnn --resume "$dir/ckpt.bin" >"$log" 2>&1; then

@@ -140,3 +140,97 @@ TEST_CASE("trainer checkpoint: the loss scale and its growth tracker are restore
   CHECK_FALSE(read_checkpoint_file<float>(plain).loss_scale.has_value());
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE(
+    "trainer checkpoint: a run resumed mid-epoch reports the whole epoch's train loss, as the uninterrupted run") {
+  using namespace trainer_checkpoint_test;
+  auto const data = test::blobs(103, 1);
+  auto const dir = test::temp_dir("trainer_checkpoint", "epoch_loss");
+  auto const file = dir / "ckpt.bin";
+  using Plain = trainer<Model, ThreadsBackend>;
+  EpochResult whole, resumed;
+  std::vector<EpochResult> other_world(4);
+  spawn(2, [&](ThreadsBackend& comm) {
+    TrainerOptions const opts{.seed = 3, .global_batch = 16, .loss_every = 2};  // losses read two steps at a time
+    {
+      Model m = test::make_blobs_model();
+      Plain t(m, comm, {.lr = 0.1}, opts);
+      auto const r = t.fit_epoch(data, EpochStart{}, ce(), {});
+      if (comm.rank() == 0) whole = r;
+    }
+    {
+      Model m = test::make_blobs_model();
+      Plain t(m, comm, {.lr = 0.1}, opts);
+      t.fit_epoch(data, EpochStart{}, ce(),
+                  {.before_step = {}, .after_step = [&](StepPosition const& p, double) {
+                     if (p.step < 3) return StepControl::kContinue;  // an odd step: one loss still unread
+                     t.save_checkpoint(file, {.step = p.step, .global_step = p.global_step, .global_batch = 16});
+                     return StepControl::kStop;
+                   }});
+    }
+    Model m = test::make_blobs_model();
+    Plain t(m, comm, {.lr = 0.1}, opts);
+    EpochLoss prior;
+    TrainPosition const pos = t.load_checkpoint(file, nullptr, &prior);
+    CHECK(prior.steps == 3);
+    auto const r =
+        t.fit_epoch(data, EpochStart{.step = pos.step, .global_step = pos.global_step, .loss = prior}, ce(), {});
+    if (comm.rank() == 0) resumed = r;
+  });
+  CHECK(resumed.mean_loss == whole.mean_loss);  // bitwise: the same world size
+  CHECK(resumed.train == whole.train);
+  CHECK(resumed.steps == whole.steps - 3);
+  // At 4 ranks, rank 0 carries the 2 ranks' share (rescaled to 4 ranks' weight): the same figures to rounding.
+  spawn(4, [&](ThreadsBackend& comm) {
+    Model m = test::make_blobs_model();
+    Plain t(m, comm, {.lr = 0.1}, {.seed = 3, .global_batch = 16});
+    EpochLoss prior;
+    TrainPosition const pos = t.load_checkpoint(file, nullptr, &prior);
+    CHECK(prior.steps == (comm.rank() == 0 ? 12 : 0));  // 3 steps, counted on 4 ranks
+    other_world[static_cast<std::size_t>(comm.rank())] =
+        t.fit_epoch(data, EpochStart{.step = pos.step, .global_step = pos.global_step, .loss = prior}, ce(), {});
+  });
+  CHECK(other_world[0].mean_loss == doctest::Approx(whole.mean_loss).epsilon(1e-6));
+  CHECK(other_world[0].train.total == whole.train.total);
+  CHECK(other_world[0].train.loss_sum == doctest::Approx(whole.train.loss_sum).epsilon(1e-6));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("trainer checkpoint: deterministic mode's epoch loss resumes bitwise at another world size") {
+  using namespace trainer_checkpoint_test;
+  auto const data = test::blobs(96, 2);
+  auto const dir = test::temp_dir("trainer_checkpoint", "exact_loss");
+  auto const file = dir / "ckpt.bin";
+  using Exact = basic_trainer<Model, ThreadsBackend, optim::SGD, SizeCapped, ExactSum, MicroBatches>;
+  TrainerOptions const opts{.seed = 3, .global_batch = 16};
+  auto make = [&](Model& m, ThreadsBackend& comm) {
+    return Exact(m, comm, {.lr = 0.1}, opts, {}, {}, MicroBatches{.count = 4});
+  };
+  std::vector<double> whole(1), resumed(4);
+  spawn(1, [&](ThreadsBackend& comm) {
+    Model m = test::make_blobs_model();
+    auto t = make(m, comm);
+    whole[0] = t.fit_epoch(data, EpochStart{}, ce(), {}).mean_loss;
+  });
+  spawn(2, [&](ThreadsBackend& comm) {
+    Model m = test::make_blobs_model();
+    auto t = make(m, comm);
+    t.fit_epoch(data, EpochStart{}, ce(),
+                {.before_step = {}, .after_step = [&](StepPosition const& p, double) {
+                   if (p.step < 2) return StepControl::kContinue;
+                   t.save_checkpoint(file, {.step = p.step, .global_step = p.global_step, .global_batch = 16});
+                   return StepControl::kStop;
+                 }});
+  });
+  spawn(4, [&](ThreadsBackend& comm) {
+    Model m = test::make_blobs_model();
+    auto t = make(m, comm);
+    EpochLoss prior;
+    TrainPosition const pos = t.load_checkpoint(file, nullptr, &prior);
+    resumed[static_cast<std::size_t>(comm.rank())] =
+        t.fit_epoch(data, EpochStart{.step = pos.step, .global_step = pos.global_step, .loss = prior}, ce(), {})
+            .mean_loss;
+  });
+  for (double r : resumed) CHECK(r == whole[0]);  // bitwise: 1 rank whole, 2 then 4 ranks resumed
+  std::filesystem::remove_all(dir);
+}

@@ -45,6 +45,10 @@ struct ReducerOptions {
   // may then stop reading the round's bookkeeping on the host after the first step (BucketReducer: the status
   // words, which cost a copy each way per bucket on device tensors) and check it where the data lives instead.
   bool static_graph = false;
+  // Under static_graph on device tensors: every this many rounds whose words stay on the device, the host waits for
+  // the round once (a copy of one status word) and so reads the device's check: a desync or a changed graph is then
+  // reported at most this many rounds late, even when nothing else reads the device (TrainerOptions::loss_every).
+  std::int64_t static_graph_check_every = 16;
 };
 
 // What a reduction stage's finish(landed) calls as each bucket's gradients become final: landed(b) in plan order,

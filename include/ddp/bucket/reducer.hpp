@@ -39,7 +39,8 @@ namespace ddp {
 // actively without an error, the outcome is kept (every step has the same gradients, as PyTorch's static_graph
 // assumes) and the status words stop crossing to the host. Each bucket's words, as this rank sends them, are
 // uploaded once and copied on the device at launch; after the reduction a device kernel checks the rank slots
-// and reports a mismatch at the next host read (device_errors.hpp) instead of at once. A rank whose gradients
+// and reports a mismatch at the next host read (device_errors.hpp) instead of at once, and at the latest every
+// ReducerOptions::static_graph_check_every rounds, when the host reads one word back. A rank whose gradients
 // change sends 0 in its slot, so every rank reports it. Non-finite checks need the flags on the host each round
 // and keep the host path; so do shadow rounds. Host tensors read their words directly (a memcpy) and ignore it.
 // One rank: nothing is exchanged or launched; mark_ready() writes the outcome (this rank's own flags) as it goes,
@@ -217,6 +218,7 @@ class BucketReducer {
         observer_(opts.observer),
         flag_non_finite_(opts.non_finite != NonFinite::kIgnore),
         static_graph_(opts.static_graph),
+        check_every_(opts.static_graph_check_every),
         world_(comm.world_size()),
         rank_(comm.rank()),
         wire_(std::move(layout), world_, wire) {
@@ -303,6 +305,7 @@ class BucketReducer {
     outcome_.non_finite_ranks.clear();
     for (int r = 0; r < world_; ++r)
       if (non_finite_here_[static_cast<std::size_t>(r)]) outcome_.non_finite_ranks.push_back(r);
+    if (on_device && ++device_rounds_ >= check_every_) confirm_on_host();
     if (part == Participation::kActive) freeze();
     return outcome_;
   }
@@ -357,6 +360,16 @@ class BucketReducer {
       auto const& bucket = plan_.buckets[b];
       T const* const slots = slice(b) + bucket.numel + 2 * static_cast<std::int64_t>(bucket.params.size());
       Kernels<S>::check_ids(world_, slots, T(world_), id(b), static_cast<std::int64_t>(b));
+    }
+  }
+
+  // static_graph: the host waits for this round's device checks (a copy of one status word to the host, after which
+  // the device layer reports what a check found), bounding how late a desync is reported.
+  void confirm_on_host() {
+    device_rounds_ = 0;
+    if constexpr (kFreezable) {
+      T word{};
+      Kernels<S>::to_host(1, slice(plan_.buckets.size() - 1) + plan_.buckets.back().numel, &word);
     }
   }
 
@@ -528,6 +541,8 @@ class BucketReducer {
   ReducerObserver* observer_;
   bool flag_non_finite_;
   bool static_graph_;
+  std::int64_t check_every_;        // ReducerOptions::static_graph_check_every
+  std::int64_t device_rounds_ = 0;  // rounds checked on the device since the last host check
   int world_, rank_;
   wire_t wire_;
 

@@ -40,6 +40,17 @@ struct Counts {
   friend bool operator==(Counts const&, Counts const&) = default;
 };
 
+// One rank's share of an epoch's train loss so far: what basic_trainer's loss meter (train/loss_meter.hpp) has
+// added up, and what a checkpoint taken mid-epoch carries so that the resumed run reports the whole epoch's loss.
+struct EpochLoss {
+  double step_loss_sum = 0;      // this rank's mean loss of each step that stepped, added in step order
+  std::int64_t steps = 0;        // how many steps that is
+  Counts train{};                // per-sample losses (loss_sum, total; correct stays 0)
+  double exact_total = 0;        // world-size-invariant reductions: every rank's micro-batch losses so far, added in
+  std::int64_t exact_count = 0;  // the global batch's order (the same on every rank), and how many
+  friend bool operator==(EpochLoss const&, EpochLoss const&) = default;
+};
+
 // Sums every rank's Counts; returns the same totals on every rank. Two blocking all-reduces (int64[2] and
 // double[1]), so like any collective it must be called by all ranks in the same order. correct and total
 // are exact; loss_sum is summed in the backend's order (deterministic for ThreadsBackend and MPI; it may

@@ -39,6 +39,10 @@ struct DdpOptions {
   // an evaluation) on every rank instead of at once. A non-finite check keeps the host read. Host tensors and
   // deterministic mode (ExactSum) read their bookkeeping on the host regardless.
   bool static_graph = false;
+  // With static_graph on device tensors: the host reads the device's check at least every this many steps (one
+  // word copied back), so a desync is reported at most this many steps late even when nothing else reads the
+  // device (TrainerOptions::loss_every). At least 1.
+  std::int64_t static_graph_check_every = 16;
 };
 
 // Wraps a model whose replicas live on the ranks of `comm`. Guarantees:
@@ -96,6 +100,11 @@ class DistributedDataParallel {
                                         " leaves the gradients unreduced until the optimizer's step, so there are no "
                                         "reduced gradients to check for NaN/Inf: use NonFinite::kIgnore with it, or "
                                         "AverageAllReduce with ZeroRedundancyOptimizer for the checks"));
+    if (opts_.static_graph_check_every < 1)
+      throw ArgumentError(
+          detail::cat("DistributedDataParallel: DdpOptions::static_graph_check_every must be at least 1, "
+                      "got ",
+                      opts_.static_graph_check_every));
     if (world > 1) detail::verify_parameters_match(comm, detail::signatures(model));
     // An arena made before wrapping (say, an optimizer's) would keep updating storage the model no longer reads
     // once this wrapper re-packs the parameters. The same on every rank (same model everywhere).
@@ -116,7 +125,8 @@ class DistributedDataParallel {
     reducer_.emplace(comm, std::move(plan), arena_, per_rank_,
                      ReducerOptions{.observer = timeline_ ? &*timeline_ : nullptr,
                                     .non_finite = opts_.non_finite,
-                                    .static_graph = opts_.static_graph},
+                                    .static_graph = opts_.static_graph,
+                                    .static_graph_check_every = opts_.static_graph_check_every},
                      detail::wire_config(reduction_));
     round_.emplace(
         comm, arena_,

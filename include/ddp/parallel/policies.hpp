@@ -52,8 +52,8 @@ using Fp16AllReduce = CompressedAllReduce<float16>;
 
 // Reduction: PowerSGD (bucket/powersgd.hpp), PyTorch's powerSGD_hook: after `options.warmup_steps` plain rounds, each
 // large matrix gradient travels as rank-r factors P and Q (two all-reduces per bucket), with error feedback and warm
-// start; vectors and small matrices go uncompressed in the bucket's first piece. On the main job's CNN at rank 2,
-// about 1/20 of float's bytes (bench/RESULTS.md). Lossy and not world-size-invariant: deterministic mode refuses it.
+// start; vectors and small matrices go uncompressed in the bucket's first piece. On the main job at rank 2, 1/60
+// (CNN) to 1/67 (MLP) of float's bytes per compressed round (bench/RESULTS.md). Lossy and not world-size-invariant: deterministic mode refuses it.
 struct PowerSgd {
   PowerSgdOptions options{};
   template <class T, MemorySpace S, AsyncCommunicator C>

@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <cstdlib>
@@ -279,6 +281,10 @@ struct RoundState {
   WireState<T> wire{};
   // After a load: whose values `wire` holds (another rank's when the file was written at another world size).
   WireStateFrom wire_from = WireStateFrom::kThisRank;
+  // This rank's share of the epoch's train loss so far, when taken mid-epoch (basic_trainer's loss meter). After a
+  // load at another world size, rank 0 holds the old ranks' share, rescaled, and the others none (the epoch's figures
+  // come out the same, to rounding: detail::epoch_loss_for).
+  std::optional<EpochLoss> epoch_loss{};
 };
 
 // Which rank restores a checkpoint, out of how many (a generator state is per rank).
@@ -419,6 +425,62 @@ WireRecords<T> gather_wire(C& comm, WireState<T> const& mine) {
   return out;
 }
 
+// Every rank's EpochLoss, on rank 0 (collective; empty on the others, and everywhere when `mine` is empty: the
+// ranks agree on that, as they take checkpoints at the same step).
+template <Communicator C>
+std::vector<EpochLoss> gather_epoch_loss(C& comm, std::optional<EpochLoss> const& mine) {
+  if (!mine) return {};
+  auto words = [](EpochLoss const& l) {
+    return std::array<std::int64_t, 7>{std::bit_cast<std::int64_t>(l.step_loss_sum),
+                                       l.steps,
+                                       l.train.correct,
+                                       l.train.total,
+                                       std::bit_cast<std::int64_t>(l.train.loss_sum),
+                                       std::bit_cast<std::int64_t>(l.exact_total),
+                                       l.exact_count};
+  };
+  int const n = comm.world_size();
+  auto const w = words(*mine);
+  std::vector<std::int64_t> all(w.size() * static_cast<std::size_t>(n));
+  if (n == 1)
+    std::copy(w.begin(), w.end(), all.begin());
+  else
+    host_all_gather(comm, std::span<std::int64_t const>(w), std::span<std::int64_t>(all),
+                    CollectiveTag{"checkpoint.loss"});
+  if (comm.rank() != 0) return {};
+  std::vector<EpochLoss> out;
+  for (int r = 0; r < n; ++r) {
+    std::int64_t const* x = all.data() + static_cast<std::size_t>(r) * w.size();
+    out.push_back({.step_loss_sum = std::bit_cast<double>(x[0]),
+                   .steps = x[1],
+                   .train = {.correct = x[2], .total = x[3], .loss_sum = std::bit_cast<double>(x[4])},
+                   .exact_total = std::bit_cast<double>(x[5]),
+                   .exact_count = x[6]});
+  }
+  return out;
+}
+
+// This rank's share of a file's epoch loss: its own at the world size that wrote it. At another, rank 0 takes it all
+// and the others nothing: the per-sample counts summed, and the step losses as W_new / W_old times their sum (the
+// epoch's mean loss is the average over ranks of each rank's step-loss sum, divided by the average count, so this
+// keeps the old steps' weight); the exact total, the same on every rank, stays everywhere.
+inline std::optional<EpochLoss> epoch_loss_for(std::vector<EpochLoss> const& file, RankOf at) {
+  if (file.empty()) return std::nullopt;
+  if (file.size() == static_cast<std::size_t>(at.world_size)) return file[static_cast<std::size_t>(at.rank)];
+  EpochLoss mine{.exact_total = file[0].exact_total, .exact_count = file[0].exact_count};
+  if (at.rank != 0) return mine;
+  double sum = 0, steps = 0;
+  for (auto const& l : file) {
+    sum += l.step_loss_sum;
+    steps += static_cast<double>(l.steps);
+    mine.train += l.train;
+  }
+  double const scale = static_cast<double>(at.world_size) / static_cast<double>(file.size());
+  mine.step_loss_sum = sum * scale;
+  mine.steps = static_cast<std::int64_t>(std::llround(steps * scale));
+  return mine;
+}
+
 // A file's wire state against this run's (`mine`: kind and layout). The same kind with another layout is an
 // ArgumentError (via `err`); another kind (a run that changed its comm hook) is not: that state is not loaded.
 template <class T, class Err>
@@ -525,6 +587,7 @@ void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model,
                      std::string_view extra, RoundState<T> const& round) {
   auto generators = detail::gather_generators(comm, model);
   auto wire = detail::gather_wire(comm, round.wire);
+  auto epoch_loss = detail::gather_epoch_loss(comm, round.epoch_loss);
   std::optional<optim::OptimizerState<T>> full;  // a sharded optimizer's pieces, put together (collective)
   if constexpr (requires { opt.consolidated_state(); }) full = opt.consolidated_state();
   std::string message;
@@ -536,6 +599,7 @@ void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model,
                                              c.generators.ranks = std::move(generators);
                                              c.loss_scale = round.loss_scale;
                                              c.wire = std::move(wire);
+                                             c.epoch_loss = std::move(epoch_loss);
                                              write_checkpoint_file(path, c);
                                            },
                                            message);
@@ -600,6 +664,7 @@ requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesy
   if (extra) *extra = std::move(c.extra);
   if (round) {
     round->loss_scale = c.loss_scale;
+    round->epoch_loss = detail::epoch_loss_for(c.epoch_loss, RankOf{comm.rank(), comm.world_size()});
     bool const mine = c.wire.kind == round->wire.kind && !c.wire.kind.empty();
     bool const same_world = c.wire.ranks.size() == static_cast<std::size_t>(comm.world_size());
     round->wire_from = same_world ? WireStateFrom::kThisRank : WireStateFrom::kOtherRank;

@@ -26,6 +26,7 @@
 #include "ddp/trace/timeline.hpp"
 #include "ddp/train/checkpoint.hpp"
 #include "ddp/train/evaluate.hpp"
+#include "ddp/train/loss_meter.hpp"
 
 namespace ddp {
 
@@ -74,6 +75,9 @@ struct EpochStart {
   std::int64_t epoch = 0;
   std::int64_t step = 0;         // batches of the epoch already done (a checkpoint's TrainPosition::step)
   std::int64_t global_step = 0;  // optimizer steps taken before (TrainPosition::global_step)
+  // This rank's share of the epoch's train loss before `step` (a mid-epoch checkpoint's, from the trainer's
+  // load_checkpoint): the epoch's figures then cover the whole epoch, as in the uninterrupted run.
+  EpochLoss loss{};
 };
 
 // Where training stands, as the step hooks see it: before a step, `step` and `global_step` count the steps
@@ -102,9 +106,10 @@ struct StepHooks {
 struct EpochResult {
   std::int64_t epoch = 0;
   std::int64_t steps = 0;     // steps taken by this call, with this rank's own batches
-  double mean_loss = 0;       // over ranks and steps (each step's mean loss, averaged; skipped steps left out)
+  double mean_loss = 0;       // over ranks and steps (each step's mean loss, averaged; skipped steps left out),
+                              // EpochStart::loss's steps included
   double seconds = 0;         // wall time of the steps (hooks included; sampler set-up and reductions excluded)
-  Counts train{};             // per-sample train loss over all ranks: loss_sum and total (correct is 0)
+  Counts train{};             // per-sample train loss over all ranks: loss_sum and total (correct is 0), likewise
   std::int64_t end_step = 0;  // the epoch's steps done after this call (EpochStart::step + the most any rank took)
   std::int64_t steps_in_epoch = 0;  // the most batches any rank has this epoch
   std::int64_t global_step = 0;     // synchronised steps taken after this call (skipped ones included)
@@ -196,112 +201,30 @@ class basic_trainer {
     StepPosition p{
         .epoch = start.epoch, .step = start.step, .steps_in_epoch = longest, .global_step = start.global_step};
     EpochResult r{.epoch = start.epoch, .steps_in_epoch = longest};
-    Counts local;
-    std::vector<double> sum{0.0};
-    std::vector<std::int64_t> counted{0};  // steps whose loss counts (not skipped)
-    std::vector<double> micro_losses;      // world-size-invariant reductions: every micro-batch loss, in order
     std::int64_t const skipped_before = scaler_ ? scaler_->skipped_steps() : ddp_.skipped_steps();
     auto const t0 = std::chrono::steady_clock::now();
-    // The losses of the steps not yet read (TrainerOptions::loss_every): each micro-batch's loss is copied into
-    // `unread` on the device; the host keeps what it needs to account for them once they are read.
-    struct UnreadStep {
-      std::int64_t batch_size, parts;
-      bool stepped;
-    };
-    using Elem = typename M::value_type;
-    std::vector<UnreadStep> unread_steps;
-    Tensor<Elem, S> unread;
-    std::int64_t unread_count = 0, unread_capacity = 0;
-    double last_read = 0;  // what after_step gets between reads
-    auto account = [&](std::int64_t batch_size, bool stepped, double const* items, std::int64_t parts) {
-      double lv = 0;
-      for (std::int64_t i = 0; i < parts; ++i) {
-        lv += items[i];
-        if constexpr (invariant) micro_losses.push_back(items[i]);
-      }
-      lv /= static_cast<double>(parts);
-      if (stepped) {  // a skipped step's loss is not counted (it may be the Inf that caused it)
-        local.add_batch(0, batch_size, lv);
-        sum[0] += lv;
-        ++counted[0];
-      }
-      return lv;
-    };
-    std::vector<Elem> read_back;  // the losses read at once (reused: no allocation per read once grown)
-    std::vector<double> items;    // one step's or one read's losses, as the accounting takes them (reused)
-    auto read_unread = [&] {      // one copy to the host for every loss since the last read
-      if (unread_count == 0) return;
-      read_back.resize(static_cast<std::size_t>(unread_count));
-      Kernels<S>::to_host(unread_count, unread.data(), read_back.data());
-      items.assign(read_back.begin(), read_back.end());
-      std::int64_t at = 0;
-      for (auto const& u : unread_steps) {
-        last_read = account(u.batch_size, u.stepped, items.data() + at, u.parts);
-        at += u.parts;
-      }
-      unread_steps.clear();
-      unread_count = 0;
-    };
+    meter_.emplace(LossMeterOptions{.read_every = opts_.loss_every,
+                                    .micro_batches_per_rank = invariant ? ddp_.micro_batches_per_rank() : 0},
+                   start.loss);
+    struct EndMeter {  // the meter lives for this epoch only (save_checkpoint reads it from the hooks)
+      std::optional<Meter>& m;
+      ~EndMeter() { m.reset(); }
+    } end_meter{meter_};
     auto run = [&] {
       for (auto const& batch : loader.from(std::min(start.step, loader.num_batches()))) {
         if (hooks.before_step) hooks.before_step(p);
-        opt_.zero_grad();
-        // A device model's batch is uploaded without a host wait (one device is all a rank's step touches).
-        auto const parts = ddp_.micro_batches(to_space_async<S>(batch.x), to_space_async<S>(batch.y),
-                                              {.step = static_cast<std::uint64_t>(p.global_step)});
-        // Read this step's loss now (the default), or keep it on the device until the next read.
-        bool const read_now = opts_.loss_every <= 1 || (p.step + 1) % opts_.loss_every == 0 || p.step + 1 >= longest;
-        items.clear();
-        std::int64_t const first = unread_count;
-        for (auto const& mb : parts) {  // one under OnePass
-          V l = loss(ddp_(mb), mb);
-          backward(scaler_ ? scaler_->scale(l) : l);
-          if (opts_.loss_every <= 1) {
-            items.push_back(l.item());
-            continue;
-          }
-          if (unread_capacity < unread_count + 1) {  // room for loss_every steps of micro-batches
-            std::int64_t const capacity =
-                std::max<std::int64_t>(2 * unread_capacity, opts_.loss_every * static_cast<std::int64_t>(parts.size()));
-            Tensor<Elem, S> grown(Shape{capacity});
-            if (unread_count > 0) Kernels<S>::copy(unread_count, unread.data(), grown.data());
-            unread = std::move(grown);
-            unread_capacity = capacity;
-          }
-          Kernels<S>::copy(std::int64_t{1}, l.value().data(), unread.data() + unread_count);
-          ++unread_count;
-        }
-        bool stepped = !ddp_.step_skipped();
-        if (stepped) {
-          Timeline::Scope span(opts_.ddp.timeline, "optimizer step", "step", Timeline::kCompute);
-          auto const clip = [&] {
-            if (opts_.clip_grad_norm)
-              last_grad_norm_ = double(nn::clip_grad_norm(ddp_.parameters(), *opts_.clip_grad_norm));
-          };
-          if (scaler_) {
-            stepped = scaler_->step(opt_, clip);
-          } else {
-            clip();
-            opt_.step();
-          }
-        } else if (scaler_) {
-          scaler_->skip();
-        }
+        bool const stepped = step(batch, loss, p.global_step);
         ++p.step;
         ++p.global_step;
         ++r.steps;
-        if (opts_.loss_every <= 1) {
-          last_read = account(batch.size(), stepped, items.data(), static_cast<std::int64_t>(items.size()));
-        } else {
-          unread_steps.push_back({batch.size(), unread_count - first, stepped});
-          if (read_now) read_unread();
-        }
-        if (hooks.after_step && hooks.after_step(p, last_read) == StepControl::kStop) {
+        // Read this step's loss now (every step by default), or keep it on the device until the next read.
+        meter_->end_step(batch.size(), stepped, (p.step % opts_.loss_every) == 0 || p.step >= longest);
+        if (hooks.after_step && hooks.after_step(p, meter_->last()) == StepControl::kStop) {
           r.stopped = true;
           break;
         }
       }
-      read_unread();  // a stop, or an epoch that ended early (a join)
+      meter_->read();  // a stop, or an epoch that ended early (a join)
     };
     std::int64_t rounds = 0;
     if (even) {
@@ -314,13 +237,9 @@ class basic_trainer {
     r.end_step = start.step + rounds;
     r.global_step = start.global_step + rounds;
     r.skipped_steps = (scaler_ ? scaler_->skipped_steps() : ddp_.skipped_steps()) - skipped_before;
-    r.train = all_reduce_counts(*comm_, local);
-    host_all_reduce(*comm_, std::span<double>(sum), ReduceOp::kAvg);
-    // Steps counted per rank, on average: exactly r.steps when every rank counted them all (the usual case).
-    host_all_reduce(*comm_, std::span<std::int64_t>(counted), ReduceOp::kSum);
-    double const mean_steps = double(counted[0]) / double(comm_->world_size());
-    r.mean_loss = counted[0] ? sum[0] / mean_steps : 0.0;
-    if constexpr (invariant) exact_mean_loss(r, micro_losses);
+    auto const totals = meter_->finish(*comm_);
+    r.mean_loss = totals.mean_loss;
+    r.train = totals.train;
     return r;
   }
 
@@ -328,16 +247,22 @@ class basic_trainer {
   // steps: the loss scale (TrainerOptions::loss_scaling) and the gradient wire's state (PowerSGD's round counts, Q
   // and every rank's error feedback). load_checkpoint restores all of it, so a resumed run continues the
   // uninterrupted one bitwise at the same world size (at another, PowerSGD's error feedback starts at zero).
+  // Called from a step hook (mid-epoch), it also keeps every rank's share of the epoch's train loss so far.
   void save_checkpoint(std::filesystem::path const& path, TrainPosition const& pos, std::string_view extra = {}) {
     RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
     if (scaler_) round.loss_scale = scaler_->state();
+    if (meter_) round.epoch_loss = meter_->snapshot(*comm_);
     ddp::save_checkpoint(path, *comm_, ddp_.module(), opt_, pos, extra, round);
   }
   // Collective: ddp::load_checkpoint (every failure on every rank), then the loss scale and the wire state where
   // the file holds them for this run's composition. Returns the stored position; `extra` receives the stored bytes.
-  TrainPosition load_checkpoint(std::filesystem::path const& path, std::string* extra = nullptr) {
+  // `epoch_loss` receives this rank's share of the epoch's loss before the stored position (EpochStart::loss), or an
+  // empty one when the checkpoint was taken at an epoch's end.
+  TrainPosition load_checkpoint(std::filesystem::path const& path, std::string* extra = nullptr,
+                                EpochLoss* epoch_loss = nullptr) {
     RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
     TrainPosition const pos = ddp::load_checkpoint(path, *comm_, ddp_.module(), opt_, extra, &round);
+    if (epoch_loss) *epoch_loss = round.epoch_loss.value_or(EpochLoss{});
     if (scaler_ && round.loss_scale) scaler_->load_state(*round.loss_scale);
     if (!round.wire.kind.empty()) ddp_.load_wire_state(round.wire, round.wire_from);
     return pos;
@@ -395,21 +320,32 @@ class basic_trainer {
       return take(DistributedSampler(n, *comm_, so));
   }
 
-  // The epoch's mean loss as the mean of every micro-batch loss of every rank, added in the global batch's order
-  // (step, then rank, then micro-batch): the same bits for every world size. One all-gather.
-  void exact_mean_loss(EpochResult& r, std::vector<double> const& mine) const {
-    int const n = comm_->world_size();
-    std::vector<double> all(mine.size() * static_cast<std::size_t>(n));
-    host_all_gather(*comm_, std::span<double const>(mine), std::span<double>(all));
-    std::size_t const per = static_cast<std::size_t>(ddp_.micro_batches_per_rank());
-    std::size_t const steps = per == 0 ? 0 : mine.size() / per;
-    double total = 0;
-    for (std::size_t s = 0; s < steps; ++s)
-      for (int rk = 0; rk < n; ++rk)
-        for (std::size_t j = 0; j < per; ++j) total += all[static_cast<std::size_t>(rk) * mine.size() + s * per + j];
-    if (steps == 0) return;
-    r.mean_loss = total / static_cast<double>(steps * per * static_cast<std::size_t>(n));
-    r.train.loss_sum = r.mean_loss * static_cast<double>(r.train.total);
+  // One optimizer step on `batch`: zero_grad, forward and backward of each micro-batch (DDP reduces the gradients;
+  // each loss goes to the meter), then the step, unless DDP skipped it for non-finite gradients: clipping and the
+  // loss scale's unscaling and overflow check first, where configured. Whether the optimizer stepped.
+  template <class Batch, class LossFn>
+  bool step(Batch const& batch, LossFn& loss, std::int64_t global_step) {
+    opt_.zero_grad();
+    // A device model's batch is uploaded without a host wait (one device is all a rank's step touches).
+    auto const parts = ddp_.micro_batches(to_space_async<S>(batch.x), to_space_async<S>(batch.y),
+                                          {.step = static_cast<std::uint64_t>(global_step)});
+    for (auto const& mb : parts) {  // one under OnePass
+      V l = loss(ddp_(mb), mb);
+      backward(scaler_ ? scaler_->scale(l) : l);
+      meter_->add(l);
+    }
+    if (ddp_.step_skipped()) {
+      if (scaler_) scaler_->skip();
+      return false;
+    }
+    Timeline::Scope span(opts_.ddp.timeline, "optimizer step", "step", Timeline::kCompute);
+    auto const clip = [&] {
+      if (opts_.clip_grad_norm) last_grad_norm_ = double(nn::clip_grad_norm(ddp_.parameters(), *opts_.clip_grad_norm));
+    };
+    if (scaler_) return scaler_->step(opt_, clip);
+    clip();
+    opt_.step();
+    return true;
   }
 
   static TrainerOptions const& checked(TrainerOptions const& o) {
@@ -450,6 +386,8 @@ class basic_trainer {
   std::int64_t batch_;
   double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
   std::optional<optim::basic_grad_scaler<typename M::value_type, S>> scaler_;  // TrainerOptions::loss_scaling
+  using Meter = basic_loss_meter<typename M::value_type, S>;
+  std::optional<Meter> meter_;  // the running epoch's train loss (inside fit_epoch only)
   ddp_type ddp_;
   O opt_;
 };
