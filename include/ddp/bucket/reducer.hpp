@@ -15,6 +15,7 @@
 
 #include "ddp/bucket/outcome.hpp"
 #include "ddp/bucket/plan.hpp"
+#include "ddp/bucket/status_words.hpp"
 #include "ddp/bucket/wire.hpp"
 #include "ddp/comm/communicator.hpp"
 #include "ddp/nn/parameter_arena.hpp"
@@ -23,26 +24,8 @@
 namespace ddp {
 
 // Drives one model's buckets over a gradient buffer laid out by the plan (a bucket is a contiguous slice,
-// followed by its status words; see status_slots()). Every rank must drive the same plan.
-//
-// Status words, reduced with the gradients by the same all-reduce (kAvg), per bucket with P parameters
-// on N ranks: [P "missing here" flags][P "present here" flags][N rank slots]. A rank writes 1 in its flags
-// where they hold and, in rank slot r = its own rank, the bucket's id + 1 (negated when ReducerOptions::non_finite
-// asks for checks and its own gradients in the bucket hold a NaN or Inf); every other rank slot is 0. A shadowing rank
-// (Participation::kShadow) sets no flag and contributes zero gradients, so the round's sums are those of the
-// active ranks (over the same divisor, the world size). After
-// the average a flag word is zero exactly when it was zero on every rank (a sum of non-negative numbers,
-// scaled by 1/N), and each rank slot holds one rank's id / N, which ×N recovers exactly: so the
-// fingerprint check is exact for any world size and names the ranks that reduced something else.
-//
-// Static graph (ReducerOptions::static_graph), on device tensors: after the first round this rank completes
-// actively without an error, the outcome is kept (every step has the same gradients, as PyTorch's static_graph
-// assumes) and the status words stop crossing to the host. Each bucket's words, as this rank sends them, are
-// uploaded once and copied on the device at launch; after the reduction a device kernel checks the rank slots
-// and reports a mismatch at the next host read (device_errors.hpp) instead of at once, and at the latest every
-// ReducerOptions::static_graph_check_every rounds, when the host reads one word back. A rank whose gradients
-// change sends 0 in its slot, so every rank reports it. Non-finite checks need the flags on the host each round
-// and keep the host path; so do shadow rounds. Host tensors read their words directly (a memcpy) and ignore it.
+// followed by its status words: bucket/status_words.hpp, which writes and reads them, and keeps them on the device
+// under static_graph). Every rank must drive the same plan.
 // One rank: nothing is exchanged or launched; mark_ready() writes the outcome (this rank's own flags) as it goes,
 // and begin()/finish() skip the bucket bookkeeping, which would otherwise cost a 10-10-5 model's one-rank step
 // about 0.1 us (bench/RESULTS.md, "The one-rank step").
@@ -62,7 +45,7 @@ class BucketReducer {
   using wire_config = typename wire_t::config;
   // Status words stored after a bucket of `params` parameters, on `world` ranks.
   static constexpr std::int64_t status_slots(std::size_t params, int world) noexcept {
-    return 2 * static_cast<std::int64_t>(params) + world;
+    return detail::BucketStatusWords<T, S>::slots(params, world);
   }
 
   // `bucket_offsets[b]`: where bucket b's slice starts in `grads` (its gradients, then its status words). The
@@ -216,12 +199,10 @@ class BucketReducer {
         offsets_(std::move(bucket_offsets)),
         grads_(std::move(grads)),
         observer_(opts.observer),
-        flag_non_finite_(opts.non_finite != NonFinite::kIgnore),
-        static_graph_(opts.static_graph),
-        check_every_(opts.static_graph_check_every),
         world_(comm.world_size()),
         rank_(comm.rank()),
-        wire_(std::move(layout), world_, wire) {
+        wire_(std::move(layout), world_, wire),
+        status_(plan_, world_, rank_, wire_t::id_modulus, opts) {
     if (offsets_.size() != plan_.buckets.size())
       throw ArgumentError(
           detail::cat("BucketReducer: ", offsets_.size(), " bucket offsets for ", plan_.buckets.size(), " buckets"));
@@ -233,8 +214,6 @@ class BucketReducer {
                                       8 * sizeof(typename wire_t::value_type),
                                       "-bit wire of this reduction holds distinct bucket ids only up to ",
                                       wire_t::id_modulus, "; use a larger bucket cap (fewer buckets) or a float wire"));
-    std::size_t widest = 0;
-    for (auto const& b : plan_.buckets) widest = std::max(widest, b.params.size());
     ready_.assign(np, 0);
     unready_ = np;
     has_grad_.assign(np, 0);
@@ -242,10 +221,8 @@ class BucketReducer {
     works_.resize(nb);
     completed_.assign(nb, 0);
     sent_.assign(nb, 0);
-    staging_.assign(static_cast<std::size_t>(status_slots(widest, world_)), T(0));
     outcome_.missing_somewhere.assign(np, 0);
     outcome_.present_somewhere.assign(np, 0);
-    non_finite_here_.assign(static_cast<std::size_t>(world_), 0);
   }
 
   using work_t = decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<wire_value, S>>(), ReduceOp::kAvg,
@@ -271,16 +248,9 @@ class BucketReducer {
       for (std::size_t b = 0; b < nb; ++b) land(b);
       return outcome_;
     }
-    // Static graph, once frozen: the words are checked on the device and the outcome is the first round's.
-    bool const on_device = frozen_ && part == Participation::kActive;
-    auto const read = [&](std::size_t b) {
-      if (on_device)
-        check_on_device(b);
-      else
-        decode(b);
-    };
+    auto const read = [&](std::size_t b) { status_.read(b, tail(b), part, outcome_); };
     if (observer_) observer_->on_wait_begin();
-    std::fill(non_finite_here_.begin(), non_finite_here_.end(), 0);
+    status_.begin_reads();
     if (landing && wire_t::single_collective) {
       std::exception_ptr err;
       for (std::size_t b = 0; b < nb; ++b) {
@@ -302,75 +272,8 @@ class BucketReducer {
       for (std::size_t b = 0; b < nb; ++b) read(b);
       for (std::size_t b = 0; b < nb; ++b) land(b);
     }
-    outcome_.non_finite_ranks.clear();
-    for (int r = 0; r < world_; ++r)
-      if (non_finite_here_[static_cast<std::size_t>(r)]) outcome_.non_finite_ranks.push_back(r);
-    if (on_device && ++device_rounds_ >= check_every_) confirm_on_host();
-    if (part == Participation::kActive) freeze();
+    status_.end_round(part, has_grad_, tail(nb - 1), outcome_);
     return outcome_;
-  }
-
-  // static_graph: whether the status words can stay on the device (see the class).
-  static constexpr bool kFreezable = !std::same_as<S, HostSpace>;
-
-  // Writes bucket b's status words into its slice, from this rank's flags; `own` in its rank slot.
-  void encode(std::size_t b, Participation part, T own) {
-    auto const& bucket = plan_.buckets[b];
-    std::size_t const p = bucket.params.size();
-    encode_into(b, part, own, staging_.data());
-    Kernels<S>::from_host(status_slots(p, world_), staging_.data(), slice(b) + bucket.numel);
-  }
-  void encode_into(std::size_t b, Participation part, T own, T* out) const {
-    auto const& bucket = plan_.buckets[b];
-    std::size_t const p = bucket.params.size();
-    bool const active = part == Participation::kActive;
-    for (std::size_t k = 0; k < p; ++k) {
-      char const g = has_grad_[bucket.params[k]];
-      out[k] = active && !g ? T(1) : T(0);
-      out[p + k] = active && g ? T(1) : T(0);
-    }
-    for (int r = 0; r < world_; ++r) out[2 * p + static_cast<std::size_t>(r)] = r == rank_ ? own : T(0);
-  }
-
-  // The first round this rank completed actively: keep its flags and upload every bucket's words (static_graph).
-  void freeze() {
-    if constexpr (kFreezable) {
-      if (frozen_ || !static_graph_ || flag_non_finite_) return;
-      Frozen f{.has_grad = has_grad_, .offsets = {}, .words = {}};
-      std::int64_t total = 0;
-      for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
-        f.offsets.push_back(total), total += status_slots(plan_.buckets[b].params.size(), world_);
-      std::vector<T> host(static_cast<std::size_t>(total));
-      for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
-        encode_into(b, Participation::kActive, T(id(b)), host.data() + f.offsets[b]);
-      f.words = Tensor<T, S>(Shape{total});
-      Kernels<S>::from_host(total, host.data(), f.words.data());
-      frozen_.emplace(std::move(f));
-    }
-  }
-  // Whether this round's flags for bucket b are the frozen round's.
-  bool same_as_frozen(std::size_t b) const noexcept {
-    for (auto const i : plan_.buckets[b].params)
-      if (has_grad_[i] != frozen_->has_grad[i]) return false;
-    return true;
-  }
-  // Bucket b's rank slots, checked where they live; a mismatch surfaces at the next host read on every rank.
-  void check_on_device(std::size_t b) {
-    if constexpr (kFreezable) {
-      auto const& bucket = plan_.buckets[b];
-      T const* const slots = slice(b) + bucket.numel + 2 * static_cast<std::int64_t>(bucket.params.size());
-      Kernels<S>::check_ids(world_, slots, T(world_), id(b), static_cast<std::int64_t>(b));
-    }
-  }
-
-  // static_graph: the host waits for this round's device checks (a copy of one status word to the host, after which
-  // the device layer reports what a check found), bounding how late a desync is reported.
-  void confirm_on_host() {
-    device_rounds_ = 0;
-    if constexpr (kFreezable) {
-      T word{};
-      Kernels<S>::to_host(1, slice(plan_.buckets.size() - 1) + plan_.buckets.back().numel, &word);
-    }
   }
 
   // Each bucket as one vector of its gradients.
@@ -405,21 +308,12 @@ class BucketReducer {
   }
 
   T* slice(std::size_t b) const noexcept { return grads_.data() + offsets_[b]; }
+  // Bucket b's status words, right after its gradients.
+  T* tail(std::size_t b) const noexcept { return slice(b) + plan_.buckets[b].numel; }
 
   void launch(std::size_t b, Participation part) {
     if (world_ == 1) return;  // nothing to exchange
-    auto const& bucket = plan_.buckets[b];
-    bool const active = part == Participation::kActive;
-    if (frozen_ && active) {  // static_graph: the frozen words, or 0 in this rank's slot if its flags changed
-      if (same_as_frozen(b))
-        Kernels<S>::copy(status_slots(bucket.params.size(), world_), frozen_->words.data() + frozen_->offsets[b],
-                         slice(b) + bucket.numel);
-      else
-        encode(b, part, T(0));
-    } else {
-      bool const bad = active && flag_non_finite_ && !detail::all_finite<T, S>(bucket.numel, slice(b));
-      encode(b, part, bad ? -T(id(b)) : T(id(b)));
-    }
+    status_.write(b, part, has_grad_, slice(b), tail(b));
     completed_[b] = 0;
     if (observer_) observer_->on_launch(b);
     auto const piece = wire_.pack(b, slice(b), part);
@@ -438,9 +332,6 @@ class BucketReducer {
     }
     works_[b].emplace(comm_->all_reduce_async(piece.span, piece.op, CollectiveTag{piece.label, std::int64_t(b)}));
   }
-
-  // Bucket b's id in its status words (exact in the wire type).
-  std::int64_t id(std::size_t b) const noexcept { return static_cast<std::int64_t>(b) % wire_t::id_modulus + 1; }
 
   // Waits for every launched bucket in order, launching the next collective of a bucket whose wire needs another
   // (in bucket order on every rank, so ranks stay matched), until none is in flight; rethrows the first failure
@@ -504,58 +395,18 @@ class BucketReducer {
     observer_->on_complete(b, sent_[b]);
   }
 
-  void decode(std::size_t b) {
-    auto const& bucket = plan_.buckets[b];
-    std::size_t const p = bucket.params.size();
-    std::int64_t const nst = status_slots(p, world_);
-    Kernels<S>::to_host(nst, slice(b) + bucket.numel, staging_.data());
-    std::string others;
-    for (int r = 0; r < world_; ++r) {
-      double got = double(staging_[2 * p + static_cast<std::size_t>(r)]) * world_;
-      if (got < 0) {  // rank r's own gradients in this bucket held a NaN or Inf
-        non_finite_here_[static_cast<std::size_t>(r)] = 1;
-        got = -got;
-      }
-      if (std::abs(got - double(id(b))) < 0.25) continue;  // recovered ids are within 1e-6 of an integer
-      double const k = std::nearbyint(got) - 1;            // modulo wire_t::id_modulus
-      bool const bucket_like = std::abs(got - (k + 1)) < 0.25 && k >= 0 && k < double(plan_.buckets.size());
-      others += detail::cat(
-          others.empty() ? "" : ", ", "rank ", r, " (",
-          bucket_like ? detail::cat("bucket ", static_cast<std::int64_t>(k)) : std::string("not a bucket"), ")");
-    }
-    if (!others.empty())
-      throw DdpError(detail::cat("DistributedDataParallel: rank ", rank_, "'s bucket ", b,
-                                 " was reduced together with another collective: ", others,
-                                 ". Ranks issued collectives in different orders (a collective called on some ranks "
-                                 "only, or models wrapped in a different order on the same communicator)."));
-    for (std::size_t k = 0; k < p; ++k) {
-      outcome_.missing_somewhere[bucket.params[k]] = staging_[k] != T(0);
-      outcome_.present_somewhere[bucket.params[k]] = staging_[p + k] != T(0);
-    }
-  }
-
   C* comm_;
   BucketPlan plan_;
   std::vector<std::int64_t> offsets_;
   Tensor<T, S> grads_;
   ReducerObserver* observer_;
-  bool flag_non_finite_;
-  bool static_graph_;
-  std::int64_t check_every_;        // ReducerOptions::static_graph_check_every
-  std::int64_t device_rounds_ = 0;  // rounds checked on the device since the last host check
   int world_, rank_;
   wire_t wire_;
+  detail::BucketStatusWords<T, S> status_;  // after plan_, which it reads
 
-  std::vector<char> ready_, has_grad_, completed_, non_finite_here_;
+  std::vector<char> ready_, has_grad_, completed_;
   std::vector<std::int64_t> pending_, sent_;  // sent_: bytes launched per bucket this round
   std::vector<std::optional<work_t>> works_;
-  std::vector<T> staging_;              // one bucket's status words on the host
-  struct Frozen {                       // static_graph, after the first round (freeze())
-    std::vector<char> has_grad;         // this rank's flags then, per parameter
-    std::vector<std::int64_t> offsets;  // bucket b's words in `words`
-    Tensor<T, S> words;                 // every bucket's status words as this rank sends them
-  };
-  std::optional<Frozen> frozen_;
   std::size_t next_launch_ = 0;
   std::size_t unready_ = 0;    // parameters not yet marked ready in this round
   std::int64_t per_rank_ = 1;  // micro-batches per round on this rank

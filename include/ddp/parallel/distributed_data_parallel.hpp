@@ -10,6 +10,7 @@
 #include "ddp/autograd/backward.hpp"
 #include "ddp/bucket/plan.hpp"
 #include "ddp/bucket/round.hpp"
+#include "ddp/bucket/stage.hpp"
 #include "ddp/comm/communicator.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter_arena.hpp"
@@ -82,6 +83,9 @@ class DistributedDataParallel {
                 "memory only (e.g. MpiBackend). Name a host-staging adapter: HostStaging<MpiBackend> staged(mpi) "
                 "from <ddp/comm/host_staging.hpp> copies each bucket through host memory; or use NcclBackend.");
   static_assert(CommElement<T>, "DistributedDataParallel: parameters must be float or double");
+  // The reduction's stage keeps the round contract (bucket/stage.hpp); a missing member is named here. After the
+  // checks above: a stage over the wrong memory would only repeat their error.
+  static_assert(detail::reduction_stage_checked<reducer_t, C::accepted_spaces::template contains<S>>);
 
   DistributedDataParallel(M& model, C& comm, DdpOptions opts = {}, B bucketer = {}, R reduction = {}, Bt batching = {})
       : model_(&model),
@@ -349,6 +353,9 @@ class DistributedDataParallel {
   // Join: this rank has no batch; it answers the round the others agreed on (buffers from round.buffer_root,
   // then every bucket with zeros) and ends it as they do, errors included.
   void shadow_round(detail::JoinRound round) {
+    static_assert(ShadowingStage<reducer_t>,
+                  "ddp::join: this reduction's stage has no shadow_round() to answer a round for a rank without a "
+                  "batch (bucket/stage.hpp)");
     if (opts_.broadcast_buffers) detail::broadcast_buffers(*comm_, *model_, round.buffer_root);
     round_->end(reducer_->shadow_round(), RoundEnd{.part = Participation::kShadow, .grad_scale = round.grad_scale},
                 [this](std::size_t i) { return reducer_->had_grad(i); });

@@ -149,16 +149,20 @@ class NcclBackend : public detail::CollectiveFrontEnd<NcclBackend> {
       std::string const prefix = detail::cat("nccl/", store.add(detail::cat("nccl/instances/", rank_), 1) - 1, "/");
       watch_ = std::make_unique<detail::StoreWatch>(
           rendezvous_->store, rank_, n_, detail::resolve(opts.timeout, backend_name), backend_name, prefix + "watch/");
+      std::string const key = prefix + "unique_id",
+                        root_left = std::get<std::unique_ptr<detail::StoreWatch>>(watch_)->left_key(0);
+      auto make_id = [&] {
+        ncclUniqueId made{};
+        nccl(ncclGetUniqueId(&made), "ncclGetUniqueId");
+        auto const* p = reinterpret_cast<char const*>(&made);
+        return std::vector<char>(p, p + sizeof made);
+      };
+      // The other ranks wait for rank 0's id before touching a device, so a rank 0 that fails first (no device, a
+      // CUDA error) or is killed is named at once (share_from_root), not after a device error of their own.
+      std::vector<char> bytes;
+      if (rank_ != 0) bytes = share_from_root(store, key, rank_, 0, rendezvous_->timeout, make_id, root_left);
       init(rendezvous_->launch.local_rank, opts, [&](ncclUniqueId& id) {
-        auto const bytes = share_from_root(
-            store, prefix + "unique_id", rank_, 0, rendezvous_->timeout,
-            [&] {
-              ncclUniqueId made{};
-              nccl(ncclGetUniqueId(&made), "ncclGetUniqueId");
-              auto const* p = reinterpret_cast<char const*>(&made);
-              return std::vector<char>(p, p + sizeof made);
-            },
-            std::get<std::unique_ptr<detail::StoreWatch>>(watch_)->left_key(0));
+        if (rank_ == 0) bytes = share_from_root(store, key, rank_, 0, rendezvous_->timeout, make_id, root_left);
         if (bytes.size() != sizeof id)
           throw CommError(detail::cat("ddp nccl: rank ", rank_, " read a ", bytes.size(), "-byte ncclUniqueId from ",
                                       store.describe(), " (expected ", sizeof id,
