@@ -226,7 +226,7 @@ TEST_CASE("a service on the store's port that is not a TCPStore is named as such
     auto const t0 = std::chrono::steady_clock::now();
     CHECK_THROWS_WITH_AS(ddp::TcpStore({.port = port, .timeout = 10s, .probe_window = 500ms}),
                          doctest::Contains("does not speak PyTorch's TCPStore protocol"), ddp::CommError);
-    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+    CHECK(std::chrono::steady_clock::now() - t0 < (http ? 1s : 5s));  // an answer that is no key count ends it
     service.join();
     for (int c : accepted) ::close(c);
     ::close(lfd);

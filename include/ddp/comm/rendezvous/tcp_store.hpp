@@ -237,14 +237,16 @@ struct StoreRequest {
 // key length and waits for the rest: closing the probe frees it), then 1.x's key count (a 2.x server closes or
 // ignores a connection that does not start with VALIDATE). One at a time, since PyTorch 1.x's server is one thread
 // that a half-read request blocks. The probe that gets a plausible key count back (8 bytes, in [0, 2^40)) wins.
-// Each gets 200 ms, then four times as long each round, until `window` (capped by the deadline) has passed:
-// CommError naming the address then, a service on that port that is not a TCPStore.
+// Each gets 200 ms, then four times as long each round, until `window` (capped by the deadline) has passed, or both
+// got an answer that is not a key count: CommError naming the address then, a service on that port that is not a
+// TCPStore.
 inline StoreProtocol detect_store_protocol(std::string const& host, int port, StoreClock::time_point deadline,
                                            std::chrono::milliseconds window, std::string const& what) {
   struct Probe {
     StoreProtocol protocol;
     std::vector<char> request;
     std::string outcome = "no reply";
+    bool junk = false;  // it answered something that is not a key count: no TCPStore of that version
   };
   Probe probes[2] = {{StoreProtocol::kTorch2, {}}, {StoreProtocol::kTorch1, {}}};
   probes[0].request.assign(kStoreValidate, kStoreValidate + 5);
@@ -272,11 +274,13 @@ inline StoreProtocol detect_store_protocol(std::string const& host, int port, St
       std::memcpy(&count, reply.data(), 8);
       if (reply.size() == 8 && count >= 0 && count < (std::int64_t{1} << 40)) return true;
       p.outcome = cat("replied with ", reply.size(), "+ bytes that are not a key count");
+      p.junk = true;
       return false;
     }
   };
   auto const until = std::min(deadline, StoreClock::now() + window);
-  for (auto wait = std::chrono::milliseconds(200); StoreClock::now() < until; wait *= 4)
+  for (auto wait = std::chrono::milliseconds(200); StoreClock::now() < until && !(probes[0].junk && probes[1].junk);
+       wait *= 4)
     for (auto& p : probes)
       if (ask(p, wait)) return p.protocol;
   throw CommError(cat(what, ": the service on ", host, ":", port,
