@@ -190,13 +190,8 @@ class basic_trainer {
   EpochResult fit_epoch(D const& data, EpochStart const& start, LossFn&& loss, StepHooks const& hooks) {
     DataLoader loader(data, epoch_indices(data.size(), start.epoch),
                       {.batch_size = batch_, .drop_last = invariant || opts_.drop_last});
-    auto const counts = gather_batch_counts(*comm_, loader.num_batches());
-    bool const even = std::all_of(counts.begin(), counts.end(), [&](std::int64_t c) { return c == counts[0]; });
-    if (!even && opts_.split == EpochSplit::kPad) detail::check_even_batches(counts);
-    std::int64_t const longest = *std::max_element(counts.begin(), counts.end());
-    if (start.step < 0 || start.step > longest)
-      throw ArgumentError(detail::cat("trainer: epoch ", start.epoch, " cannot start at step ", start.step, ": it has ",
-                                      longest, " steps"));
+    Batches const batches = agree_on_batches(loader.num_batches(), start);
+    std::int64_t const longest = batches.longest;  // (not a structured binding: lambdas below capture it)
     ddp_.module().set_mode(Mode::kTrain);
     StepPosition p{
         .epoch = start.epoch, .step = start.step, .steps_in_epoch = longest, .global_step = start.global_step};
@@ -227,7 +222,7 @@ class basic_trainer {
       meter_->read();  // a stop, or an epoch that ended early (a join)
     };
     std::int64_t rounds = 0;
-    if (even) {
+    if (batches.even) {
       run();
       rounds = r.steps;
     } else {
@@ -318,6 +313,24 @@ class basic_trainer {
       return take(GlobalBatchSampler(n, opts_.global_batch, *comm_, so));
     else
       return take(DistributedSampler(n, *comm_, so));
+  }
+
+  // Every rank's batch count this epoch (one all-gather of a word per rank): whether they are even, and the most
+  // any rank has. Unequal counts are a DdpError on every rank naming them under EpochSplit::kPad; a start beyond
+  // the epoch is an ArgumentError.
+  struct Batches {
+    bool even;
+    std::int64_t longest;
+  };
+  Batches agree_on_batches(std::int64_t mine, EpochStart const& start) const {
+    auto const counts = gather_batch_counts(*comm_, mine);
+    bool const even = std::all_of(counts.begin(), counts.end(), [&](std::int64_t c) { return c == counts[0]; });
+    if (!even && opts_.split == EpochSplit::kPad) detail::check_even_batches(counts);
+    std::int64_t const longest = *std::max_element(counts.begin(), counts.end());
+    if (start.step < 0 || start.step > longest)
+      throw ArgumentError(detail::cat("trainer: epoch ", start.epoch, " cannot start at step ", start.step, ": it has ",
+                                      longest, " steps"));
+    return {even, longest};
   }
 
   // One optimizer step on `batch`: zero_grad, forward and backward of each micro-batch (DDP reduces the gradients;
