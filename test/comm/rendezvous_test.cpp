@@ -237,28 +237,12 @@ TEST_CASE("TcpStore against TcpStoreServer: set, get after a wait, add, check; g
   ddp::TcpStoreServer server({.host = "127.0.0.1"});
   REQUIRE(server.port() > 0);
   ddp::TcpStore a({.port = server.port(), .timeout = 10s}), b({.port = server.port(), .timeout = 10s});
-  std::thread later([&] {
-    std::this_thread::sleep_for(50ms);
-    b.set("k", {'v', '1'});
-  });
-  CHECK(text(a.get("k", 5s)) == "v1");  // waits for b
-  later.join();
-  CHECK(a.add("n", 2) == 2);
-  CHECK(b.add("n", 3) == 5);
-  CHECK(a.check({"k", "n"}));
-  CHECK_FALSE(a.check({"k", "missing"}));
-  CHECK_THROWS_WITH_AS(a.get("missing", 200ms), doctest::Contains("key 'missing' did not appear"), ddp::CommError);
-  CHECK(text(a.get("k", 1s)) == "v1");  // the client reconnected after the timeout
+  exercise(a, b);
 
   // Garbage: an HTTP request, and a length of 2^60.
   for (std::string junk :
        {std::string("GET / HTTP/1.1\r\n\r\n"), std::string("\x02\x00\x00\x00\x00\x00\x00\x10\x00", 9)}) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(server.port()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    int const fd = raw_connect(server.port());
     CHECK(::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(junk.size()));
     char c;
     CHECK(::recv(fd, &c, 1, 0) == 0);  // the server closed it
