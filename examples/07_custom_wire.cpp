@@ -1,8 +1,9 @@
 // 07_custom_wire: a gradient compression of your own, as a reduction policy (PyTorch's register_comm_hook).
 // A wire format is a tag type W plus a specialisation of ddp::BucketWire<T, W, S>, which the BucketWireFormat
-// concept (<ddp/bucket/wire.hpp>) checks: what a bucket sends (pack), what arrives (unpack), and its bytes. A
-// reduction policy then names BucketReducer<T, S, C, W> as its stage, and DistributedDataParallel takes it like
-// the built-in ones; bucketing, overlap with backward, unused parameters, Join and the non-finite checks stay the
+// concept (<ddp/bucket/wire.hpp>) checks: the buffer it needs (buffer_numel), what a bucket sends into it (pack),
+// what arrives (unpack), and its bytes. It sees gradients only. A reduction policy then names
+// BucketReducer<T, S, C, W> as its stage, and DistributedDataParallel takes it like the built-in ones; bucketing,
+// overlap with backward, unused parameters, Join, the bucket fingerprint and the non-finite checks stay the
 // library's.
 //
 // This wire is float16 with error feedback: each rank adds to its share the rounding error its previous float16
@@ -22,55 +23,48 @@
 // The tag: buckets travel as float16, error-compensated.
 struct EfFloat16 {};
 
-// The wire, for float gradients in host memory. A bucket's slice is its gradients, then the library's status words
-// (small integers; they must come back as an average, as kAvg would leave them).
+// The wire, for float gradients in host memory. It sees a bucket's gradients only: the library adds its own
+// bookkeeping to the first collective.
 template <>
 class ddp::BucketWire<float, EfFloat16, ddp::HostSpace> {
  public:
   using value_type = ddp::float16;                 // what travels: the backend must move it (ddp::HalfCommunicator)
   using config = ddp::NoWireConfig;                // no options
   static constexpr bool single_collective = true;  // one all-reduce per bucket
-  static constexpr std::int64_t id_modulus = ddp::float16::exact_integers;  // bucket ids in the status words
 
   BucketWire(std::vector<ddp::WireBucket> layout, int world, config = {})
       : layout_(std::move(layout)), inv_world_(1.0f / static_cast<float>(world)) {
-    for (auto const& b : layout_) {
-      wire_.emplace_back(static_cast<std::size_t>(b.grads + b.status));
-      error_.emplace_back(static_cast<std::size_t>(b.grads), 0.0f);
-    }
+    for (auto const& b : layout_) error_.emplace_back(static_cast<std::size_t>(b.grads), 0.0f);
   }
+  // What the library lends pack() for bucket b: one float16 per gradient.
+  std::int64_t buffer_numel(std::size_t b) const noexcept { return layout_[b].grads; }
   // This rank's share g / world plus what its last share lost, rounded to float16; the loss kept for next time.
-  ddp::WirePiece<ddp::float16, ddp::HostSpace> pack(std::size_t b, float* slice, ddp::Participation) {
-    auto& w = wire_[b];
+  ddp::WirePiece<ddp::float16, ddp::HostSpace> pack(std::size_t b, float const* grads, ddp::Participation,
+                                                    ddp::HostSpan<ddp::float16> buffer) {
     auto& e = error_[b];
-    std::size_t const grads = static_cast<std::size_t>(layout_[b].grads);
-    for (std::size_t i = 0; i < grads; ++i) {
-      float const share = slice[i] * inv_world_ + e[i];
-      w[i] = ddp::float16(share);
-      e[i] = share - static_cast<float>(w[i]);
+    for (std::size_t i = 0; i < e.size(); ++i) {
+      float const share = grads[i] * inv_world_ + e[i];
+      buffer.data()[i] = ddp::float16(share);
+      e[i] = share - static_cast<float>(buffer.data()[i]);
     }
-    for (std::size_t i = grads; i < w.size(); ++i) w[i] = ddp::float16(slice[i]);  // status words, exact
-    return {ddp::SpaceSpan<ddp::float16, ddp::HostSpace>(w.data(), w.size()), ddp::ReduceOp::kSum, "bucket"};
+    return {buffer.first(e.size()), ddp::ReduceOp::kSum, "bucket"};
   }
-  // The sum of the shares is the average gradient; the status words' sum / world reads as their average.
-  std::optional<ddp::WirePiece<ddp::float16, ddp::HostSpace>> unpack(std::size_t b, float* slice) {
-    auto const& w = wire_[b];
-    std::size_t const grads = static_cast<std::size_t>(layout_[b].grads);
-    for (std::size_t i = 0; i < grads; ++i) slice[i] = static_cast<float>(w[i]);
-    for (std::size_t i = grads; i < w.size(); ++i) slice[i] = static_cast<float>(w[i]) * inv_world_;
+  // The sum of the shares is the average gradient.
+  std::optional<ddp::WirePiece<ddp::float16, ddp::HostSpace>> unpack(std::size_t b, float* grads,
+                                                                     ddp::HostSpan<ddp::float16> buffer) {
+    for (std::size_t i = 0; i < error_[b].size(); ++i) grads[i] = static_cast<float>(buffer.data()[i]);
     return std::nullopt;  // no second collective
   }
   std::int64_t bytes() const noexcept {
     std::int64_t n = 0;
-    for (auto const& w : wire_) n += static_cast<std::int64_t>(w.size() * sizeof(ddp::float16));
+    for (auto const& b : layout_) n += b.grads * static_cast<std::int64_t>(sizeof(ddp::float16));
     return n;
   }
 
  private:
   std::vector<ddp::WireBucket> layout_;
   float inv_world_;
-  std::vector<std::vector<ddp::float16>> wire_;  // per bucket
-  std::vector<std::vector<float>> error_;        // per bucket: what this rank's last share lost
+  std::vector<std::vector<float>> error_;  // per bucket: what this rank's last share lost
 };
 static_assert(ddp::BucketWireFormat<ddp::BucketWire<float, EfFloat16, ddp::HostSpace>, float, ddp::HostSpace>);
 

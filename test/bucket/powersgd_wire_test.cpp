@@ -21,16 +21,16 @@ namespace powersgd_wire_test {
 using namespace ddp;
 using Wire = BucketWire<float, LowRank, HostSpace>;
 
-// One bucket of one rows x cols matrix and no status words, as the reducer lays it out.
+// One bucket of one rows x cols matrix, as the reducer lays it out.
 inline std::vector<WireBucket> one_matrix(std::int64_t rows, std::int64_t cols) {
-  return {
-      WireBucket{.grads = rows * cols, .status = 0, .tensors = {WireTensor{.offset = 0, .rows = rows, .cols = cols}}}};
+  return {WireBucket{.grads = rows * cols, .tensors = {WireTensor{.offset = 0, .rows = rows, .cols = cols}}}};
 }
 
-// One round of the wire over `g` (in place), every collective the identity.
+// One round of the wire over `g` (in place), every collective the identity, in a buffer lent as the reducer does.
 inline void round(Wire& w, std::vector<float>& g) {
-  w.pack(0, g.data(), Participation::kActive);
-  while (w.unpack(0, g.data())) {}
+  std::vector<float> lent(static_cast<std::size_t>(w.buffer_numel(0)));
+  w.pack(0, g.data(), Participation::kActive, HostSpan<float>(lent));
+  while (w.unpack(0, g.data(), HostSpan<float>(lent))) {}
 }
 
 // PowerSGD in double for one matrix and one rank: P = M Q (Q given as r x cols), Gram-Schmidt on P's columns, then

@@ -148,7 +148,7 @@ class PowerSgdReference {
 // `steps` rounds of the MLP 8-32-4 (no optimizer: the weights stay, the rows change) with PowerSgd{opts}: each
 // round every rank's gradients equal the reference's within `tol` relative to the largest, and the same bits on
 // every rank. The collectives: warm-up rounds one plain "bucket" all-reduce per bucket (gradients and status
-// words); after them, a "bucket" piece of the uncompressed gradients, status words and P, then "powersgd-q" with Q,
+// words); after them, a "bucket" piece of the uncompressed gradients, P and the status words, then "powersgd-q" with Q,
 // exactly where the bucket has a compressed matrix. describe() states the bytes of a compressed round, and the
 // timeline's span of each bucket the bytes it sent that round.
 template <AsyncCommunicator C>

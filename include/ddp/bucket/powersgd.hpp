@@ -7,14 +7,14 @@
 //      Q = M^T P, all-reduce Q, M = P Q^T, E = (the M that went in) - M;
 //    Q is drawn once from a standard normal generator seeded alike on every rank and, with warm_start, the averaged
 //    Q of one step starts the next;
-//  - every other gradient (vectors, biases, small matrices) and the bucket's status words travel uncompressed, in
-//    one contiguous piece of the bucket's first all-reduce, beside the P matrices (so a bucket costs two
-//    collectives: "bucket", then "powersgd-q").
+//  - every other gradient (vectors, biases, small matrices) travels uncompressed, in one contiguous piece of the
+//    bucket's first all-reduce, before the P matrices (so a bucket costs two collectives: "bucket", then
+//    "powersgd-q"); the first all-reduce is packed into the buffer the reducer lends (bucket/transport.hpp).
 // What it differs in from PyTorch: the error is kept for the compressed gradients only (PyTorch also stores
 // local - average for the uncompressed ones, which adds nothing to the next average). A rank that joined
 // (Participation::kShadow) is a rank whose gradient is zero: it adds its error and keeps the new one like the
 // others, so the errors of all ranks still sum to what the approximation missed (at full rank nothing, and a
-// joined run equals plain averaging). On one rank nothing is exchanged, so nothing is compressed (BucketReducer
+// joined run equals plain averaging). On one rank nothing is exchanged, so nothing is compressed (the transport
 // launches nothing there), as for the 16-bit wires.
 // Not world-size-invariant, not bitwise reproducible across world sizes (the sums of P and Q are not), so
 // deterministic mode cannot use it. Its state (each bucket's round count, whether Q was drawn, Q and E) is part of
@@ -59,7 +59,6 @@ class BucketWire<T, LowRank, S> {
   using value_type = T;
   using config = PowerSgdOptions;
   static constexpr bool single_collective = false;  // P, then Q
-  static constexpr i64 id_modulus = i64{1} << 20;
 
   BucketWire(std::vector<WireBucket> layout, int /*world*/, config cfg) : cfg_(cfg) {
     if (cfg_.rank < 1) throw ArgumentError(detail::cat("PowerSgdOptions: rank must be at least 1, got ", cfg_.rank));
@@ -71,7 +70,7 @@ class BucketWire<T, LowRank, S> {
     i64 total = 0, widest_rank = 1;
     for (auto& wb : layout) {
       Bucket k;
-      k.grads = wb.grads, k.status = wb.status;
+      k.grads = wb.grads;
       for (auto const& t : wb.tensors) {
         i64 const r = std::min({cfg_.rank, t.rows, t.cols});
         if (t.rows >= 2 && t.cols >= 1 &&
@@ -91,10 +90,9 @@ class BucketWire<T, LowRank, S> {
           k.plain_numel += t.rows * t.cols;
         }
       }
-      i64 p = k.plain_numel + k.status;  // the P matrices follow the uncompressed gradients and status words
+      i64 p = k.plain_numel;  // the P matrices follow the uncompressed gradients
       for (auto& m : k.mats) m.p_at = p, p += m.r * m.rows;
       k.first_numel = p;
-      k.first_at = total, total += k.first_numel;
       k.q_at = total, total += k.q_numel;
       k.err_at = total, total += k.err_numel;
       buckets_.push_back(std::move(k));
@@ -104,16 +102,18 @@ class BucketWire<T, LowRank, S> {
     K::fill(total, T(0), owner_.get());
   }
 
-  WirePiece<T, S> pack(std::size_t b, T* slice, Participation /*part*/) {
+  // The first piece of bucket b: its uncompressed gradients, then its P matrices.
+  std::int64_t buffer_numel(std::size_t b) const noexcept { return buckets_[b].first_numel; }
+
+  WirePiece<T, S> pack(std::size_t b, T* slice, Participation /*part*/, SpaceSpan<T, S> buffer) {
     Bucket& k = buckets_[b];
-    if (k.rounds++ < cfg_.warmup_steps) {  // warm-up: the slice itself, averaged in place
+    if (k.rounds++ < cfg_.warmup_steps) {  // warm-up: the gradients themselves, averaged in place
       k.stage = Stage::kPlain;
-      return {SpaceSpan<T, S>(slice, static_cast<std::size_t>(k.grads + k.status)), ReduceOp::kAvg, "bucket"};
+      return {SpaceSpan<T, S>(slice, static_cast<std::size_t>(k.grads)), ReduceOp::kAvg, "bucket"};
     }
-    T* const w = at(k.first_at);
+    T* const w = buffer.data();
     i64 pos = 0;
     for (auto const& t : k.plain) K::copy(t.rows * t.cols, slice + t.offset, w + pos), pos += t.rows * t.cols;
-    K::copy(k.status, slice + k.grads, w + pos);
     if (!k.mats.empty() && (!k.q_drawn || !cfg_.warm_start)) draw_q(b, k);
     for (auto const& m : k.mats) {
       T* const M = slice + m.offset;
@@ -122,18 +122,17 @@ class BucketWire<T, LowRank, S> {
       K::gemm(Trans::kNo, Trans::kYes, m.r, m.rows, m.cols, T(1), at(k.q_at + m.q_at), M, T(0), w + m.p_at);
     }
     k.stage = Stage::kP;
-    return {SpaceSpan<T, S>(w, static_cast<std::size_t>(k.first_numel)), ReduceOp::kAvg, "bucket"};
+    return {buffer.first(static_cast<std::size_t>(k.first_numel)), ReduceOp::kAvg, "bucket"};
   }
 
-  std::optional<WirePiece<T, S>> unpack(std::size_t b, T* slice) {
+  std::optional<WirePiece<T, S>> unpack(std::size_t b, T* slice, SpaceSpan<T, S> buffer) {
     Bucket& k = buckets_[b];
     Stage const stage = k.stage;
     k.stage = Stage::kDone;
+    T* const w = buffer.data();
     if (stage == Stage::kP) {
-      T* const w = at(k.first_at);
       i64 pos = 0;
       for (auto const& t : k.plain) K::copy(t.rows * t.cols, w + pos, slice + t.offset), pos += t.rows * t.cols;
-      K::copy(k.status, w + pos, slice + k.grads);
       if (k.mats.empty()) return std::nullopt;
       Generator fresh(cfg_.seed ^ detail::mix64(b), static_cast<std::uint64_t>(k.rounds) + 1);
       for (auto const& m : k.mats) {
@@ -158,15 +157,15 @@ class BucketWire<T, LowRank, S> {
         T* const e = at(k.err_at + m.err_at);
         i64 const n = m.rows * m.cols;
         if (feedback(k)) K::copy(n, M, e);
-        K::gemm(Trans::kYes, Trans::kNo, m.rows, m.cols, m.r, T(1), at(k.first_at + m.p_at), at(k.q_at + m.q_at), T(0),
-                M);
+        K::gemm(Trans::kYes, Trans::kNo, m.rows, m.cols, m.r, T(1), w + m.p_at, at(k.q_at + m.q_at), T(0), M);
         if (feedback(k)) K::axpby(n, T(-1), M, T(1), e);  // what this rank's gradient lost
       }
     }
     return std::nullopt;
   }
 
-  // Bytes one rank sends per round once compressing: the first piece of every bucket, and Q where it has one.
+  // Bytes one rank sends of the gradients per round once compressing: the first piece of every bucket, and Q where
+  // it has one.
   std::int64_t bytes() const noexcept {
     i64 n = 0;
     for (auto const& k : buckets_) n += k.first_numel + k.q_numel;
@@ -231,11 +230,11 @@ class BucketWire<T, LowRank, S> {
     i64 offset, rows, cols, r, p_at, q_at, err_at;  // p_at: in the first piece; q_at, err_at: in Q and E
   };
   struct Bucket {
-    i64 grads = 0, status = 0;
+    i64 grads = 0;
     std::vector<WireTensor> plain;
     std::vector<Matrix> mats;
     i64 plain_numel = 0, q_numel = 0, err_numel = 0, first_numel = 0;
-    i64 first_at = 0, q_at = 0, err_at = 0;  // in owner_
+    i64 q_at = 0, err_at = 0;  // in owner_
     i64 rounds = 0;
     Stage stage = Stage::kDone;
     bool q_drawn = false;
@@ -289,7 +288,7 @@ class BucketWire<T, LowRank, S> {
   config cfg_;
   std::vector<Bucket> buckets_;
   i64 scratch_at_ = 0;
-  std::shared_ptr<T[]> owner_;  // every bucket's first piece, Q and E, then a scratch of r elements
+  std::shared_ptr<T[]> owner_;  // every bucket's Q and E, then a scratch of r elements
 };
 
 }  // namespace ddp

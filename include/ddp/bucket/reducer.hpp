@@ -2,20 +2,21 @@
 // PowerSgd policies). Told "parameter i is ready" during backward and "backward is over" at its end, it launches each
 // bucket's all-reduce in plan order as soon as the bucket is complete and reports, per parameter, which ranks had
 // a gradient. W is the wire format buckets travel in (bucket/wire.hpp): the gradients' own type, a 16-bit float,
-// or LowRank (PowerSGD, bucket/powersgd.hpp).
+// or LowRank (PowerSGD, bucket/powersgd.hpp). Three parts: this file drives readiness and launch order; the status
+// words (status_words.hpp) are the round's bookkeeping; the transport (transport.hpp) moves a bucket through its
+// wire with the words appended.
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <exception>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "ddp/bucket/outcome.hpp"
 #include "ddp/bucket/plan.hpp"
 #include "ddp/bucket/status_words.hpp"
+#include "ddp/bucket/transport.hpp"
 #include "ddp/bucket/wire.hpp"
 #include "ddp/comm/communicator.hpp"
 #include "ddp/nn/parameter_arena.hpp"
@@ -26,9 +27,8 @@ namespace ddp {
 // Drives one model's buckets over a gradient buffer laid out by the plan (a bucket is a contiguous slice,
 // followed by its status words: bucket/status_words.hpp, which writes and reads them, and keeps them on the device
 // under static_graph). Every rank must drive the same plan.
-// One rank: nothing is exchanged or launched; mark_ready() writes the outcome (this rank's own flags) as it goes,
-// and begin()/finish() skip the bucket bookkeeping, which would otherwise cost a 10-10-5 model's one-rank step
-// about 0.1 us (bench/RESULTS.md, "The one-rank step").
+// One rank takes the same path: nothing travels (the transport launches nothing) and the status words are this
+// rank's own flags, written straight into the outcome.
 // Thread safety: one thread per rank drives it (the backward's); the communicator's progress thread only
 // touches the bucket slices in flight. Determinism: it adds nothing to the gradients' arithmetic; results
 // are those of the backend's all-reduce (bitwise identical on all ranks for threads and MPI).
@@ -36,7 +36,7 @@ template <class T, MemorySpace S, AsyncCommunicator C, class W = T>
 class BucketReducer {
   using wire_t = BucketWire<T, W, S>;
   using wire_value = typename wire_t::value_type;
-  static_assert(BucketWireFormat<wire_t, T, S>, "BucketReducer: BucketWire<T, W, S> is not a wire (bucket/wire.hpp)");
+  static_assert(detail::check_bucket_wire<wire_t, T, S>(), "BucketReducer: BucketWire<T, W, S> is not a wire");
   static_assert(std::same_as<wire_value, T> || HalfCommunicator<C>,
                 "BucketReducer: buckets that travel as bfloat16/float16 need a backend that moves them "
                 "(HalfCommunicator: ThreadsBackend, MpiBackend, NcclBackend)");
@@ -52,7 +52,7 @@ class BucketReducer {
   // gradients' shapes are unknown here: the wire sees each bucket as one vector.
   BucketReducer(C& comm, BucketPlan plan, std::vector<std::int64_t> bucket_offsets, Tensor<T, S> grads,
                 ReducerOptions opts = {}, wire_config wire = {})
-      : BucketReducer(comm, vector_layout(plan, comm.world_size()), plan, std::move(bucket_offsets), std::move(grads),
+      : BucketReducer(comm, vector_layout(plan), plan, std::move(bucket_offsets), std::move(grads),
                       opts, wire) {}
 
   // Over a parameter arena laid out for this plan (status words reserved after each bucket's lowest-registered
@@ -60,7 +60,7 @@ class BucketReducer {
   // by `micro_batches_per_rank`, so the result is the mean gradient of the global batch.
   BucketReducer(C& comm, BucketPlan plan, nn::ParameterArena<T, S>& arena, std::int64_t micro_batches_per_rank,
                 ReducerOptions opts = {}, wire_config wire = {})
-      : BucketReducer(comm, arena_layout(plan, arena, comm.world_size()), plan, offsets_in(plan, arena), arena.grads(),
+      : BucketReducer(comm, arena_layout(plan, arena), plan, offsets_in(plan, arena), arena.grads(),
                       opts, wire) {
     per_rank_ = micro_batches_per_rank;
   }
@@ -79,11 +79,11 @@ class BucketReducer {
 
   BucketPlan const& plan() const noexcept { return plan_; }
   // Bytes one rank puts on the wire per round, as the wire format says (none on one rank).
-  std::int64_t wire_bytes() const noexcept { return world_ > 1 ? wire_.bytes() : 0; }
+  std::int64_t wire_bytes() const noexcept { return transport_.bytes(); }
   // What the wire carries between rounds (StatefulWire: PowerSGD), for checkpoints; empty for a wire without.
   WireState<T> wire_state() const {
     if constexpr (StatefulWire<wire_t, T>)
-      return wire_.state();
+      return transport_.wire().state();
     else
       return {};
   }
@@ -91,14 +91,10 @@ class BucketReducer {
   // checks the layout itself.
   void load_wire_state(WireState<T> const& st, WireStateFrom from) {
     if constexpr (StatefulWire<wire_t, T>) {
-      wire_.load_state(st, from);
+      transport_.wire().load_state(st, from);
     } else if (!st.kind.empty()) {
       throw ArgumentError(detail::cat("BucketReducer: a saved ", st.kind, " wire state cannot load into this wire"));
     }
-  }
-  // Elements of bucket b's slice that the all-reduce moves (gradients and status words).
-  std::int64_t slice_numel(std::size_t b) const noexcept {
-    return plan_.buckets[b].numel + status_slots(plan_.buckets[b].params.size(), world_);
   }
 
   // Starts a round: every parameter pending. Anything a previous, unfinished round launched completes first
@@ -107,7 +103,6 @@ class BucketReducer {
     std::fill(ready_.begin(), ready_.end(), 0);
     std::fill(has_grad_.begin(), has_grad_.end(), 0);
     unready_ = ready_.size();
-    if (world_ == 1) return;  // nothing is launched on one rank (see mark_ready)
     abandon();
     for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
       pending_[b] = static_cast<std::int64_t>(plan_.buckets[b].params.size());
@@ -133,12 +128,7 @@ class BucketReducer {
     ready_[i] = 1;
     --unready_;
     has_grad_[i] = has_grad ? 1 : 0;
-    if (world_ == 1) {  // nothing to exchange: the outcome is this rank's own flags, known now
-      outcome_.missing_somewhere[i] = !has_grad;
-      outcome_.present_somewhere[i] = has_grad;
-      return;
-    }
-    if (observer_) poll();
+    transport_.poll(next_launch_);
     if (--pending_[plan_.bucket_of[i]] != 0) return;
     while (next_launch_ < plan_.buckets.size() && pending_[next_launch_] == 0)
       launch(next_launch_++, Participation::kActive);
@@ -152,10 +142,6 @@ class BucketReducer {
     begin();
     std::fill(ready_.begin(), ready_.end(), 1);
     unready_ = 0;
-    if (world_ == 1) {  // nobody answers: every parameter reads as missing
-      std::fill(outcome_.missing_somewhere.begin(), outcome_.missing_somewhere.end(), 1);
-      std::fill(outcome_.present_somewhere.begin(), outcome_.present_somewhere.end(), 0);
-    }
     for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
       Kernels<S>::fill(plan_.buckets[b].numel, T(0), slice(b));
       pending_[b] = 0;
@@ -181,52 +167,50 @@ class BucketReducer {
   void reduce_last_bucket_async(bool on) noexcept { async_last_ = on; }
 
   // Lets anything in flight complete, swallowing errors (a round that is being dropped). No-throw.
-  void abandon() noexcept {
-    for (auto& w : works_) {
-      if (!w) continue;
-      try {
-        w->wait();
-      } catch (...) {}
-      w.reset();
-    }
-  }
+  void abandon() noexcept { transport_.abandon(); }
 
  private:
   BucketReducer(C& comm, std::vector<WireBucket> layout, BucketPlan plan, std::vector<std::int64_t> bucket_offsets,
                 Tensor<T, S> grads, ReducerOptions opts, wire_config wire)
-      : comm_(&comm),
-        plan_(std::move(plan)),
+      : plan_(checked(std::move(plan), bucket_offsets, comm.world_size())),
         offsets_(std::move(bucket_offsets)),
         grads_(std::move(grads)),
-        observer_(opts.observer),
         world_(comm.world_size()),
-        rank_(comm.rank()),
-        wire_(std::move(layout), world_, wire),
-        status_(plan_, world_, rank_, wire_t::id_modulus, opts) {
-    if (offsets_.size() != plan_.buckets.size())
-      throw ArgumentError(
-          detail::cat("BucketReducer: ", offsets_.size(), " bucket offsets for ", plan_.buckets.size(), " buckets"));
+        status_(plan_, world_, comm.rank(), kIdModulus, opts),
+        transport_(comm, std::move(layout), slots(), wire, opts.observer) {
     std::size_t const np = plan_.bucket_of.size(), nb = plan_.buckets.size();
-    // Each bucket's id must be distinct in the wire's type, or a desync between buckets b and b + id_modulus would
-    // pass the status-word check (16-bit wires hold 256 (bf16) or 2048 (fp16) distinct integers).
-    if (world_ > 1 && static_cast<std::int64_t>(nb) > wire_t::id_modulus)
-      throw ArgumentError(detail::cat("DistributedDataParallel: the bucket plan has ", nb, " buckets, but the ",
-                                      8 * sizeof(typename wire_t::value_type),
-                                      "-bit wire of this reduction holds distinct bucket ids only up to ",
-                                      wire_t::id_modulus, "; use a larger bucket cap (fewer buckets) or a float wire"));
     ready_.assign(np, 0);
     unready_ = np;
     has_grad_.assign(np, 0);
     pending_.assign(nb, 0);
-    works_.resize(nb);
-    completed_.assign(nb, 0);
-    sent_.assign(nb, 0);
     outcome_.missing_somewhere.assign(np, 0);
     outcome_.present_somewhere.assign(np, 0);
   }
 
-  using work_t = decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<wire_value, S>>(), ReduceOp::kAvg,
-                                                              CollectiveTag{}));
+  static constexpr std::int64_t kIdModulus = detail::status_id_modulus<wire_value>();
+
+  // The plan, once its bucket offsets and its bucket count are known to fit: each bucket's id must be distinct in
+  // the wire's type, or a desync between buckets b and b + kIdModulus would pass the status-word check (16-bit
+  // wires hold 256 (bf16) or 2048 (fp16) distinct integers; on one rank nothing travels).
+  static BucketPlan checked(BucketPlan plan, std::vector<std::int64_t> const& offsets, int world) {
+    std::size_t const nb = plan.buckets.size();
+    if (offsets.size() != nb)
+      throw ArgumentError(detail::cat("BucketReducer: ", offsets.size(), " bucket offsets for ", nb, " buckets"));
+    if (world > 1 && static_cast<std::int64_t>(nb) > kIdModulus)
+      throw ArgumentError(detail::cat("DistributedDataParallel: the bucket plan has ", nb, " buckets, but the ",
+                                      8 * sizeof(wire_value), "-bit wire of this reduction holds distinct bucket ids ",
+                                      "only up to ", kIdModulus, "; use a larger bucket cap (fewer buckets) or a ",
+                                      "float wire"));
+    return plan;
+  }
+  std::vector<detail::BucketSlot<T>> slots() const {
+    std::vector<detail::BucketSlot<T>> out;
+    for (std::size_t b = 0; b < plan_.buckets.size(); ++b)
+      out.push_back({.grads = slice(b),
+                     .numel = plan_.buckets[b].numel,
+                     .status = status_slots(plan_.buckets[b].params.size(), world_)});
+    return out;
+  }
 
   // finish() of a round this rank took part in as `part` (shadow_round() passes kShadow).
   template <class Landed>
@@ -244,17 +228,13 @@ class BucketReducer {
         Kernels<S>::axpby(plan_.buckets[b].numel, T(1) / T(per_rank_), slice(b), T(0), slice(b));
       if (landing) landing = landed(b);
     };
-    if (world_ == 1) {  // mark_ready() wrote the outcome, nothing is in flight
-      for (std::size_t b = 0; b < nb; ++b) land(b);
-      return outcome_;
-    }
     auto const read = [&](std::size_t b) { status_.read(b, tail(b), part, outcome_); };
-    if (observer_) observer_->on_wait_begin();
+    transport_.wait_begins();
     status_.begin_reads();
     if (landing && wire_t::single_collective) {
       std::exception_ptr err;
       for (std::size_t b = 0; b < nb; ++b) {
-        wait_one(b, err);
+        transport_.wait_one(b, err);
         if (err) continue;
         try {
           read(b);
@@ -264,11 +244,11 @@ class BucketReducer {
         }
         land(b);
       }
-      if (observer_) observer_->on_wait_end();
+      transport_.wait_ends();
       if (err) std::rethrow_exception(err);
     } else {
-      wait_all();
-      if (observer_) observer_->on_wait_end();
+      transport_.wait_all();
+      transport_.wait_ends();
       for (std::size_t b = 0; b < nb; ++b) read(b);
       for (std::size_t b = 0; b < nb; ++b) land(b);
     }
@@ -277,19 +257,16 @@ class BucketReducer {
   }
 
   // Each bucket as one vector of its gradients.
-  static std::vector<WireBucket> vector_layout(BucketPlan const& plan, int world) {
+  static std::vector<WireBucket> vector_layout(BucketPlan const& plan) {
     std::vector<WireBucket> layout;
-    for (auto const& b : plan.buckets)
-      layout.push_back(
-          {.grads = b.numel, .status = status_slots(b.params.size(), world), .tensors = {{0, 1, b.numel}}});
+    for (auto const& b : plan.buckets) layout.push_back({.grads = b.numel, .tensors = {{0, 1, b.numel}}});
     return layout;
   }
   // Each gradient at its place in its bucket's slice, as a matrix of its first dimension's rows.
-  static std::vector<WireBucket> arena_layout(BucketPlan const& plan, nn::ParameterArena<T, S> const& arena,
-                                              int world) {
+  static std::vector<WireBucket> arena_layout(BucketPlan const& plan, nn::ParameterArena<T, S> const& arena) {
     std::vector<WireBucket> layout;
     for (auto const& b : plan.buckets) {
-      WireBucket w{.grads = b.numel, .status = status_slots(b.params.size(), world), .tensors = {}};
+      WireBucket w{.grads = b.numel, .tensors = {}};
       std::int64_t const start = arena.entries()[b.params.front()].offset;
       for (auto const p : b.params) {
         auto const& e = arena.entries()[p];
@@ -312,101 +289,21 @@ class BucketReducer {
   T* tail(std::size_t b) const noexcept { return slice(b) + plan_.buckets[b].numel; }
 
   void launch(std::size_t b, Participation part) {
-    if (world_ == 1) return;  // nothing to exchange
-    status_.write(b, part, has_grad_, slice(b), tail(b));
-    completed_[b] = 0;
-    if (observer_) observer_->on_launch(b);
-    auto const piece = wire_.pack(b, slice(b), part);
-    sent_[b] = piece_bytes(piece);
-    if (b + 1 == plan_.buckets.size() && !async_last_) {
-      // The last bucket completes when backward is (all but) over: nothing is left to overlap with, so it
-      // is reduced on this thread, saving the hand-off to the progress thread and back. Issue order is
-      // kept: the earlier buckets finish first.
-      wait_all();
-      for (std::optional next = piece; next;) {
-        comm_->all_reduce(next->span, next->op, CollectiveTag{next->label, static_cast<std::int64_t>(b)});
-        if ((next = wire_.unpack(b, slice(b)))) sent_[b] += piece_bytes(*next);
-      }
-      note_complete(b);
-      return;
-    }
-    works_[b].emplace(comm_->all_reduce_async(piece.span, piece.op, CollectiveTag{piece.label, std::int64_t(b)}));
+    status_.write(b, part, has_grad_, slice(b), tail(b), outcome_);
+    // The last bucket completes when backward is (all but) over: nothing is left to overlap with, so it is reduced
+    // on this thread, saving the hand-off to the progress thread and back.
+    transport_.launch(b, part, b + 1 == plan_.buckets.size() && !async_last_);
   }
 
-  // Waits for every launched bucket in order, launching the next collective of a bucket whose wire needs another
-  // (in bucket order on every rank, so ranks stay matched), until none is in flight; rethrows the first failure
-  // after all have finished.
-  void wait_all() {
-    std::exception_ptr err;
-    for (bool again = true; again;) {
-      again = false;
-      for (std::size_t b = 0; b < works_.size(); ++b) {
-        if (!works_[b]) continue;
-        if (advance(b, err))
-          again = true;
-        else
-          note_complete(b);
-      }
-    }
-    if (err) std::rethrow_exception(err);
-  }
-
-  // Waits for bucket b alone, with the rest of its wire's collectives (launched and waited one at a time); the
-  // first failure is kept in `err` and the bucket counts as finished.
-  void wait_one(std::size_t b, std::exception_ptr& err) {
-    while (works_[b] && advance(b, err)) {}
-    note_complete(b);
-  }
-
-  // Waits for bucket b's collective in flight and, unless a failure was seen (kept in `err`, first one only),
-  // launches the next one its wire asks for. Returns whether one was launched.
-  bool advance(std::size_t b, std::exception_ptr& err) {
-    auto& w = works_[b];
-    try {
-      w->wait();
-      w.reset();
-      if (!err)
-        if (auto const next = wire_.unpack(b, slice(b))) {
-          sent_[b] += piece_bytes(*next);
-          w.emplace(comm_->all_reduce_async(next->span, next->op, CollectiveTag{next->label, std::int64_t(b)}));
-          return true;
-        }
-    } catch (...) {
-      if (!err) err = std::current_exception();
-      w.reset();
-    }
-    return false;
-  }
-
-  static std::int64_t piece_bytes(WirePiece<wire_value, S> const& p) noexcept {
-    return static_cast<std::int64_t>(p.span.size() * sizeof(wire_value));
-  }
-
-  // Observer only: a bucket counts as complete when its completion is first seen (a wire with more than one
-  // collective per bucket is complete only once wait_all() has seen its last).
-  void poll() {
-    if constexpr (!wire_t::single_collective) return;
-    for (std::size_t b = 0; b < next_launch_; ++b)
-      if (works_[b] && !completed_[b] && works_[b]->test()) note_complete(b);
-  }
-  void note_complete(std::size_t b) {
-    if (!observer_ || completed_[b]) return;
-    completed_[b] = 1;
-    observer_->on_complete(b, sent_[b]);
-  }
-
-  C* comm_;
   BucketPlan plan_;
   std::vector<std::int64_t> offsets_;
   Tensor<T, S> grads_;
-  ReducerObserver* observer_;
-  int world_, rank_;
-  wire_t wire_;
-  detail::BucketStatusWords<T, S> status_;  // after plan_, which it reads
+  int world_;
+  detail::BucketStatusWords<T, S> status_;               // after plan_, which it reads
+  detail::BucketTransport<T, S, C, wire_t> transport_;  // after grads_ and offsets_
 
-  std::vector<char> ready_, has_grad_, completed_;
-  std::vector<std::int64_t> pending_, sent_;  // sent_: bytes launched per bucket this round
-  std::vector<std::optional<work_t>> works_;
+  std::vector<char> ready_, has_grad_;
+  std::vector<std::int64_t> pending_;
   std::size_t next_launch_ = 0;
   std::size_t unready_ = 0;    // parameters not yet marked ready in this round
   std::int64_t per_rank_ = 1;  // micro-batches per round on this rank

@@ -9,8 +9,12 @@
 // rank slot is 0. A shadowing rank (Participation::kShadow) sets no flag. After the average a flag word is zero
 // exactly when it was zero on every rank (a sum of non-negative numbers, scaled by 1/N), and each rank slot holds one
 // rank's id / N, which ×N recovers exactly: so the fingerprint check is exact for any world size and names the
-// ranks that reduced something else. Ids are taken modulo the wire's id_modulus (a 16-bit wire holds 256 or 2048
-// distinct integers; BucketReducer refuses plans with more buckets).
+// ranks that reduced something else. The words travel in the wire's value_type (bucket/transport.hpp), so ids are
+// taken modulo status_id_modulus<V> (a 16-bit wire holds 256 or 2048 distinct integers; BucketReducer refuses plans
+// with more buckets).
+//
+// On one rank nothing travels and there is nobody to disagree with: write() puts the rank's own flags straight into
+// the outcome, and read() has nothing to read.
 //
 // Static graph (ReducerOptions::static_graph), on device tensors: after the first round this rank completes actively
 // without an error, the outcome is kept and the words stop crossing to the host. Each bucket's words, as this rank
@@ -37,6 +41,15 @@
 #include "ddp/tensor/tensor.hpp"
 
 namespace ddp::detail {
+
+// Status-word bucket ids travelling in V are stored modulo this: every id in range is exact in V.
+template <class V>
+constexpr std::int64_t status_id_modulus() noexcept {
+  if constexpr (requires { V::exact_integers; })
+    return V::exact_integers;
+  else
+    return std::int64_t{1} << 20;
+}
 
 template <class T, MemorySpace S>
 class BucketStatusWords {
@@ -67,10 +80,18 @@ class BucketStatusWords {
   // Writes bucket b's words at `tail` (right after its `grads`), for a round this rank takes part in as `part`,
   // from this rank's per-parameter `has_grad` flags: the frozen words once static_graph has frozen them (with 0 in
   // this rank's slot if its flags changed), else encoded on the host and uploaded (with the id negated when the
-  // non-finite check finds a NaN or Inf in `grads`).
-  void write(std::size_t b, Participation part, std::vector<char> const& has_grad, T const* grads, T* tail) {
+  // non-finite check finds a NaN or Inf in `grads`). On one rank: the flags into `outcome` instead.
+  void write(std::size_t b, Participation part, std::vector<char> const& has_grad, T const* grads, T* tail,
+             ReduceOutcome& outcome) {
     auto const& bucket = plan_->buckets[b];
     bool const active = part == Participation::kActive;
+    if (world_ == 1) {
+      for (auto const i : bucket.params) {
+        outcome.missing_somewhere[i] = !(active && has_grad[i]);
+        outcome.present_somewhere[i] = active && has_grad[i];
+      }
+      return;
+    }
     T own = T(id(b));
     if (frozen_ && active) {
       if (same_as_frozen(b, has_grad)) {
@@ -96,6 +117,7 @@ class BucketStatusWords {
   // surfaces at the next host read); on the host, the ids checked (DdpError naming the ranks that reduced another
   // collective) and the flags written into `outcome`.
   void read(std::size_t b, T const* tail, Participation part, ReduceOutcome& outcome) {
+    if (world_ == 1) return;
     if (on_device(part)) {
       if constexpr (kFreezable)
         Kernels<S>::check_ids(world_, tail + 2 * static_cast<std::int64_t>(plan_->buckets[b].params.size()), T(world_),
@@ -163,7 +185,7 @@ class BucketStatusWords {
   // The first round this rank completed actively: keep its flags and upload every bucket's words.
   void freeze(std::vector<char> const& has_grad) {
     if constexpr (kFreezable) {
-      if (frozen_ || !static_graph_ || flag_non_finite_) return;
+      if (frozen_ || !static_graph_ || flag_non_finite_ || world_ == 1) return;
       Frozen f{.has_grad = has_grad, .offsets = {}, .words = {}};
       std::int64_t total = 0;
       for (auto const& bucket : plan_->buckets)

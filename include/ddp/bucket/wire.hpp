@@ -1,22 +1,28 @@
-// BucketWire<T, W, S>: how a gradient bucket travels in BucketReducer. A bucket's slice of the arena is its
-// gradients (T) followed by its status words (bucket/reducer.hpp). W names the wire format:
-//  - W == T: the slice itself is all-reduced in place with kAvg;
-//  - W a 16-bit float (bfloat16, float16): the slice is cast into a wire buffer of W, gradients scaled by 1/world
-//    first (so float16's range holds the sum, as PyTorch's fp16 hook does), summed with kSum, and cast back; the
-//    status words travel the same way, scaled by 1/world on the way back, so the reducer reads them exactly as
-//    after kAvg. Half the bytes of a float bucket on the wire;
-//  - W = LowRank: PowerSGD (bucket/powersgd.hpp).
+// BucketWire<T, W, S>: how a gradient bucket travels in BucketReducer. W names the wire format:
+//  - W == T: the bucket's gradients are all-reduced in place with kAvg;
+//  - W a 16-bit float (bfloat16, float16): the gradients are cast into the lent buffer (below) scaled by 1/world
+//    first (so float16's range holds the sum, as PyTorch's fp16 hook does), summed with kSum, and cast back. Half the
+//    bytes of a float bucket on the wire;
+//  - W = LowRank: PowerSGD (bucket/powersgd.hpp);
+//  - StatusOnly: nothing of the gradients travels (OwnerReduce reduces them itself).
+// A wire sees gradients only, as a PyTorch communication hook sees its bucket: the library's bookkeeping (the status
+// words that carry unused-parameter flags, the bucket fingerprint and the non-finite flags) is appended to a bucket's
+// first collective and read back by the reducer (bucket/transport.hpp), whatever the wire.
 //
-// What a wire provides (the reducer's only view of it; BucketWireFormat checks it):
-//  - value_type: the element type that travels; config: its options (NoWireConfig where it has none);
-//    single_collective: whether unpack() never asks for a second collective;
-//  - a constructor from the buckets' layout (WireBucket: where each gradient sits and its matrix shape), the
-//    world size and the config;
-//  - pack(b, slice, part): the first collective of bucket b (span and operation), launched as soon as backward
-//    completes the bucket;
-//  - unpack(b, slice): called once that collective completed; returns the bucket's next collective (a wire that
-//    needs two, like PowerSGD's P and Q) or nothing once the slice holds the average;
-//  - bytes(): what one rank sends per round (steady state);
+// What a wire provides (the reducer's only view of it; BucketWireFormat checks it, and check_bucket_wire names a
+// missing member in a static_assert):
+//  - value_type: the element type that travels (T, a ddp half type, ...); config: its options (NoWireConfig where it
+//    has none); single_collective: whether unpack() never asks for a second collective;
+//  - a constructor from the buckets' layout (WireBucket: where each gradient sits and its matrix shape), the world
+//    size and the config;
+//  - buffer_numel(b): how many elements of value_type bucket b's first collective needs in a buffer the reducer lends
+//    it (0 for a wire that reduces the gradients in place);
+//  - pack(b, grads, part, buffer): bucket b's first collective, launched as soon as backward completes the bucket: a
+//    piece over `buffer` (its first elements), or over the gradients themselves when value_type is T (in place). Its
+//    operation is kAvg or kSum (the status words ride in it);
+//  - unpack(b, grads, buffer): called once that collective completed; returns the bucket's next collective (a wire
+//    that needs two, like PowerSGD's P and Q) or nothing once `grads` hold the average;
+//  - bytes(): what one rank sends of the gradients per round (steady state; the reducer adds the status words);
 //  - optionally, state() and load_state(state, WireStateFrom): what it carries from round to round (PowerSGD's
 //    counters, Q and error feedback), so that a checkpoint resumes it exactly (WireState).
 // A wire's collectives are a pure function of the round on every rank (same count, order and sizes), so ranks
@@ -46,9 +52,9 @@ struct WireTensor {
   std::int64_t offset = 0, rows = 1, cols = 0;
 };
 
-// One bucket as a wire sees it: its gradients, then `status` status words.
+// One bucket as a wire sees it: its `grads` gradient elements, each gradient a WireTensor.
 struct WireBucket {
-  std::int64_t grads = 0, status = 0;
+  std::int64_t grads = 0;
   std::vector<WireTensor> tensors;
 };
 
@@ -90,23 +96,23 @@ class BucketWire {
   using value_type = T;
   using config = NoWireConfig;
   static constexpr bool single_collective = true;  // unpack() never asks for another
-  // Status-word bucket ids are stored modulo this: every id in range is exact in the wire type.
-  static constexpr std::int64_t id_modulus = std::int64_t{1} << 20;
 
   BucketWire(std::vector<WireBucket> layout, int /*world*/, config = {}) : layout_(std::move(layout)) {}
-  WirePiece<T, S> pack(std::size_t b, T* slice, Participation /*part*/) noexcept {
-    return {SpaceSpan<T, S>(slice, static_cast<std::size_t>(numel(b))), ReduceOp::kAvg, "bucket"};
+  std::int64_t buffer_numel(std::size_t /*b*/) const noexcept { return 0; }  // in place
+  WirePiece<T, S> pack(std::size_t b, T* grads, Participation /*part*/, SpaceSpan<T, S> /*buffer*/) noexcept {
+    return {SpaceSpan<T, S>(grads, static_cast<std::size_t>(layout_[b].grads)), ReduceOp::kAvg, "bucket"};
   }
-  // The slice holds the average.
-  std::optional<WirePiece<T, S>> unpack(std::size_t /*b*/, T* /*slice*/) noexcept { return std::nullopt; }
+  // The gradients hold the average.
+  std::optional<WirePiece<T, S>> unpack(std::size_t /*b*/, T* /*grads*/, SpaceSpan<T, S> /*buffer*/) noexcept {
+    return std::nullopt;
+  }
   std::int64_t bytes() const noexcept {
     std::int64_t n = 0;
-    for (std::size_t b = 0; b < layout_.size(); ++b) n += numel(b);
+    for (auto const& b : layout_) n += b.grads;
     return n * static_cast<std::int64_t>(sizeof(T));
   }
 
  private:
-  std::int64_t numel(std::size_t b) const noexcept { return layout_[b].grads + layout_[b].status; }
   std::vector<WireBucket> layout_;
 };
 
@@ -117,45 +123,33 @@ class BucketWire<T, W, S> {
   using value_type = W;
   using config = NoWireConfig;
   static constexpr bool single_collective = true;
-  static constexpr std::int64_t id_modulus = W::exact_integers;
 
   BucketWire(std::vector<WireBucket> layout, int world, config = {})
-      : layout_(std::move(layout)), inv_world_(1.0f / static_cast<float>(world)) {
-    std::int64_t total = 0;
-    for (auto const& b : layout_) offsets_.push_back(total), total += b.grads + b.status;
-    owner_ = SpaceAllocator<S>::template allocate<W>(static_cast<std::size_t>(total));
+      : layout_(std::move(layout)), inv_world_(1.0f / static_cast<float>(world)) {}
+  std::int64_t buffer_numel(std::size_t b) const noexcept { return layout_[b].grads; }
+  // The gradients scaled by 1 / world, in W.
+  WirePiece<W, S> pack(std::size_t b, T const* grads, Participation /*part*/, SpaceSpan<W, S> buffer) {
+    Kernels<S>::cast(layout_[b].grads, inv_world_, grads, buffer.data());
+    return {buffer.first(static_cast<std::size_t>(layout_[b].grads)), ReduceOp::kSum, "bucket"};
   }
-  // Gradients scaled by 1 / world, status words as they are (small integers, exact in W).
-  WirePiece<W, S> pack(std::size_t b, T const* slice, Participation /*part*/) {
-    W* const w = owner_.get() + offsets_[b];
-    std::int64_t const grads = layout_[b].grads, n = grads + layout_[b].status;
-    Kernels<S>::cast(grads, inv_world_, slice, w);
-    Kernels<S>::cast(n - grads, 1.0f, slice + grads, w + grads);
-    return {SpaceSpan<W, S>(w, static_cast<std::size_t>(n)), ReduceOp::kSum, "bucket"};
-  }
-  // The summed gradients are the average; the status words' sums scaled by 1 / world read as kAvg's.
-  std::optional<WirePiece<W, S>> unpack(std::size_t b, T* slice) {
-    W const* const w = owner_.get() + offsets_[b];
-    std::int64_t const grads = layout_[b].grads, n = grads + layout_[b].status;
-    Kernels<S>::cast(grads, 1.0f, w, slice);
-    Kernels<S>::cast(n - grads, inv_world_, w + grads, slice + grads);
+  // The summed shares are the average.
+  std::optional<WirePiece<W, S>> unpack(std::size_t b, T* grads, SpaceSpan<W, S> buffer) {
+    Kernels<S>::cast(layout_[b].grads, 1.0f, buffer.data(), grads);
     return std::nullopt;
   }
   std::int64_t bytes() const noexcept {
     std::int64_t n = 0;
-    for (auto const& b : layout_) n += b.grads + b.status;
+    for (auto const& b : layout_) n += b.grads;
     return n * static_cast<std::int64_t>(sizeof(W));
   }
 
  private:
   std::vector<WireBucket> layout_;
   float inv_world_;
-  std::vector<std::int64_t> offsets_;
-  std::shared_ptr<W[]> owner_;  // every bucket's wire slice, in plan order
 };
 
-// The wire of the OwnerReduce policy (parallel/policies.hpp): only the status words travel (averaged, as with
-// the float wire, so the reducer reads them as after kAvg); the gradients stay where backward wrote them, and
+// The wire of the OwnerReduce policy (parallel/policies.hpp): nothing of the gradients travels (the first
+// collective is empty, so only the reducer's status words do); the gradients stay where backward wrote them, and
 // the ZeroRedundancyOptimizer built from the DDP reduces each rank's slices straight from every rank's
 // gradients into its update. `reduces_gradients = false` tells the reducer to leave the gradients alone (no
 // micro-batch division: the optimizer does it with the reduction).
@@ -168,22 +162,16 @@ class BucketWire<T, StatusOnly, S> {
   using config = NoWireConfig;
   static constexpr bool single_collective = true;
   static constexpr bool reduces_gradients = false;
-  static constexpr std::int64_t id_modulus = std::int64_t{1} << 20;
 
-  BucketWire(std::vector<WireBucket> layout, int /*world*/, config = {}) : layout_(std::move(layout)) {}
-  WirePiece<T, S> pack(std::size_t b, T* slice, Participation /*part*/) noexcept {
-    return {SpaceSpan<T, S>(slice + layout_[b].grads, static_cast<std::size_t>(layout_[b].status)), ReduceOp::kAvg,
-            "status"};
+  BucketWire(std::vector<WireBucket> /*layout*/, int /*world*/, config = {}) {}
+  std::int64_t buffer_numel(std::size_t /*b*/) const noexcept { return 0; }
+  WirePiece<T, S> pack(std::size_t /*b*/, T* /*grads*/, Participation /*part*/, SpaceSpan<T, S> buffer) noexcept {
+    return {buffer.first(0), ReduceOp::kAvg, "status"};
   }
-  std::optional<WirePiece<T, S>> unpack(std::size_t /*b*/, T* /*slice*/) noexcept { return std::nullopt; }
-  std::int64_t bytes() const noexcept {
-    std::int64_t n = 0;
-    for (auto const& b : layout_) n += b.status;
-    return n * static_cast<std::int64_t>(sizeof(T));
+  std::optional<WirePiece<T, S>> unpack(std::size_t /*b*/, T* /*grads*/, SpaceSpan<T, S> /*buffer*/) noexcept {
+    return std::nullopt;
   }
-
- private:
-  std::vector<WireBucket> layout_;
+  std::int64_t bytes() const noexcept { return 0; }
 };
 
 // Whether a wire leaves the slice holding the averaged gradients (every wire but StatusOnly).
@@ -197,15 +185,64 @@ inline constexpr bool wire_reduces_gradients = [] {
 
 // What BucketReducer needs of a wire (see the top of this file).
 template <class Wire, class T, class S>
-concept BucketWireFormat = requires(Wire& w, Wire const& cw, std::vector<WireBucket> layout, T* slice,
-                                    typename Wire::config cfg) {
+concept BucketWireFormat = requires(Wire& w, Wire const& cw, std::vector<WireBucket> layout, T* grads,
+                                    typename Wire::config cfg, SpaceSpan<typename Wire::value_type, S> buffer) {
   typename Wire::value_type;
-  { Wire::id_modulus } -> std::convertible_to<std::int64_t>;
   { Wire::single_collective } -> std::convertible_to<bool>;
   Wire(std::move(layout), 2, cfg);
-  { w.pack(std::size_t{0}, slice, Participation::kActive) } -> std::same_as<WirePiece<typename Wire::value_type, S>>;
-  { w.unpack(std::size_t{0}, slice) } -> std::same_as<std::optional<WirePiece<typename Wire::value_type, S>>>;
+  { cw.buffer_numel(std::size_t{0}) } -> std::convertible_to<std::int64_t>;
+  { w.pack(std::size_t{0}, grads, Participation::kActive, buffer) } -> std::same_as<WirePiece<typename Wire::value_type, S>>;
+  { w.unpack(std::size_t{0}, grads, buffer) } -> std::same_as<std::optional<WirePiece<typename Wire::value_type, S>>>;
   { cw.bytes() } -> std::same_as<std::int64_t>;
 };
 
+namespace detail {
+
+// One static_assert per member of BucketWireFormat, so that the compiler names the one a wire lacks. True when Wire
+// is a BucketWireFormat.
+template <class Wire, class T, class S>
+constexpr bool check_bucket_wire() {
+  constexpr bool typed = requires { typename Wire::value_type; typename Wire::config; };
+  static_assert(typed,
+                "BucketWireFormat: the wire has no value_type (what travels) or no config (its options; "
+                "ddp::NoWireConfig where it has none)");
+  if constexpr (typed) {
+    using V = typename Wire::value_type;
+    static_assert(
+        requires {
+          { Wire::single_collective } -> std::convertible_to<bool>;
+        },
+        "BucketWireFormat: the wire has no static constexpr bool single_collective (whether unpack() never asks for a "
+        "second collective)");
+    static_assert(
+        requires(std::vector<WireBucket> layout, typename Wire::config cfg) { Wire(std::move(layout), 2, cfg); },
+        "BucketWireFormat: the wire has no constructor (std::vector<ddp::WireBucket> layout, int world, config)");
+    static_assert(
+        requires(Wire const& w) {
+          { w.buffer_numel(std::size_t{0}) } -> std::convertible_to<std::int64_t>;
+        },
+        "BucketWireFormat: the wire has no buffer_numel(b) const (elements of value_type its first collective of "
+        "bucket b needs in the buffer the reducer lends it; 0 in place)");
+    static_assert(
+        requires(Wire& w, T* grads, SpaceSpan<V, S> buffer) {
+          { w.pack(std::size_t{0}, grads, Participation::kActive, buffer) } -> std::same_as<WirePiece<V, S>>;
+        },
+        "BucketWireFormat: the wire has no pack(b, T* grads, ddp::Participation, SpaceSpan<value_type, S> buffer) "
+        "returning WirePiece<value_type, S> (bucket b's first collective)");
+    static_assert(
+        requires(Wire& w, T* grads, SpaceSpan<V, S> buffer) {
+          { w.unpack(std::size_t{0}, grads, buffer) } -> std::same_as<std::optional<WirePiece<V, S>>>;
+        },
+        "BucketWireFormat: the wire has no unpack(b, T* grads, SpaceSpan<value_type, S> buffer) returning "
+        "std::optional<WirePiece<value_type, S>> (what arrived; the next collective, if any)");
+    static_assert(
+        requires(Wire const& w) {
+          { w.bytes() } -> std::same_as<std::int64_t>;
+        },
+        "BucketWireFormat: the wire has no bytes() const returning std::int64_t (what one rank sends per round)");
+  }
+  return BucketWireFormat<Wire, T, S>;
+}
+
+}  // namespace detail
 }  // namespace ddp

@@ -41,6 +41,7 @@ class SpaceSpan {
   constexpr SpaceSpan subspan(std::size_t offset, std::size_t count) const noexcept {
     return SpaceSpan(data_ + offset, count);
   }
+  constexpr SpaceSpan first(std::size_t count) const noexcept { return SpaceSpan(data_, count); }
 
   // Only host spans can be viewed as std::span (device memory is not dereferenceable on the host).
   constexpr std::span<T> host() const noexcept requires std::same_as<Space, HostSpace> { return {data_, size_}; }
