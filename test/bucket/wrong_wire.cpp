@@ -38,6 +38,5 @@ struct PlainReduction : ddp::AverageAllReduce {
 
 void build(ddp::ThreadsBackend& comm, ddp::Generator& g) {
   ddp::nn::Linear model(4, 2, g);
-  ddp::DistributedDataParallel<ddp::nn::Linear, ddp::ThreadsBackend, ddp::SizeCapped, PlainReduction> ddp(model,
-                                                                                                           comm);
+  ddp::DistributedDataParallel<ddp::nn::Linear, ddp::ThreadsBackend, ddp::SizeCapped, PlainReduction> ddp(model, comm);
 }

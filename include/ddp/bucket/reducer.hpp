@@ -52,16 +52,14 @@ class BucketReducer {
   // gradients' shapes are unknown here: the wire sees each bucket as one vector.
   BucketReducer(C& comm, BucketPlan plan, std::vector<std::int64_t> bucket_offsets, Tensor<T, S> grads,
                 ReducerOptions opts = {}, wire_config wire = {})
-      : BucketReducer(comm, vector_layout(plan), plan, std::move(bucket_offsets), std::move(grads),
-                      opts, wire) {}
+      : BucketReducer(comm, vector_layout(plan), plan, std::move(bucket_offsets), std::move(grads), opts, wire) {}
 
   // Over a parameter arena laid out for this plan (status words reserved after each bucket's lowest-registered
   // parameter: reserve()). The micro-batches of a round add into the same gradients; finish() divides their sum
   // by `micro_batches_per_rank`, so the result is the mean gradient of the global batch.
   BucketReducer(C& comm, BucketPlan plan, nn::ParameterArena<T, S>& arena, std::int64_t micro_batches_per_rank,
                 ReducerOptions opts = {}, wire_config wire = {})
-      : BucketReducer(comm, arena_layout(plan, arena), plan, offsets_in(plan, arena), arena.grads(),
-                      opts, wire) {
+      : BucketReducer(comm, arena_layout(plan, arena), plan, offsets_in(plan, arena), arena.grads(), opts, wire) {
     per_rank_ = micro_batches_per_rank;
   }
 
@@ -299,7 +297,7 @@ class BucketReducer {
   std::vector<std::int64_t> offsets_;
   Tensor<T, S> grads_;
   int world_;
-  detail::BucketStatusWords<T, S> status_;               // after plan_, which it reads
+  detail::BucketStatusWords<T, S> status_;              // after plan_, which it reads
   detail::BucketTransport<T, S, C, wire_t> transport_;  // after grads_ and offsets_
 
   std::vector<char> ready_, has_grad_;

@@ -16,16 +16,20 @@
 //   shadow_round()               a round for a rank without a batch (ddp::join)
 //   reduce_last_bucket_async(b)  the last bucket on the progress thread too (the overlapped update)
 //   wire_bytes(), wire_state(), load_wire_state(s, from)   what its wire sends and keeps (describe(), checkpoints)
-// check_reduction_stage<St, T, S>() names the first required member a stage lacks, in a static_assert.
+// check_reduction_stage<St, T, S>() names the first required member a stage lacks, in a static_assert;
+// stage_wire_state() and load_stage_wire_state() reach the optional wire state of any stage.
 #pragma once
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ddp/bucket/outcome.hpp"
 #include "ddp/bucket/plan.hpp"
+#include "ddp/bucket/wire.hpp"
+#include "ddp/error.hpp"
 #include "ddp/tensor/memory_space.hpp"
 
 namespace ddp {
@@ -107,6 +111,24 @@ constexpr bool check_reduction_stage() {
       requires(St & st) { st.abandon(); },
       "ReductionStage: R::stage has no abandon() (lets anything in flight complete; no-throw)");
   return ReductionStage<St>;
+}
+
+// What a stage's wire carries between rounds (empty for a stage without one), and loading it back (ArgumentError
+// naming `policy` when a stage without one is given a state).
+template <class St, class T>
+WireState<T> stage_wire_state(St const& st) {
+  if constexpr (requires { st.wire_state(); })
+    return st.wire_state();
+  else
+    return {};
+}
+template <class St, class T>
+void load_stage_wire_state(St& st, WireState<T> const& s, WireStateFrom from, std::string const& policy) {
+  if constexpr (requires { st.load_wire_state(s, from); })
+    st.load_wire_state(s, from);
+  else if (!s.kind.empty())
+    throw ArgumentError(
+        cat("DistributedDataParallel: ", policy, " keeps no wire state, but a ", s.kind, " state was given to load"));
 }
 
 // check_reduction_stage<St>() where `check` holds (true otherwise, without instantiating anything of St).

@@ -39,12 +39,12 @@ template <class T, MemorySpace S, AsyncCommunicator C, class Wire>
 class BucketTransport {
   using V = typename Wire::value_type;
   using piece_t = WirePiece<V, S>;
-  using work_t = decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<V, S>>(), ReduceOp::kAvg,
-                                                              CollectiveTag{}));
+  using work_t =
+      decltype(std::declval<C&>().all_reduce_async(std::declval<SpaceSpan<V, S>>(), ReduceOp::kAvg, CollectiveTag{}));
 
  public:
-  BucketTransport(C& comm, std::vector<WireBucket> layout, std::vector<BucketSlot<T>> slots,
-                  typename Wire::config cfg, ReducerObserver* observer)
+  BucketTransport(C& comm, std::vector<WireBucket> layout, std::vector<BucketSlot<T>> slots, typename Wire::config cfg,
+                  ReducerObserver* observer)
       : comm_(&comm),
         world_(comm.world_size()),
         slots_(std::move(slots)),
@@ -127,7 +127,7 @@ class BucketTransport {
     if constexpr (Wire::single_collective)
       if (observer_)
         for (std::size_t b = 0; b < launched; ++b)
-        if (works_[b] && !completed_[b] && works_[b]->test()) note_complete(b);
+          if (works_[b] && !completed_[b] && works_[b]->test()) note_complete(b);
   }
   // Backward is over; waiting for the buckets still in flight (the observer's span), and its end.
   void wait_begins() {
@@ -157,7 +157,8 @@ class BucketTransport {
   };
 
   SpaceSpan<V, S> buffer(std::size_t b) const noexcept {
-    return {buffers_.get() + buffer_at_[b], static_cast<std::size_t>(buffer_at_[b + 1] - buffer_at_[b] - slots_[b].status)};
+    return {buffers_.get() + buffer_at_[b],
+            static_cast<std::size_t>(buffer_at_[b + 1] - buffer_at_[b] - slots_[b].status)};
   }
   static CollectiveTag tag(piece_t const& p, std::size_t b) noexcept {
     return CollectiveTag{p.label, static_cast<std::int64_t>(b)};

@@ -191,7 +191,9 @@ concept BucketWireFormat = requires(Wire& w, Wire const& cw, std::vector<WireBuc
   { Wire::single_collective } -> std::convertible_to<bool>;
   Wire(std::move(layout), 2, cfg);
   { cw.buffer_numel(std::size_t{0}) } -> std::convertible_to<std::int64_t>;
-  { w.pack(std::size_t{0}, grads, Participation::kActive, buffer) } -> std::same_as<WirePiece<typename Wire::value_type, S>>;
+  {
+    w.pack(std::size_t{0}, grads, Participation::kActive, buffer)
+    } -> std::same_as<WirePiece<typename Wire::value_type, S>>;
   { w.unpack(std::size_t{0}, grads, buffer) } -> std::same_as<std::optional<WirePiece<typename Wire::value_type, S>>>;
   { cw.bytes() } -> std::same_as<std::int64_t>;
 };
@@ -202,7 +204,10 @@ namespace detail {
 // is a BucketWireFormat.
 template <class Wire, class T, class S>
 constexpr bool check_bucket_wire() {
-  constexpr bool typed = requires { typename Wire::value_type; typename Wire::config; };
+  constexpr bool typed = requires {
+    typename Wire::value_type;
+    typename Wire::config;
+  };
   static_assert(typed,
                 "BucketWireFormat: the wire has no value_type (what travels) or no config (its options; "
                 "ddp::NoWireConfig where it has none)");
@@ -224,13 +229,13 @@ constexpr bool check_bucket_wire() {
         "BucketWireFormat: the wire has no buffer_numel(b) const (elements of value_type its first collective of "
         "bucket b needs in the buffer the reducer lends it; 0 in place)");
     static_assert(
-        requires(Wire& w, T* grads, SpaceSpan<V, S> buffer) {
+        requires(Wire & w, T * grads, SpaceSpan<V, S> buffer) {
           { w.pack(std::size_t{0}, grads, Participation::kActive, buffer) } -> std::same_as<WirePiece<V, S>>;
         },
         "BucketWireFormat: the wire has no pack(b, T* grads, ddp::Participation, SpaceSpan<value_type, S> buffer) "
         "returning WirePiece<value_type, S> (bucket b's first collective)");
     static_assert(
-        requires(Wire& w, T* grads, SpaceSpan<V, S> buffer) {
+        requires(Wire & w, T * grads, SpaceSpan<V, S> buffer) {
           { w.unpack(std::size_t{0}, grads, buffer) } -> std::same_as<std::optional<WirePiece<V, S>>>;
         },
         "BucketWireFormat: the wire has no unpack(b, T* grads, SpaceSpan<value_type, S> buffer) returning "

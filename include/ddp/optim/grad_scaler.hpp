@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "ddp/autograd/ops/elementwise.hpp"
 #include "ddp/error.hpp"
@@ -67,12 +68,10 @@ class basic_grad_scaler {
   template <class O, class F = void (*)()>
   bool step(
       O& opt, F&& before_step = [] {}) {
-    if constexpr (requires { opt.updates_in_backward(); })
-      if (opt.updates_in_backward())
-        throw ArgumentError(
-            "GradScaler: this optimizer updates each bucket as its reduction lands (OverlappedOptimizer), on the "
-            "scaled gradients, before the scaler can unscale or check them. Construct it with .overlap = "
-            "{.update_at = UpdateAt::kStep} to use loss scaling");
+    // An optimizer that moves the parameters inside backward (OverlappedOptimizer) would step on the scaled
+    // gradients before they are unscaled and checked: it says so (parallel/composition.hpp's rules).
+    if constexpr (requires { opt.refuses_reader("GradScaler"); })
+      if (auto refusal = opt.refuses_reader("GradScaler")) throw ArgumentError(std::move(*refusal));
     bool const finite = unscale();
     if (finite) {
       before_step();

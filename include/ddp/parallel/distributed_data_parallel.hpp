@@ -3,6 +3,7 @@
 // parallel/policies.hpp (the default: bucketed async all-reduces that average and overlap backward).
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,37 +15,17 @@
 #include "ddp/comm/communicator.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter_arena.hpp"
+#include "ddp/parallel/attachment.hpp"
+#include "ddp/parallel/composition.hpp"
+#include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/invariance.hpp"
-#include "ddp/parallel/join_hook.hpp"
 #include "ddp/parallel/micro_batch.hpp"
 #include "ddp/parallel/policies.hpp"
 #include "ddp/parallel/replicas.hpp"
-#include "ddp/parallel/update_hook.hpp"
 #include "ddp/parallel/verify.hpp"
 #include "ddp/trace/timeline.hpp"
 
 namespace ddp {
-
-struct DdpOptions {
-  // Broadcast buffers (e.g. BatchNorm running statistics) from rank 0 before each step's forward, as PyTorch.
-  bool broadcast_buffers = true;
-  // Missing gradients: an error on every rank, or (true, PyTorch's find_unused_parameters) zeros (RoundOptions).
-  bool find_unused_parameters = false;
-  // When set, forward, backward and each bucket's reduction (launch to observed completion) are recorded.
-  Timeline* timeline = nullptr;
-  // NaN/Inf in the reduced gradients: ignored, an error on every rank, or the step skipped on every rank.
-  NonFinite non_finite = NonFinite::kIgnore;
-  // Every step gives gradients to the same parameters (PyTorch's static_graph). On device tensors, after the
-  // first step the round's bookkeeping (each bucket's status words) no longer crosses to the host: a DDP step then
-  // makes no synchronous copy, and a desync or a changed graph is reported at the next host read (a loss read,
-  // an evaluation) on every rank instead of at once. A non-finite check keeps the host read. Host tensors and
-  // deterministic mode (ExactSum) read their bookkeeping on the host regardless.
-  bool static_graph = false;
-  // With static_graph on device tensors: the host reads the device's check at least every this many steps (one
-  // word copied back), so a desync is reported at most this many steps late even when nothing else reads the
-  // device (TrainerOptions::loss_every). At least 1.
-  std::int64_t static_graph_check_every = 16;
-};
 
 // Wraps a model whose replicas live on the ranks of `comm`. Guarantees:
 //  - construction checks that every rank has the same parameters (names, shapes, frozen or not) and a well-formed,
@@ -60,12 +41,14 @@ struct DdpOptions {
 //    and under OnePass also PyTorch's: backward(loss(ddp(Var(x)), y));
 //  - gradients live in the arena's bucket slices; gradient hooks users set (Variable::set_grad_hook) run first;
 //  - NonFinite::kRaise / kSkipStep act on every rank alike (step_skipped(), skipped_steps());
-//  - ranks with different numbers of batches train inside ddp::join (parallel/join.hpp).
+//  - ranks with different numbers of batches train inside ddp::join (parallel/join.hpp);
+//  - what else takes part in its rounds (ddp::join, an overlapped update, an optimizer that shards or reduces)
+//    attaches through attach(hook), which refuses what does not compose (composition.hpp).
 // Determinism is the reduction policy's (policies.hpp). Build the optimizer after this wrapper, from parameters().
 // Not copyable or movable (the hooks point at it). One thread per rank.
 template <nn::Model M, AsyncCommunicator C, GradientBucketer B = SizeCapped, ReductionPolicy R = AverageAllReduce,
           BatchingPolicy Bt = OnePass>
-class DistributedDataParallel {
+class DistributedDataParallel : detail::HookSite {
  public:
   using value_type = typename M::value_type;
   using space = typename M::space;
@@ -74,18 +57,7 @@ class DistributedDataParallel {
   using V = Variable<T, S>;
   using reducer_t = typename R::template stage<T, S, C>;
 
-  static_assert(C::accepted_spaces::template contains<S> || !std::same_as<S, HostSpace>,
-                "DistributedDataParallel: the model's tensors are host (Eigen) tensors, but this communicator takes "
-                "device memory only (e.g. NcclBackend). Build the model over device tensors (Variable<T, "
-                "DeviceSpace>, <ddp/tensor/device.hpp>), or use ThreadsBackend / MpiBackend for host models.");
-  static_assert(C::accepted_spaces::template contains<S> || std::same_as<S, HostSpace>,
-                "DistributedDataParallel: the model's tensors are device tensors, but this communicator takes host "
-                "memory only (e.g. MpiBackend). Name a host-staging adapter: HostStaging<MpiBackend> staged(mpi) "
-                "from <ddp/comm/host_staging.hpp> copies each bucket through host memory; or use NcclBackend.");
-  static_assert(CommElement<T>, "DistributedDataParallel: parameters must be float or double");
-  // The reduction's stage keeps the round contract (bucket/stage.hpp); a missing member is named here. After the
-  // checks above: a stage over the wrong memory would only repeat their error.
-  static_assert(detail::reduction_stage_checked<reducer_t, C::accepted_spaces::template contains<S>>);
+  static_assert(detail::types_compose<T, S, C, reducer_t>());  // composition.hpp: each refusal names the fix
 
   DistributedDataParallel(M& model, C& comm, DdpOptions opts = {}, B bucketer = {}, R reduction = {}, Bt batching = {})
       : model_(&model),
@@ -98,26 +70,10 @@ class DistributedDataParallel {
     using Arena = nn::ParameterArena<T, S>;
     auto const params = Arena::trainable(model.named_parameters());
     int const world = comm.world_size();
-    if constexpr (!detail::reduces_gradients<R>)
-      if (opts_.non_finite != NonFinite::kIgnore)
-        throw ArgumentError(detail::cat("DistributedDataParallel: ", reduction_.name(),
-                                        " leaves the gradients unreduced until the optimizer's step, so there are no "
-                                        "reduced gradients to check for NaN/Inf: use NonFinite::kIgnore with it, or "
-                                        "AverageAllReduce with ZeroRedundancyOptimizer for the checks"));
-    if (opts_.static_graph_check_every < 1)
-      throw ArgumentError(
-          detail::cat("DistributedDataParallel: DdpOptions::static_graph_check_every must be at least 1, "
-                      "got ",
-                      opts_.static_graph_check_every));
+    check_composition({.ddp = composition()});
+    detail::check_options(opts_);
     if (world > 1) detail::verify_parameters_match(comm, detail::signatures(model));
-    // An arena made before wrapping (say, an optimizer's) would keep updating storage the model no longer reads
-    // once this wrapper re-packs the parameters. The same on every rank (same model everywhere).
-    if (auto const* p = Arena::find_packed(params))
-      throw ArgumentError(detail::cat(
-          "DistributedDataParallel: parameter '", p->name,
-          "' is already packed in a live ParameterArena (an optimizer built before wrapping the model?). Wrapping "
-          "re-packs the parameters, so that optimizer would update orphaned copies. Construct the optimizer after "
-          "DistributedDataParallel, from ddp.parameters()."));
+    detail::refuse_packed(params);
     std::vector<std::int64_t> numels;
     for (auto const& p : params) numels.push_back(p.var.numel());
     BucketPlan plan = bucketer_.plan(numels, R::template element_bytes<T>);
@@ -127,10 +83,7 @@ class DistributedDataParallel {
     if constexpr (R::world_size_invariant) detail::broadcast_generators(comm, nn::generators_of(model), 0);
     if (opts_.timeline) timeline_.emplace(*opts_.timeline);
     reducer_.emplace(comm, std::move(plan), arena_, per_rank_,
-                     ReducerOptions{.observer = timeline_ ? &*timeline_ : nullptr,
-                                    .non_finite = opts_.non_finite,
-                                    .static_graph = opts_.static_graph,
-                                    .static_graph_check_every = opts_.static_graph_check_every},
+                     detail::reducer_options(opts_, timeline_ ? &*timeline_ : nullptr),
                      detail::wire_config(reduction_));
     round_.emplace(
         comm, arena_,
@@ -141,6 +94,7 @@ class DistributedDataParallel {
 
   DistributedDataParallel(DistributedDataParallel const&) = delete;
   DistributedDataParallel& operator=(DistributedDataParallel const&) = delete;
+  // Attachments must end first (ddp::join, optimizers built from this wrapper: declare them after it).
   ~DistributedDataParallel() {
     reducer_->abandon();
     for (auto const& e : arena_.entries()) e.var.node().leaf_hooks().ready_hook = {};
@@ -152,16 +106,10 @@ class DistributedDataParallel {
   // invariant reductions first check, on every rank at once, that the ranks agree (invariance.hpp).
   template <class Y>
   std::vector<MicroBatch<Tensor<T, S>, Y>> micro_batches(Tensor<T, S> const& x, Y const& y, BatchStep at = {}) {
-    std::int64_t const rows = x.shape().rank() == 0 ? 0 : x.shape()[0];
-    if (y.shape().rank() == 0 || y.shape()[0] != rows)
-      throw ShapeError(
-          detail::cat("DistributedDataParallel: targets of shape ", y.shape(), " for ", rows, " input rows"));
     if constexpr (R::world_size_invariant)
-      detail::check_invariant_step(*comm_, nn::generators_of(*model_), x.shape(), per_rank_, at.step);
-    else if (rows % per_rank_ != 0)
-      throw ShapeError(detail::cat("DistributedDataParallel: rank ", comm_->rank(), "'s batch has ", rows,
-                                   " rows (shape ", x.shape(), "), which is not ", per_rank_, " equal micro-batches"));
-    return detail::split_rows(x, y, per_rank_, at.step, comm_->rank() * rows);
+      if (y.shape().rank() > 0 && x.shape().rank() > 0 && y.shape()[0] == x.shape()[0])
+        detail::check_invariant_step(*comm_, nn::generators_of(*model_), x.shape(), per_rank_, at.step);
+    return detail::rank_micro_batches(x, y, per_rank_, at.step, comm_->rank(), R::world_size_invariant);
   }
 
   // Runs the model on one micro-batch; the round opens with micro-batch 0 (outside no_sync, with autograd on) and
@@ -190,17 +138,8 @@ class DistributedDataParallel {
   // Scope guard: forwards and backwards inside it accumulate gradients locally (no communication); the first
   // round after it reduces the accumulated sum. k micro-batches under no_sync plus one outside equal one batch
   // k+1 times as large (for mean losses, scale each by 1/(k+1)).
-  class NoSync {
-   public:
-    explicit NoSync(DistributedDataParallel& d) : d_(&d) { ++d_->no_sync_depth_; }
-    ~NoSync() { --d_->no_sync_depth_; }
-    NoSync(NoSync const&) = delete;
-    NoSync& operator=(NoSync const&) = delete;
-
-   private:
-    DistributedDataParallel* d_;
-  };
-  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  using NoSync = detail::ScopedDepth;
+  [[nodiscard]] NoSync no_sync() { return NoSync(no_sync_depth_); }
 
   // Whether the last round's gradients were dropped as non-finite (NonFinite::kSkipStep), on every rank alike.
   bool step_skipped() const noexcept { return round_->step_skipped(); }
@@ -211,19 +150,9 @@ class DistributedDataParallel {
   BucketPlan const& plan() const noexcept { return reducer_->plan(); }
   // What the reduction's wire carries between rounds (PowerSGD's round counts, Q and error feedback; empty for
   // other wires), and loading it back between rounds: checkpoints keep it (save_checkpoint with a RoundState).
-  WireState<T> wire_state() const {
-    if constexpr (requires { reducer_->wire_state(); })
-      return reducer_->wire_state();
-    else
-      return {};
-  }
+  WireState<T> wire_state() const { return detail::stage_wire_state<reducer_t, T>(*reducer_); }
   void load_wire_state(WireState<T> const& st, WireStateFrom from) {
-    if constexpr (requires { reducer_->load_wire_state(st, from); }) {
-      reducer_->load_wire_state(st, from);
-    } else if (!st.kind.empty()) {
-      throw ArgumentError(detail::cat("DistributedDataParallel: ", reduction_.name(), " keeps no wire state, but a ",
-                                      st.kind, " state was given to load"));
-    }
+    detail::load_stage_wire_state(*reducer_, st, from, reduction_.name());
   }
   M& module() noexcept { return *model_; }
   C& comm() noexcept { return *comm_; }
@@ -233,6 +162,35 @@ class DistributedDataParallel {
   static constexpr bool world_size_invariant = R::world_size_invariant;
   // Whether the reduced gradients are in the arena after backward (false under OwnerReduce: the optimizer reduces).
   static constexpr bool reduces_gradients = detail::reduces_gradients<R>;
+  // Attaches `hook` until the returned Attachment goes; ArgumentError (composition_refusal's, the same on every
+  // rank) when it does not compose with what is attached. Attach between rounds.
+  [[nodiscard]] Attachment attach(DdpHook& hook) {
+    HookTraits traits = hook.traits();
+    check_composition({.ddp = composition(), .attached = hooks_.traits(), .attaching = &traits});
+    hooks_.add(hook, std::move(traits));
+    sync_hooks();
+    return Attachment(*this, hook);
+  }
+  // The DDP side of a composition (composition.hpp).
+  CompositionView composition() const {
+    return {.reduction = reduction_.name(),
+            .reduces_gradients = reduces_gradients,
+            .non_finite = opts_.non_finite,
+            .world = comm_->world_size()};
+  }
+  // ddp::join, through its attachment: this rank has no batch; it answers the round the others agreed on (buffers
+  // from round.buffer_root, then every bucket with zeros) and ends it as they do, errors included.
+  void shadow_round(Attachment const& by, JoinRound round) {
+    static_assert(ShadowingStage<reducer_t>,
+                  "ddp::join: this reduction's stage has no shadow_round() to answer a round for a rank without a "
+                  "batch (bucket/stage.hpp)");
+    if (!hooks_.join() || !by.holds(*this, *hooks_.join()))
+      throw ArgumentError("DistributedDataParallel::shadow_round: only the attached ddp::join answers rounds");
+    if (opts_.broadcast_buffers) detail::broadcast_buffers(*comm_, *model_, round.buffer_root);
+    round_->end(reducer_->shadow_round(), RoundEnd{.part = Participation::kShadow, .grad_scale = round.grad_scale},
+                [this](std::size_t i) { return reducer_->had_grad(i); });
+  }
+
   // What was composed, for logs.
   std::string describe() const {
     std::string wire;  // what the reduction stage sends per step, where it says
@@ -247,15 +205,11 @@ class DistributedDataParallel {
   }
 
  private:
-  friend struct detail::JoinAccess;
-  friend struct detail::UpdateAccess;
-  friend struct detail::OwnerAccess;
-
   // The synchronised round in progress: which micro-batch's backward is due, what the round was agreed to be.
   struct Open {
     std::int64_t micro_batch = 0;
     std::int64_t step = -1;
-    detail::JoinRound join{};
+    JoinRound join{};
     std::uint64_t queued_epoch = 0;  // the backward (Node::visit_epoch) that queued end_backward
     std::uint64_t buffers = 0;       // world-size-invariant reductions: the buffers' fingerprint at the start
   };
@@ -264,7 +218,7 @@ class DistributedDataParallel {
     bool const sync = grad_enabled() && no_sync_depth_ == 0;
     if (sync && index == 0) {
       open_round(key);
-    } else if (index == 0 && !join_ && opts_.broadcast_buffers && comm_->world_size() > 1) {
+    } else if (index == 0 && !hooks_.join() && opts_.broadcast_buffers && comm_->world_size() > 1) {
       // A forward outside a round (evaluation, no_sync) sees rank 0's buffers too.
       detail::broadcast_buffers(*comm_, *model_, 0);
     } else if (sync && (!open_ || open_->micro_batch != index)) {
@@ -286,12 +240,8 @@ class DistributedDataParallel {
 
   void open_round(SampleKey const* key) {
     if constexpr (!reduces_gradients)
-      if (!reduction_owner_)
-        throw ArgumentError(detail::cat("DistributedDataParallel: ", reduction_.name(),
-                                        " leaves each rank's gradients local for the optimizer to reduce, and no "
-                                        "optimizer reduces them: build a ZeroRedundancyOptimizer (stage 1 or 2) from "
-                                        "this DistributedDataParallel before the first step"));
-    detail::JoinRound const agreed = join_ ? join_->on_round() : detail::JoinRound{};
+      check_composition({.ddp = composition(), .attached = hooks_.traits(), .opening_round = true});
+    JoinRound const agreed = hooks_.join() ? hooks_.join()->on_round() : JoinRound{};
     if (opts_.broadcast_buffers && comm_->world_size() > 1)
       detail::broadcast_buffers(*comm_, *model_, agreed.buffer_root);
     reducer_->begin();
@@ -326,12 +276,13 @@ class DistributedDataParallel {
         if (!reducer_->is_ready(i)) reducer_->mark_ready(i, round_->fill_missing(i));
     // An attached optimizer updates each bucket as it lands, unless the round needs every bucket first: a
     // non-finite check (it may drop the whole step) or a join's divisor.
-    bool const per_bucket = update_ && opts_.non_finite == NonFinite::kIgnore && !join_;
-    auto const land = [this](std::size_t b) {
+    DdpHook* const update = hooks_.update();
+    bool const per_bucket = update && opts_.non_finite == NonFinite::kIgnore && !hooks_.join();
+    auto const land = [this, update](std::size_t b) {
       auto const& bucket = reducer_->plan().buckets[b];  // one contiguous slice of the arena
       if (!round_->land(bucket.params, reducer_->outcome())) return false;
       std::int64_t const lo = arena_.entries()[bucket.params.front()].offset;
-      update_->on_bucket_reduced(lo, lo + bucket.numel);
+      update->on_bucket_reduced(lo, lo + bucket.numel);
       return true;
     };
     round_->end(per_bucket ? reducer_->finish(land) : reducer_->finish(),
@@ -339,26 +290,17 @@ class DistributedDataParallel {
                 [this](std::size_t i) { return reducer_->had_grad(i); });
   }
 
-  // OverlappedOptimizer (overlapped_update.hpp): attached, it is told of each bucket as its reduction lands, and
-  // with more than one bucket the last is reduced on the progress thread so that the others' updates overlap it
-  // (a single bucket has nothing to overlap with: it stays on the caller's thread).
-  void attach_update(detail::UpdateHook* hook) {
-    update_ = hook;
-    if constexpr (requires { reducer_->reduce_last_bucket_async(true); })
-      reducer_->reduce_last_bucket_async(hook != nullptr && reducer_->plan().buckets.size() > 1);
+  // The hooks that act in a round, from the capabilities attached (HookSite: an Attachment detaches). An optimizer
+  // that updates in backward is told of each bucket as its reduction lands, and with more than one bucket the last is
+  // reduced on the progress thread so that the others' updates overlap it (a single bucket has nothing to overlap
+  // with: it stays on the caller's thread).
+  void detach(DdpHook& hook) noexcept override {
+    hooks_.remove(hook);
+    sync_hooks();
   }
-
-  // Join (join.hpp): while attached, a round's first forward agrees on the round with the hook first.
-  void attach_join(detail::JoinHook* hook) noexcept { join_ = hook; }
-  // Join: this rank has no batch; it answers the round the others agreed on (buffers from round.buffer_root,
-  // then every bucket with zeros) and ends it as they do, errors included.
-  void shadow_round(detail::JoinRound round) {
-    static_assert(ShadowingStage<reducer_t>,
-                  "ddp::join: this reduction's stage has no shadow_round() to answer a round for a rank without a "
-                  "batch (bucket/stage.hpp)");
-    if (opts_.broadcast_buffers) detail::broadcast_buffers(*comm_, *model_, round.buffer_root);
-    round_->end(reducer_->shadow_round(), RoundEnd{.part = Participation::kShadow, .grad_scale = round.grad_scale},
-                [this](std::size_t i) { return reducer_->had_grad(i); });
+  void sync_hooks() noexcept {
+    if constexpr (requires { reducer_->reduce_last_bucket_async(true); })
+      reducer_->reduce_last_bucket_async(hooks_.update() != nullptr && reducer_->plan().buckets.size() > 1);
   }
 
   M* model_;
@@ -374,9 +316,7 @@ class DistributedDataParallel {
   std::optional<Round<T, S, C>> round_;  // what a finished round means (bucket/round.hpp)
   std::optional<Open> open_;             // the synchronised round in progress, if any
   int no_sync_depth_ = 0;
-  detail::JoinHook* join_ = nullptr;       // a ddp::join running on this rank
-  detail::UpdateHook* update_ = nullptr;   // an optimizer that updates each bucket as it lands
-  void const* reduction_owner_ = nullptr;  // OwnerReduce: the optimizer that reduces the gradients (OwnerAccess)
+  detail::HookList hooks_;  // attached: ddp::join (join()), an update in backward (update()), optimizers
 };
 
 }  // namespace ddp

@@ -42,24 +42,8 @@ struct JoinResult {
 
 namespace detail {
 
-struct JoinAccess {
-  template <class D>
-  static bool attached(D const& d) noexcept {
-    return d.join_ != nullptr;
-  }
-  template <class D>
-  static void attach(D& d, JoinHook* hook) noexcept {
-    d.attach_join(hook);
-  }
-  template <class D>
-  static void shadow(D& d, JoinRound round) {
-    d.shadow_round(round);
-  }
-  template <class D>
-  static void broadcast_state(D& d, int root) {
-    detail::broadcast_state(d.comm(), d.module(), root);
-  }
-};
+// How a join appears to the composition rules (composition.hpp).
+inline HookTraits join_traits() { return {.name = "ddp::join", .caps = Capability::kAgreesOnRounds}; }
 
 // The per-step agreement. Each synchronised round starts with one all-reduce (kSum) of 2·world int64 words:
 // [rank r has a batch this round][steps rank r has run on its own data]; each rank writes only its own
@@ -67,22 +51,20 @@ struct JoinAccess {
 // meet in the same collective; every rank then knows the same active set and decides alike. Attached to
 // the DDP for its lifetime (RAII), so an exception leaves the DDP as it was.
 template <class D>
-class JoinDriver final : public JoinHook {
+class JoinDriver final : public DdpHook {
  public:
   JoinDriver(D& ddp, JoinOptions const& opts)
       : ddp_(&ddp),
         opts_(opts),
         world_(ddp.comm().world_size()),
         rank_(ddp.comm().rank()),
-        words_(2 * static_cast<std::size_t>(world_)) {
-    if (JoinAccess::attached(ddp))
-      throw ArgumentError("ddp::join: this DistributedDataParallel is already inside a join (one at a time)");
-    JoinAccess::attach(ddp, this);
-  }
+        words_(2 * static_cast<std::size_t>(world_)),
+        attachment_(ddp.attach(*this)) {}
   JoinDriver(JoinDriver const&) = delete;
   JoinDriver& operator=(JoinDriver const&) = delete;
-  ~JoinDriver() { JoinAccess::attach(*ddp_, nullptr); }
+  ~JoinDriver() = default;
 
+  HookTraits traits() const override { return join_traits(); }
   JoinRound on_round() override { return agree(true); }
 
   // This rank has no batches left: answers the others' rounds until no rank has any.
@@ -90,7 +72,7 @@ class JoinDriver final : public JoinHook {
     for (;;) {
       JoinRound const r = agree(false);
       if (active_ == 0) return;
-      JoinAccess::shadow(*ddp_, r);
+      ddp_->shadow_round(attachment_, r);
     }
   }
 
@@ -147,6 +129,7 @@ class JoinDriver final : public JoinHook {
   std::int64_t steps_ = 0, rounds_ = 0;
   int last_rank_ = 0;
   bool uneven_ = false;
+  Attachment attachment_;  // last: attached once the rest is ready
 };
 
 // root's optimizer state (learning rate, step counts, state buffers) on every rank. Every rank must hold the
@@ -233,7 +216,7 @@ JoinResult join(DistributedDataParallel<M, C, B, R, Bt>& ddp, Body&& body, JoinO
     driver.shadow_rest();
     r = driver.result();
   }
-  if (r.uneven) detail::JoinAccess::broadcast_state(ddp, r.last_rank);
+  if (r.uneven) detail::broadcast_state(ddp.comm(), ddp.module(), r.last_rank);
   return r;
 }
 
@@ -241,12 +224,10 @@ JoinResult join(DistributedDataParallel<M, C, B, R, Bt>& ddp, Body&& body, JoinO
 template <nn::Model M, AsyncCommunicator C, GradientBucketer B, ReductionPolicy R, BatchingPolicy Bt,
           optim::Optimizer O, std::invocable Body>
 JoinResult join(DistributedDataParallel<M, C, B, R, Bt>& ddp, O& optimizer, Body&& body, JoinOptions const& opts = {}) {
-  if constexpr (requires { optimizer.sharded(); })  // ZeroRedundancyOptimizer: its slices cannot follow one rank
-    if (optimizer.sharded())
-      throw ArgumentError(
-          "ddp::join: the optimizer's state is sharded (ZeroRedundancyOptimizer stage 1): a rank that ran out of "
-          "data would have to keep updating its slice. Give every rank the same number of batches "
-          "(EpochSplit::kPad, GlobalBatchSampler) or use ZeRO stage 0 there");
+  if constexpr (requires { optimizer.traits(); }) {  // ZeroRedundancyOptimizer: its slices cannot follow one rank
+    HookTraits const opt = optimizer.traits(), joining = detail::join_traits();
+    check_composition({.ddp = ddp.composition(), .attached = std::span(&opt, 1), .attaching = &joining});
+  }
   JoinResult const r = join(ddp, std::forward<Body>(body), opts);
   if (r.uneven) detail::broadcast_optimizer_state(ddp.comm(), optimizer, r.last_rank);
   return r;

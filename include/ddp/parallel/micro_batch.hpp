@@ -28,6 +28,18 @@ struct MicroBatch {
 };
 
 namespace detail {
+// Counts the scopes open on a counter (DistributedDataParallel's no_sync depth).
+class ScopedDepth {
+ public:
+  explicit ScopedDepth(int& depth) noexcept : depth_(&depth) { ++*depth_; }
+  ~ScopedDepth() { --*depth_; }
+  ScopedDepth(ScopedDepth const&) = delete;
+  ScopedDepth& operator=(ScopedDepth const&) = delete;
+
+ private:
+  int* depth_;
+};
+
 // Rows [lo, lo + count) of a tensor whose first dimension indexes samples: a view, no copy.
 template <class U, MemorySpace S>
 Tensor<U, S> rows_of(Tensor<U, S> const& t, std::int64_t lo, std::int64_t count) {
@@ -54,6 +66,20 @@ std::vector<MicroBatch<X, Y>> split_rows(X const& x, Y const& y, std::int64_t pi
                    .index = j,
                    .count = pieces});
   return out;
+}
+
+// Rank `rank`'s batch (x, y) cut into `pieces` micro-batches of step `step`: ShapeError when y's rows are not x's
+// or, unless `checked` (the caller checked the ranks agree), when `pieces` does not divide them.
+template <class X, class Y>
+std::vector<MicroBatch<X, Y>> rank_micro_batches(X const& x, Y const& y, std::int64_t pieces, std::uint64_t step,
+                                                 int rank, bool checked) {
+  std::int64_t const rows = x.shape().rank() == 0 ? 0 : x.shape()[0];
+  if (y.shape().rank() == 0 || y.shape()[0] != rows)
+    throw ShapeError(cat("DistributedDataParallel: targets of shape ", y.shape(), " for ", rows, " input rows"));
+  if (!checked && rows % pieces != 0)
+    throw ShapeError(cat("DistributedDataParallel: rank ", rank, "'s batch has ", rows, " rows (shape ", x.shape(),
+                         "), which is not ", pieces, " equal micro-batches"));
+  return split_rows(x, y, pieces, step, rank * rows);
 }
 }  // namespace detail
 

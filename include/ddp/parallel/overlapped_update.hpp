@@ -6,14 +6,18 @@
 
 #include <concepts>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "ddp/bucket/outcome.hpp"
 #include "ddp/error.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/shard.hpp"
-#include "ddp/parallel/update_hook.hpp"
+#include "ddp/parallel/attachment.hpp"
+#include "ddp/parallel/composition.hpp"
 
 namespace ddp {
 
@@ -46,13 +50,6 @@ O make_optimizer(D& d, typename O::options_type const& o) {
   else
     return O(d.parameters(), o);
 }
-
-struct UpdateAccess {
-  template <class D>
-  static void attach(D& d, UpdateHook* hook) {
-    d.attach_update(hook);
-  }
-};
 }  // namespace detail
 
 // Use in place of the optimizer, built after DistributedDataParallel from it:
@@ -69,9 +66,9 @@ struct UpdateAccess {
 //    basic_trainer's clip_grad_norm (which refuses this optimizer) or use UpdateAt::kStep; set the learning rate
 //    before backward.
 // A round that raises (a missing gradient, a desync) may have updated the buckets that landed before the error.
-// Not copyable or movable (DDP points at it).
+// Not copyable or movable (DDP points at it): it attaches to the DDP (attachment.hpp) for its lifetime.
 template <class O>
-class OverlappedOptimizer final : detail::UpdateHook {
+class OverlappedOptimizer final : public DdpHook {
  public:
   using value_type = typename O::value_type;
   using space = typename O::space;
@@ -84,24 +81,22 @@ class OverlappedOptimizer final : detail::UpdateHook {
                 "Range) (optim::basic_sgd, basic_adam_l2, basic_adamw and ZeroRedundancyOptimizer do)");
 
   template <class D>
-  requires requires(D& d) {
+  requires requires(D& d, DdpHook& h) {
     d.parameters();
-    d.options().non_finite;
+    { d.composition() } -> std::same_as<CompositionView>;
+    { d.attach(h) } -> std::same_as<Attachment>;
   }
   OverlappedOptimizer(D& ddp, options_type opt)
-      : inner_(detail::make_optimizer<O>(ddp, opt.optimizer)), overlap_(opt.overlap) {
+      : inner_(detail::make_optimizer<O>(ddp, opt.optimizer)), overlap_(opt.overlap), ddp_(ddp.composition()) {
     if (overlap_.update_at != UpdateAt::kBucketReduced) return;
-    if (ddp.options().non_finite != NonFinite::kIgnore) {
-      waits_for_ = "DdpOptions::non_finite checks every bucket before any update";
+    if (auto why = update_waits_for(ddp_)) {
+      waits_for_ = std::move(*why);
       return;
     }
-    detail::UpdateAccess::attach(ddp, this);
-    ddp_ = &ddp;
-    detach_ = [](void* d) { detail::UpdateAccess::attach(*static_cast<D*>(d), nullptr); };
+    in_backward_ = true;  // what traits() declares to attach()
+    attachment_ = ddp.attach(*this);
   }
-  ~OverlappedOptimizer() {
-    if (detach_) detach_(ddp_);
-  }
+  ~OverlappedOptimizer() = default;
   OverlappedOptimizer(OverlappedOptimizer const&) = delete;
   OverlappedOptimizer& operator=(OverlappedOptimizer const&) = delete;
 
@@ -128,8 +123,18 @@ class OverlappedOptimizer final : detail::UpdateHook {
   OverlapOptions const& overlap_options() const noexcept { return overlap_; }
 
   // Whether buckets are updated as they land (attached to the DDP); if asked for but not, why (waits_for()).
-  bool updates_in_backward() const noexcept { return detach_ != nullptr; }
+  bool updates_in_backward() const noexcept { return attachment_.attached(); }
   std::string const& waits_for() const noexcept { return waits_for_; }
+  // How it appears to the composition rules (composition.hpp).
+  HookTraits traits() const override {
+    return {.name = "OverlappedOptimizer",
+            .caps = in_backward_ ? Capabilities(Capability::kUpdatesInBackward) : Capabilities()};
+  }
+  // The refusal a reader of the whole averaged gradients (GradScaler, clipping) meets with this optimizer, if any.
+  std::optional<std::string> refuses_reader(std::string_view reader) const {
+    HookTraits const mine = traits(), theirs{.name = std::string(reader), .caps = Capability::kNeedsWholeGradients};
+    return composition_refusal({.ddp = ddp_, .attached = std::span(&mine, 1), .attaching = &theirs});
+  }
 
   // What was composed, for logs.
   std::string describe() const {
@@ -161,10 +166,11 @@ class OverlappedOptimizer final : detail::UpdateHook {
 
   O inner_;
   OverlapOptions overlap_;
-  bool landed_ = false;    // this round's buckets were updated as they landed; step() completes it
-  std::string waits_for_;  // UpdateAt::kBucketReduced asked for, but the DDP needs every bucket first: why
-  void* ddp_ = nullptr;
-  void (*detach_)(void*) = nullptr;
+  bool landed_ = false;       // this round's buckets were updated as they landed; step() completes it
+  std::string waits_for_;     // UpdateAt::kBucketReduced asked for, but the DDP needs every bucket first: why
+  CompositionView ddp_;       // the DDP it was built from
+  bool in_backward_ = false;  // it updates each bucket as it lands (attached, or attaching)
+  Attachment attachment_;     // to it, while buckets are updated as they land
 };
 
 }  // namespace ddp

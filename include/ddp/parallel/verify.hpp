@@ -13,6 +13,7 @@
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/host_collectives.hpp"
 #include "ddp/error.hpp"
+#include "ddp/nn/parameter_arena.hpp"
 #include "ddp/tensor/shape.hpp"
 
 namespace ddp {
@@ -115,6 +116,17 @@ void verify_plan(C& comm, BucketPlan const& plan, std::span<std::int64_t const> 
       throw DdpError(detail::cat("DistributedDataParallel: the bucket plan differs across ranks (rank 0: ", all[0],
                                  " buckets, rank ", r, ": ", all[3 * r], " buckets; this rank uses ", policy,
                                  "). Pass the same bucket configuration on every rank."));
+}
+
+// An arena made before wrapping (say, an optimizer's) would keep updating storage the model no longer reads once
+// DistributedDataParallel re-packs the parameters: refused, the same on every rank (same model everywhere).
+template <class T, MemorySpace S>
+void refuse_packed(std::vector<nn::NamedParameter<T, S>> const& params) {
+  if (auto const* p = nn::ParameterArena<T, S>::find_packed(params))
+    throw ArgumentError(cat("DistributedDataParallel: parameter '", p->name,
+                            "' is already packed in a live ParameterArena (an optimizer built before wrapping the "
+                            "model?). Wrapping re-packs the parameters, so that optimizer would update orphaned "
+                            "copies. Construct the optimizer after DistributedDataParallel, from ddp.parameters()."));
 }
 
 }  // namespace detail

@@ -23,8 +23,7 @@
 #include "ddp/nn/parameter_arena.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/shard.hpp"
-#include "ddp/parallel/join.hpp"
-#include "ddp/parallel/update_hook.hpp"
+#include "ddp/parallel/attachment.hpp"
 #include "ddp/tensor/host_pages.hpp"
 #include "ddp/tensor/stream_copy.hpp"
 
@@ -74,18 +73,6 @@ std::vector<ZeroBucket> zero_buckets(BucketPlan const& plan, nn::ParameterArena<
   return out;
 }
 
-// DistributedDataParallel under OwnerReduce learns which optimizer reduces its gradients.
-struct OwnerAccess {
-  template <class D>
-  static void attach(D& d, void const* owner) noexcept {
-    d.reduction_owner_ = owner;
-  }
-  template <class D>
-  static void const* owner(D const& d) noexcept {
-    return d.reduction_owner_;
-  }
-};
-
 // Rank `rank`'s slice of one bucket: arena elements [begin, end), empty (end <= begin) where the bucket is too
 // small to reach it.
 inline optim::ArenaShard::Range zero_slice(ZeroBucket const& b, int rank) noexcept {
@@ -130,8 +117,11 @@ inline std::vector<optim::ArenaShard::Range> zero_ranges(std::vector<ZeroBucket>
 // averaged gradient never goes to memory. The weights and state are bitwise those under AverageAllReduce. After
 // the step a rank's gradients are its own local ones (stage 1), or (stage 2) the average in its slices and nothing
 // elsewhere.
+// Built from a DistributedDataParallel it attaches to it (attachment.hpp) for its lifetime, declaring that it shards
+// the state (stage 1 or 2) and, under OwnerReduce, that it reduces the gradients: the composition rules
+// (composition.hpp) then refuse what does not compose with that (ddp::join, a second reducing optimizer, stage 0).
 template <class O, Communicator C>
-class ZeroRedundancyOptimizer {
+class ZeroRedundancyOptimizer : public DdpHook {
  public:
   using value_type = typename O::value_type;
   using space = typename O::space;
@@ -169,15 +159,14 @@ class ZeroRedundancyOptimizer {
   // Over a DistributedDataParallel's parameters, plan and communicator (build it after the wrapper, as any
   // optimizer).
   template <class D>
-  requires requires(D& d) {
+  requires requires(D& d, DdpHook& h) {
     { d.parameters() } -> std::convertible_to<nn::ParameterArena<T, S> const&>;
     { d.plan() } -> std::convertible_to<BucketPlan const&>;
     { d.comm() } -> std::same_as<C&>;
+    { d.attach(h) } -> std::same_as<Attachment>;
   }
   ZeroRedundancyOptimizer(D& ddp, options_type opt)
       : ZeroRedundancyOptimizer(ddp.parameters(), ddp.plan(), ddp.comm(), opt) {
-    ddp_ = &ddp;
-    in_join_ = [](void const* d) { return detail::JoinAccess::attached(*static_cast<D const*>(d)); };
     if constexpr (requires { D::reduces_gradients; }) {
       if constexpr (!D::reduces_gradients) {
         static_assert(SharedAddressSpace<C>,
@@ -187,15 +176,25 @@ class ZeroRedundancyOptimizer {
         static_assert(host_accessible_v<S>,
                       "ZeroRedundancyOptimizer under OwnerReduce needs memory the host addresses (host tensors, or "
                       "device tensors on Thrust's CPU systems)");
+        reduces_ = true;
+        attachment_ = ddp.attach(*this);  // refused, the same on every rank, before any collective
         take_reduction(ddp);
+        return;
       }
     }
+    attachment_ = ddp.attach(*this);
   }
 
   ZeroRedundancyOptimizer(ZeroRedundancyOptimizer const&) = delete;
   ZeroRedundancyOptimizer& operator=(ZeroRedundancyOptimizer const&) = delete;
-  ~ZeroRedundancyOptimizer() {
-    if (detach_owner_) detach_owner_(ddp_);
+  ~ZeroRedundancyOptimizer() = default;
+
+  // How it appears to the composition rules (composition.hpp).
+  HookTraits traits() const override {
+    Capabilities caps;
+    if (zero_.stage >= 1) caps = caps | Capability::kShardsState;
+    if (reduces_) caps = caps | Capability::kReducesGradients;
+    return {.name = "ZeroRedundancyOptimizer", .caps = caps};
   }
 
   // The state kind is the optimizer's: a checkpoint of a sharded run loads into an unsharded one and back.
@@ -204,11 +203,6 @@ class ZeroRedundancyOptimizer {
   // Collective when sharded (every rank, the same steps): updates this rank's slices, then all-gathers every
   // bucket's parameters.
   void step() {
-    if (sharded() && in_join_ && in_join_(ddp_))
-      throw ArgumentError(
-          "ZeroRedundancyOptimizer: a sharded optimizer cannot step inside ddp::join: a rank that ran out of data "
-          "would have to keep updating its slice, with the others' learning rate. Give every rank the same number "
-          "of batches (EpochSplit::kPad, GlobalBatchSampler) or use ZeRO stage 0 there");
     if (owner_reduces()) {
       for (auto const& z : buckets_) reduce_and_update({z.start, z.start + z.numel});
       complete_step();
@@ -351,14 +345,6 @@ class ZeroRedundancyOptimizer {
   // address space), the micro-batch divisor, and the DDP told that this optimizer reduces.
   template <class D>
   void take_reduction(D& ddp) {
-    if (zero_.stage == 0)
-      throw ArgumentError(
-          "ZeroRedundancyOptimizer: under OwnerReduce each rank reduces and updates the slices it owns, which needs "
-          "stage 1 or 2; stage 0 (every rank updating everything) would have no reduced gradients");
-    if (detail::OwnerAccess::owner(ddp))  // the same on every rank (the same program)
-      throw ArgumentError(
-          "ZeroRedundancyOptimizer: this DistributedDataParallel (OwnerReduce) already has an optimizer that reduces "
-          "its gradients; a second would update the parameters again. Build one optimizer per DDP");
     int const world = comm_->world_size();
     std::vector<std::int64_t> mine{static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(arena_.grads().data())),
                                    static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(arena_.values().data()))};
@@ -374,8 +360,6 @@ class ZeroRedundancyOptimizer {
     }
     micro_batches_ = ddp.micro_batches_per_rank();
     chunk_ = Tensor<T, S>(Shape{kOwnerChunk});
-    detail::OwnerAccess::attach(ddp, this);
-    detach_owner_ = [](void const* d) { detail::OwnerAccess::attach(*static_cast<D*>(const_cast<void*>(d)), nullptr); };
   }
   // OwnerReduce: this rank's slices of the parameters in arena elements `window`, each chunk averaged from every
   // rank's gradients into a buffer that stays in cache (rank order, then the micro-batch divisor: AverageAllReduce's
@@ -434,17 +418,16 @@ class ZeroRedundancyOptimizer {
   O inner_;
   std::int64_t unsharded_bytes_ = 0;
   Tensor<T, S> send_, gathered_;  // one slice, and one bucket's world_size slices (sharded only)
-  void const* ddp_ = nullptr;     // the DDP it was built from, if any: in_join_(ddp_) says whether a join runs
-  bool (*in_join_)(void const*) = nullptr;
+  bool reduces_ = false;          // built from a DDP under OwnerReduce: it reduces the gradients
   // OwnerReduce only: every rank's gradients and parameters (rank order; empty otherwise), the divisor for a sum
-  // of micro-batch gradients, one chunk of averaged gradients, and how to detach from the DDP.
+  // of micro-batch gradients and one chunk of averaged gradients.
   static constexpr std::int64_t kOwnerChunk = static_cast<std::int64_t>(detail::kReduceChunk<T>);
   static constexpr std::int64_t kStreamBytes = std::int64_t{4} << 20;
   std::vector<T const*> peer_grads_;
   std::vector<T*> peer_values_;
   std::int64_t micro_batches_ = 1;
   Tensor<T, S> chunk_;
-  void (*detach_owner_)(void const*) = nullptr;
+  Attachment attachment_;  // to the DDP it was built from, if any (destroyed first)
 };
 
 }  // namespace ddp

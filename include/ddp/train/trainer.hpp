@@ -146,23 +146,11 @@ class basic_trainer {
         batch_(rank_batch(opts, comm.world_size())),
         ddp_(model, comm, opts.ddp, std::move(bucketer), reduction, batching),
         opt_(detail::make_optimizer<O>(ddp_, opt)) {
-    if (opts_.clip_grad_norm || opts_.loss_scaling) {  // both read the whole averaged gradients before the step
-      char const* const what = opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling";
-      if constexpr (requires { opt_.updates_in_backward(); })
-        if (opt_.updates_in_backward())
-          throw ArgumentError(detail::cat(
-              "trainer: ", what,
-              " needs every gradient before any parameter moves, but this optimizer updates each bucket as its "
-              "reduction lands (OverlappedOptimizer). Construct it with .overlap = {.update_at = UpdateAt::kStep}, "
-              "or train without ",
-              what));
-      if constexpr (!ddp_type::reduces_gradients)
-        throw ArgumentError(detail::cat(
-            "trainer: ", what,
-            " reads the averaged gradients before the step, but under OwnerReduce the optimizer averages them inside "
-            "its step and they are never whole on any rank. Use AverageAllReduce with ZeroRedundancyOptimizer, or "
-            "train without ",
-            what));
+    // Both read the whole averaged gradients before the step: attached as such, they are refused where the
+    // composition cannot give them (composition.hpp).
+    if (opts_.clip_grad_norm || opts_.loss_scaling) {
+      reader_.name = opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling";
+      reading_ = ddp_.attach(reader_);
     }
     if (opts_.loss_scaling) scaler_.emplace(ddp_.parameters(), *opts_.loss_scaling);
   }
@@ -403,6 +391,12 @@ class basic_trainer {
   std::optional<Meter> meter_;  // the running epoch's train loss (inside fit_epoch only)
   ddp_type ddp_;
   O opt_;
+  // What clipping and loss scaling are to the DDP: readers of the whole averaged gradients.
+  struct GradientReader final : DdpHook {
+    std::string name;
+    HookTraits traits() const override { return {.name = name, .caps = Capability::kNeedsWholeGradients}; }
+  } reader_;
+  Attachment reading_;  // reader_ attached, under clipping or loss scaling
 };
 
 // The common composition: SGD and PyTorch's default bucketing.
