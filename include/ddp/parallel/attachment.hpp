@@ -70,7 +70,7 @@ class DdpHook {
   virtual void on_bucket_reduced(std::int64_t /*begin*/, std::int64_t /*end*/) {}
 
  protected:
-  ~DdpHook() = default;
+  virtual ~DdpHook() = default;
 };
 
 namespace detail {
@@ -114,7 +114,7 @@ class HookSite {
   virtual void detach(DdpHook& hook) noexcept = 0;
 
  protected:
-  ~HookSite() = default;
+  virtual ~HookSite() = default;
 };
 }  // namespace detail
 
