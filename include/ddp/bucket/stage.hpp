@@ -113,6 +113,24 @@ constexpr bool check_reduction_stage() {
   return ReductionStage<St>;
 }
 
+// ", N bytes a step" when the stage says what its wire sends per round, else "".
+template <class St>
+std::string stage_wire_bytes(St const& st) {
+  if constexpr (requires { st.wire_bytes(); })
+    return cat(", ", st.wire_bytes(), " bytes a step");
+  else
+    return {};
+}
+
+// ShadowingStage<St>, with a message naming what ddp::join needs. True when it holds.
+template <class St>
+constexpr bool check_shadowing_stage() {
+  static_assert(ShadowingStage<St>,
+                "ddp::join: this reduction's stage has no shadow_round() to answer a round for a rank without a "
+                "batch (bucket/stage.hpp)");
+  return true;
+}
+
 // What a stage's wire carries between rounds (empty for a stage without one), and loading it back (ArgumentError
 // naming `policy` when a stage without one is given a state).
 template <class St, class T>

@@ -41,9 +41,8 @@ namespace ddp {
 //    and under OnePass also PyTorch's: backward(loss(ddp(Var(x)), y));
 //  - gradients live in the arena's bucket slices; gradient hooks users set (Variable::set_grad_hook) run first;
 //  - NonFinite::kRaise / kSkipStep act on every rank alike (step_skipped(), skipped_steps());
-//  - ranks with different numbers of batches train inside ddp::join (parallel/join.hpp);
-//  - what else takes part in its rounds (ddp::join, an overlapped update, an optimizer that shards or reduces)
-//    attaches through attach(hook), which refuses what does not compose (composition.hpp).
+//  - what else takes part in its rounds (ddp::join for uneven inputs, an overlapped update, an optimizer that shards
+//    or reduces) attaches through attach(hook), which refuses what does not compose (composition.hpp).
 // Determinism is the reduction policy's (policies.hpp). Build the optimizer after this wrapper, from parameters().
 // Not copyable or movable (the hooks point at it). One thread per rank.
 template <nn::Model M, AsyncCommunicator C, GradientBucketer B = SizeCapped, ReductionPolicy R = AverageAllReduce,
@@ -67,18 +66,15 @@ class DistributedDataParallel : detail::HookSite {
         reduction_(reduction),
         batching_(batching),
         per_rank_(batching_.per_rank(comm.world_size())) {
-    using Arena = nn::ParameterArena<T, S>;
-    auto const params = Arena::trainable(model.named_parameters());
+    auto const params = nn::ParameterArena<T, S>::trainable(model.named_parameters());
     int const world = comm.world_size();
     check_composition({.ddp = composition()});
     detail::check_options(opts_);
     if (world > 1) detail::verify_parameters_match(comm, detail::signatures(model));
     detail::refuse_packed(params);
-    std::vector<std::int64_t> numels;
-    for (auto const& p : params) numels.push_back(p.var.numel());
-    BucketPlan plan = bucketer_.plan(numels, R::template element_bytes<T>);
-    detail::verify_plan(comm, plan, numels, bucketer_.name());
-    arena_ = Arena(params, reducer_t::reserve(plan, params.size(), world), detail::gradient_storage<T, S>(comm));
+    BucketPlan plan = detail::verified_plan(comm, bucketer_, params, R::template element_bytes<T>);
+    arena_ = nn::ParameterArena<T, S>(params, reducer_t::reserve(plan, params.size(), world),
+                                      detail::gradient_storage<T, S>(comm));
     if (world > 1) detail::broadcast_state(comm, model, 0);  // rank 0's parameters and buffers everywhere
     if constexpr (R::world_size_invariant) detail::broadcast_generators(comm, nn::generators_of(model), 0);
     if (opts_.timeline) timeline_.emplace(*opts_.timeline);
@@ -101,9 +97,8 @@ class DistributedDataParallel : detail::HookSite {
     cancel_post_backward(this);  // a backward that reached the hooks but has not run its callbacks (same thread)
   }
 
-  // This rank's share of a step, cut into the batching policy's micro-batches (views of x's and y's rows; one
-  // under OnePass), each knowing its global sample index. x and y have the same number of rows. World-size-
-  // invariant reductions first check, on every rank at once, that the ranks agree (invariance.hpp).
+  // This rank's share of a step as the batching policy's micro-batches (views of x's and y's rows, each knowing its
+  // global sample index); world-size-invariant reductions first check, on every rank at once, that the ranks agree.
   template <class Y>
   std::vector<MicroBatch<Tensor<T, S>, Y>> micro_batches(Tensor<T, S> const& x, Y const& y, BatchStep at = {}) {
     if constexpr (R::world_size_invariant)
@@ -112,14 +107,10 @@ class DistributedDataParallel : detail::HookSite {
     return detail::rank_micro_batches(x, y, per_rank_, at.step, comm_->rank(), R::world_size_invariant);
   }
 
-  // Runs the model on one micro-batch; the round opens with micro-batch 0 (outside no_sync, with autograd on) and
-  // its reduction follows the backward of the last.
+  // Runs the model on one micro-batch: micro-batch 0 opens the round, the backward of the last reduces it.
   template <class Y>
   V forward(MicroBatch<Tensor<T, S>, Y> const& mb) {
-    if (mb.count != per_rank_ || mb.index < 0 || mb.index >= mb.count)
-      throw ArgumentError(detail::cat("DistributedDataParallel: micro-batch ", mb.index, " of ", mb.count, " under ",
-                                      batching_.name(), ", which gives each rank ", per_rank_,
-                                      "; forward the micro-batches micro_batches() returns, in order"));
+    detail::check_micro_batch(mb, per_rank_, batching_.name());
     return run(V(mb.x), &mb.key, mb.index);
   }
   template <class Y>
@@ -135,9 +126,8 @@ class DistributedDataParallel : detail::HookSite {
   }
   V operator()(V const& x) { return forward(x); }
 
-  // Scope guard: forwards and backwards inside it accumulate gradients locally (no communication); the first
-  // round after it reduces the accumulated sum. k micro-batches under no_sync plus one outside equal one batch
-  // k+1 times as large (for mean losses, scale each by 1/(k+1)).
+  // Scope guard: gradients accumulate locally inside it; the first round after it reduces the sum (k micro-batches
+  // under no_sync plus one outside equal one batch k+1 times as large: scale mean losses by 1/(k+1)).
   using NoSync = detail::ScopedDepth;
   [[nodiscard]] NoSync no_sync() { return NoSync(no_sync_depth_); }
 
@@ -148,8 +138,7 @@ class DistributedDataParallel : detail::HookSite {
 
   nn::ParameterArena<T, S>& parameters() noexcept { return arena_; }
   BucketPlan const& plan() const noexcept { return reducer_->plan(); }
-  // What the reduction's wire carries between rounds (PowerSGD's round counts, Q and error feedback; empty for
-  // other wires), and loading it back between rounds: checkpoints keep it (save_checkpoint with a RoundState).
+  // What the reduction's wire carries between rounds (PowerSGD's counters, Q and E), for checkpoints (RoundState).
   WireState<T> wire_state() const { return detail::stage_wire_state<reducer_t, T>(*reducer_); }
   void load_wire_state(WireState<T> const& st, WireStateFrom from) {
     detail::load_stage_wire_state(*reducer_, st, from, reduction_.name());
@@ -157,13 +146,12 @@ class DistributedDataParallel : detail::HookSite {
   M& module() noexcept { return *model_; }
   C& comm() noexcept { return *comm_; }
   DdpOptions const& options() const noexcept { return opts_; }
-  // Micro-batches per step on this rank.
   std::int64_t micro_batches_per_rank() const noexcept { return per_rank_; }
   static constexpr bool world_size_invariant = R::world_size_invariant;
   // Whether the reduced gradients are in the arena after backward (false under OwnerReduce: the optimizer reduces).
   static constexpr bool reduces_gradients = detail::reduces_gradients<R>;
-  // Attaches `hook` until the returned Attachment goes; ArgumentError (composition_refusal's, the same on every
-  // rank) when it does not compose with what is attached. Attach between rounds.
+  // Attaches `hook` until the Attachment goes, between rounds; composition_refusal()'s ArgumentError where it does not
+  // compose.
   [[nodiscard]] Attachment attach(DdpHook& hook) {
     HookTraits traits = hook.traits();
     check_composition({.ddp = composition(), .attached = hooks_.traits(), .attaching = &traits});
@@ -181,9 +169,7 @@ class DistributedDataParallel : detail::HookSite {
   // ddp::join, through its attachment: this rank has no batch; it answers the round the others agreed on (buffers
   // from round.buffer_root, then every bucket with zeros) and ends it as they do, errors included.
   void shadow_round(Attachment const& by, JoinRound round) {
-    static_assert(ShadowingStage<reducer_t>,
-                  "ddp::join: this reduction's stage has no shadow_round() to answer a round for a rank without a "
-                  "batch (bucket/stage.hpp)");
+    static_assert(detail::check_shadowing_stage<reducer_t>());
     if (!hooks_.join() || !by.holds(*this, *hooks_.join()))
       throw ArgumentError("DistributedDataParallel::shadow_round: only the attached ddp::join answers rounds");
     if (opts_.broadcast_buffers) detail::broadcast_buffers(*comm_, *model_, round.buffer_root);
@@ -191,17 +177,13 @@ class DistributedDataParallel : detail::HookSite {
                 [this](std::size_t i) { return reducer_->had_grad(i); });
   }
 
-  // What was composed, for logs.
+  // What was composed, for logs (static_graph named where it acts: host tensors read their words in place).
   std::string describe() const {
-    std::string wire;  // what the reduction stage sends per step, where it says
-    if constexpr (requires { reducer_->wire_bytes(); })
-      wire = detail::cat(", ", reducer_->wire_bytes(), " bytes a step");
-    // static_graph changes nothing on host tensors (their status words are read in place): named where it acts.
-    bool const frozen = opts_.static_graph && !std::same_as<S, HostSpace>;
     return detail::cat("DistributedDataParallel<", bucketer_.name(), ", ", reduction_.name(), ", ", batching_.name(),
-                       "> over ", comm_->world_size(), " ranks", frozen ? ", static graph" : "", ": ", arena_.count(),
+                       "> over ", comm_->world_size(), " ranks",
+                       opts_.static_graph && !std::same_as<S, HostSpace> ? ", static graph" : "", ": ", arena_.count(),
                        " parameters (", arena_.parameter_numel(), " elements) in ", reducer_->plan().buckets.size(),
-                       " buckets", wire);
+                       " buckets", detail::stage_wire_bytes(*reducer_));
   }
 
  private:
@@ -216,16 +198,12 @@ class DistributedDataParallel : detail::HookSite {
 
   V run(V const& x, SampleKey const* key, std::int64_t index) {
     bool const sync = grad_enabled() && no_sync_depth_ == 0;
-    if (sync && index == 0) {
+    if (sync && index == 0)
       open_round(key);
-    } else if (index == 0 && !hooks_.join() && opts_.broadcast_buffers && comm_->world_size() > 1) {
-      // A forward outside a round (evaluation, no_sync) sees rank 0's buffers too.
-      detail::broadcast_buffers(*comm_, *model_, 0);
-    } else if (sync && (!open_ || open_->micro_batch != index)) {
-      throw ArgumentError(detail::cat("DistributedDataParallel: micro-batch ", index, " forwarded while micro-batch ",
-                                      open_ ? open_->micro_batch : 0,
-                                      " is due; forward and backward each micro-batch in order"));
-    }
+    else if (sync && (!open_ || open_->micro_batch != index))
+      detail::refuse_out_of_order(index, open_ ? open_->micro_batch : 0);
+    else if (index == 0 && !hooks_.join() && opts_.broadcast_buffers && comm_->world_size() > 1)
+      detail::broadcast_buffers(*comm_, *model_, 0);  // outside a round (evaluation, no_sync) too
     std::optional<SampleKeyScope> keyed;  // dropout keyed by the sample, not a generator's stream (policies.hpp)
     if constexpr (R::world_size_invariant)
       if (key) keyed.emplace(*key);
@@ -290,10 +268,8 @@ class DistributedDataParallel : detail::HookSite {
                 [this](std::size_t i) { return reducer_->had_grad(i); });
   }
 
-  // The hooks that act in a round, from the capabilities attached (HookSite: an Attachment detaches). An optimizer
-  // that updates in backward is told of each bucket as its reduction lands, and with more than one bucket the last is
-  // reduced on the progress thread so that the others' updates overlap it (a single bucket has nothing to overlap
-  // with: it stays on the caller's thread).
+  // HookSite: an Attachment detaches. With an update in backward and more than one bucket, the last bucket is reduced
+  // on the progress thread so that the others' updates overlap it (one bucket stays on the caller's thread).
   void detach(DdpHook& hook) noexcept override {
     hooks_.remove(hook);
     sync_hooks();

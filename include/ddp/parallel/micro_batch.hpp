@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ddp/autograd/sample_key.hpp"
@@ -66,6 +67,21 @@ std::vector<MicroBatch<X, Y>> split_rows(X const& x, Y const& y, std::int64_t pi
                    .index = j,
                    .count = pieces});
   return out;
+}
+
+// ArgumentError unless `mb` is one of the `per_rank` micro-batches a round of `batching` (its name) cuts.
+template <class Mb>
+void check_micro_batch(Mb const& mb, std::int64_t per_rank, std::string const& batching) {
+  if (mb.count != per_rank || mb.index < 0 || mb.index >= mb.count)
+    throw ArgumentError(cat("DistributedDataParallel: micro-batch ", mb.index, " of ", mb.count, " under ", batching,
+                            ", which gives each rank ", per_rank,
+                            "; forward the micro-batches micro_batches() returns, in order"));
+}
+
+// Micro-batch `index` forwarded while `due` is: ArgumentError.
+[[noreturn]] inline void refuse_out_of_order(std::int64_t index, std::int64_t due) {
+  throw ArgumentError(cat("DistributedDataParallel: micro-batch ", index, " forwarded while micro-batch ", due,
+                          " is due; forward and backward each micro-batch in order"));
 }
 
 // Rank `rank`'s batch (x, y) cut into `pieces` micro-batches of step `step`: ShapeError when y's rows are not x's

@@ -129,5 +129,16 @@ void refuse_packed(std::vector<nn::NamedParameter<T, S>> const& params) {
                             "copies. Construct the optimizer after DistributedDataParallel, from ddp.parameters()."));
 }
 
+// The bucketer's plan for `params` (their registration order), checked well-formed and the same on every rank.
+template <class Bk, class P>
+BucketPlan verified_plan(Communicator auto& comm, Bk const& bucketer, std::vector<P> const& params,
+                         std::size_t element_bytes) {
+  std::vector<std::int64_t> numels;
+  for (auto const& p : params) numels.push_back(p.var.numel());
+  BucketPlan plan = bucketer.plan(numels, element_bytes);
+  verify_plan(comm, plan, numels, bucketer.name());
+  return plan;
+}
+
 }  // namespace detail
 }  // namespace ddp
