@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <ddp/data/fashion_mnist.hpp>
 #include <ddp/data/global_batch_sampler.hpp>
 #include <ddp/ddp.hpp>
 #include <ddp/tensor/precision.hpp>
@@ -21,6 +22,7 @@
 #include <ddp/train/evaluate.hpp>
 #include <ddp/train/metrics_log.hpp>
 #include <ddp/train/progress.hpp>
+#include <ddp/train/svg_plot.hpp>
 
 #include "examples/common/launch.hpp"
 #include "examples/common/models.hpp"
@@ -219,8 +221,8 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   if (!leader) return;
   if (!cfg.out_dir.empty() && !log.empty()) {
     log.write_csv(cfg.out_dir / "metrics.csv");
-    log.write_svg(cfg.out_dir / "metrics.svg",
-                  detail::cat("Fashion-MNIST, ", cfg.model, ", ", cfg.optimizer, ", world size ", world));
+    SvgPlot::write_metrics_svg(log, cfg.out_dir / "metrics.svg",
+                               detail::cat("Fashion-MNIST, ", cfg.model, ", ", cfg.optimizer, ", world size ", world));
     std::printf("metrics: %s, %s\n", (cfg.out_dir / "metrics.csv").string().c_str(),
                 (cfg.out_dir / "metrics.svg").string().c_str());
   }

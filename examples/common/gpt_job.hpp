@@ -20,6 +20,7 @@
 #include <ddp/ddp.hpp>
 #include <ddp/train/checkpoint.hpp>
 #include <ddp/train/metrics_log.hpp>
+#include <ddp/train/svg_plot.hpp>
 
 #include "examples/common/launch.hpp"
 #include "examples/common/reduction.hpp"
@@ -297,7 +298,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
   if (!cfg.checkpoint.empty()) std::printf("checkpoint: %s\n", cfg.checkpoint.string().c_str());
   if (!cfg.out_dir.empty() && !rows.empty()) {
     std::vector<double> xs;
-    MetricsLog::Curve train{"train loss", "#1f77b4", {}}, val{"validation loss", "#ff7f0e", {}};
+    SvgPlot::Curve train{"train loss", "#1f77b4", {}}, val{"validation loss", "#ff7f0e", {}};
     for (auto const& row : rows) {
       xs.push_back(double(row.iter));
       train.y.push_back(row.train_loss);
@@ -306,8 +307,8 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
     ddp::detail::write_text_file(cfg.out_dir / "losses.csv", loss_csv(rows), "loss CSV");
     ddp::detail::write_text_file(
         cfg.out_dir / "losses.svg",
-        MetricsLog::curves_svg(detail::cat("GPT on ", cfg.data.filename().string(), ", world size ", world),
-                               "iteration", "loss", xs, {train, val}),
+        SvgPlot::curves_svg(detail::cat("GPT on ", cfg.data.filename().string(), ", world size ", world), "iteration",
+                            "loss", xs, {train, val}),
         "loss SVG");
     std::printf("losses: %s, %s\n", (cfg.out_dir / "losses.csv").string().c_str(),
                 (cfg.out_dir / "losses.svg").string().c_str());

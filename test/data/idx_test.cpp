@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "ddp/data/data.hpp"
+#include "ddp/data/fashion_mnist.hpp"
+#include "ddp/data/idx.hpp"
 
 using namespace ddp;
 namespace fs = std::filesystem;

@@ -12,6 +12,7 @@
 
 #include <ddp/train/metrics_log.hpp>
 #include <ddp/train/progress.hpp>
+#include <ddp/train/svg_plot.hpp>
 
 using namespace ddp;
 namespace fs = std::filesystem;
@@ -172,7 +173,7 @@ TEST_CASE("MetricsLog writes a CSV with a header and one row per epoch") {
 
 TEST_CASE("MetricsLog's SVG is well-formed with axes, labels, both curves and a legend") {
   auto const log = two_epochs();
-  auto const svg = log.svg("run <a&b>");
+  auto const svg = SvgPlot::metrics_svg(log, "run <a&b>");
   CHECK(svg.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\""));
   CHECK(svg.ends_with("</svg>\n"));
   CHECK(svg.find("run &lt;a&amp;b&gt;") != std::string::npos);  // title escaped
@@ -202,7 +203,7 @@ TEST_CASE("MetricsLog's SVG is well-formed with axes, labels, both curves and a 
   MetricsLog one, empty;
   one.add(log.epochs()[0]);
   for (MetricsLog const* l : {&one, &empty}) {
-    auto const s = l->svg();
+    auto const s = SvgPlot::metrics_svg(*l);
     CHECK(s.find("nan") == std::string::npos);
     CHECK(s.find("inf") == std::string::npos);
     CHECK(s.ends_with("</svg>\n"));
@@ -220,7 +221,7 @@ TEST_CASE("nice_ticks cover the range with 1/2/5 steps") {
 }
 
 TEST_CASE("curves_svg: one panel of named curves against x, and a curve of the wrong length names itself") {
-  std::string const s = MetricsLog::curves_svg(
+  std::string const s = SvgPlot::curves_svg(
       "GPT <tiny>", "iteration", "loss", {250, 500, 750},
       {{"train loss", "#1f77b4", {2.6, 2.2, 2.0}}, {"validation loss", "#ff7f0e", {2.3, 2.1, 2.0}}});
   CHECK(s.rfind("<?xml", 0) == 0);
@@ -229,6 +230,6 @@ TEST_CASE("curves_svg: one panel of named curves against x, and a curve of the w
   CHECK(s.find("train loss") != std::string::npos);
   CHECK(s.find("validation loss") != std::string::npos);
   CHECK(s.find("</svg>") != std::string::npos);
-  CHECK_THROWS_WITH_AS(MetricsLog::curves_svg("t", "x", "y", {1, 2}, {{"val", "#000", {1.0}}}),
+  CHECK_THROWS_WITH_AS(SvgPlot::curves_svg("t", "x", "y", {1, 2}, {{"val", "#000", {1.0}}}),
                        "curves_svg: curve 'val' has 1 points for 2 x values", ArgumentError);
 }

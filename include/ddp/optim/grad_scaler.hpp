@@ -79,7 +79,10 @@ class basic_grad_scaler {
     } else {
       ++skipped_;
     }
-    update(finite);
+    if (finite)
+      grow();
+    else
+      back_off();
     return finite;
   }
 
@@ -88,7 +91,7 @@ class basic_grad_scaler {
   // step() does after an overflow.
   void skip() {
     ++skipped_;
-    update(false);
+    back_off();
   }
 
   // Steps skipped for an overflow since construction.
@@ -119,15 +122,17 @@ class basic_grad_scaler {
     }
     return finite;
   }
-  void update(bool finite) {
-    if (!finite) {
-      state_.scale *= opts_.backoff_factor;
-      state_.growth_tracker = 0;
-    } else if (++state_.growth_tracker == opts_.growth_interval) {
-      double const grown = state_.scale * opts_.growth_factor;
-      if (std::isfinite(grown)) state_.scale = grown;  // as PyTorch: never grows to Inf
-      state_.growth_tracker = 0;
-    }
+  // After an overflow: the scale times backoff_factor, the run of finite steps restarts.
+  void back_off() {
+    state_.scale *= opts_.backoff_factor;
+    state_.growth_tracker = 0;
+  }
+  // After a finite step: the scale times growth_factor once growth_interval of them ran in a row.
+  void grow() {
+    if (++state_.growth_tracker != opts_.growth_interval) return;
+    double const grown = state_.scale * opts_.growth_factor;
+    if (std::isfinite(grown)) state_.scale = grown;  // as PyTorch: never grows to Inf
+    state_.growth_tracker = 0;
   }
 
   nn::ParameterArena<T, S> arena_;

@@ -65,12 +65,12 @@ class JoinDriver final : public DdpHook {
   ~JoinDriver() = default;
 
   HookTraits traits() const override { return join_traits(); }
-  JoinRound on_round() override { return agree(true); }
+  JoinRound on_round() override { return agree(Batch::kHas); }
 
   // This rank has no batches left: answers the others' rounds until no rank has any.
   void shadow_rest() {
     for (;;) {
-      JoinRound const r = agree(false);
+      JoinRound const r = agree(Batch::kNone);
       if (active_ == 0) return;
       ddp_->shadow_round(attachment_, r);
     }
@@ -79,7 +79,11 @@ class JoinDriver final : public DdpHook {
   JoinResult result() const { return {.steps = steps_, .rounds = rounds_, .last_rank = last_rank_, .uneven = uneven_}; }
 
  private:
-  JoinRound agree(bool has_batch) {
+  // Whether this rank brings a batch to the round.
+  enum class Batch { kHas, kNone };
+
+  JoinRound agree(Batch batch) {
+    bool const has_batch = batch == Batch::kHas;
     std::fill(words_.begin(), words_.end(), std::int64_t{0});
     words_[static_cast<std::size_t>(rank_)] = has_batch ? 1 : 0;
     words_[static_cast<std::size_t>(world_ + rank_)] = steps_;
