@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ddp/ddp.hpp>
+#include <ddp/data/fashion_mnist.hpp>
 #include <ddp/train/checkpoint.hpp>
 
 #include "test/train/testing.hpp"
