@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include <ddp/ddp.hpp>
 #include <ddp/data/fashion_mnist.hpp>
+#include <ddp/ddp.hpp>
 #include <ddp/train/checkpoint.hpp>
 
 #include "test/train/testing.hpp"
