@@ -91,6 +91,9 @@ class HookList {
     sync();
   }
   std::span<HookTraits const> traits() const noexcept { return traits_; }
+  bool has(Capability c) const noexcept {
+    return std::any_of(traits_.begin(), traits_.end(), [c](HookTraits const& t) { return t.caps.has(c); });
+  }
   DdpHook* join() const noexcept { return join_; }
   DdpHook* update() const noexcept { return update_; }
 

@@ -217,8 +217,9 @@ class DistributedDataParallel : detail::HookSite {
   }
 
   void open_round(SampleKey const* key) {
-    if constexpr (!reduces_gradients)
-      check_composition({.ddp = composition(), .attached = hooks_.traits(), .opening_round = true});
+    if constexpr (!reduces_gradients)  // the rules only when no reducer is attached: no work per round otherwise
+      if (!hooks_.has(Capability::kReducesGradients))
+        check_composition({.ddp = composition(), .attached = hooks_.traits(), .opening_round = true});
     JoinRound const agreed = hooks_.join() ? hooks_.join()->on_round() : JoinRound{};
     if (opts_.broadcast_buffers && comm_->world_size() > 1)
       detail::broadcast_buffers(*comm_, *model_, agreed.buffer_root);
