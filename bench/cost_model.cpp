@@ -89,7 +89,7 @@ struct Job {
       : model(make_model()),
         timeline(comm.rank()),
         ddp(model, comm, {.timeline = &timeline},
-            SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}}),
+            {.bucketer = SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}}}),
         opt(make_opt(ddp.parameters())),
         bucket(ddp.plan().buckets.size()) {
     for (auto const& p : model.named_parameters())

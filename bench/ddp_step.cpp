@@ -66,7 +66,8 @@ void bench(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& make_
   Phases plain = time_steps([&](Var const& v) { return pm(v); }, popt, x, loss, warmup, iters);
   auto dm = make_model();
   DistributedDataParallel ddp(
-      dm, comm, {}, SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
+      dm, comm, {},
+      {.bucketer = SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}}});
   auto dopt = make_opt(ddp.parameters());
   comm.barrier();
   Phases d = time_steps([&](Var const& v) { return ddp(v); }, dopt, x, loss, warmup, iters);
@@ -98,7 +99,7 @@ void bench_det(Comm& comm, char const* name, MakeModel&& make_model, MakeOpt&& m
   DistributedDataParallel ddp(dm, comm);
   auto dopt = make_opt(ddp.parameters());
   auto zm = make_model();
-  DeterministicDataParallel<decltype(zm), Comm> det(zm, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = v});
+  DeterministicDataParallel<decltype(zm), Comm> det(zm, comm, {}, {.batching = {.count = v}});
   auto zopt = make_opt(det.parameters());
   std::vector<double> a, b;
   comm.barrier();
@@ -137,10 +138,10 @@ void bench_overlap(Comm& comm, char const* name, MakeModel&& make_model, typenam
   auto pm = make_model();
   O popt(nn::ParameterArena<float>(pm), opt);
   auto dm = make_model();
-  DistributedDataParallel ddp(dm, comm, {}, bucketer);
+  DistributedDataParallel ddp(dm, comm, {}, DdpPolicies{.bucketer = bucketer});
   O dopt(ddp.parameters(), opt);
   auto om = make_model();
-  DistributedDataParallel oddp(om, comm, {}, bucketer);
+  DistributedDataParallel oddp(om, comm, {}, DdpPolicies{.bucketer = bucketer});
   OverlappedOptimizer<O> oopt(oddp, {.optimizer = opt});
   // Ranks that share an address space also time OwnerReduce: ZeRO-1 reducing its own slices into its update.
   constexpr bool kOwner = SharedAddressSpace<Comm>;
@@ -150,7 +151,7 @@ void bench_overlap(Comm& comm, char const* name, MakeModel&& make_model, typenam
   std::optional<OwnerDdp> wddp;
   std::optional<ZeroRedundancyOptimizer<O, Comm>> wopt;
   if constexpr (kOwner) {
-    wddp.emplace(wm, comm, DdpOptions{}, bucketer);
+    wddp.emplace(wm, comm, DdpOptions{}, DdpPolicies<SizeCapped, OwnerReduce>{.bucketer = bucketer});
     wopt.emplace(*wddp, typename ZeroRedundancyOptimizer<O, Comm>::options_type{.optimizer = opt});
   }
   std::vector<double> p, d, o, w;

@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
       nn::Sequential model(nn::named("net1", nn::Linear(10, h, g)), nn::ReLU(), nn::named("net2", nn::Linear(h, h, g)),
                            nn::ReLU(), nn::named("net3", nn::Linear(h, 5, g)));
       DistributedDataParallel ddp(
-          model, comm, {}, SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}});
+          model, comm, {},
+          {.bucketer = SizeCapped{{.cap_bytes = cap, .first_cap_bytes = std::min(cap, kDefaultFirstBucketBytes)}}});
       optim::SGD opt(ddp.parameters(), {.lr = 0.001});
       if (comm.rank() == 0) {
         std::printf("%s\n", ddp.describe().c_str());

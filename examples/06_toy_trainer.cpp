@@ -37,11 +37,12 @@ int main(int argc, char** argv) {
       if (comm.rank() == 0) std::printf("%s\n", t.ddp().describe().c_str());
       double first = 0, last = 0;
       for (std::int64_t e = 0; e < epochs; ++e) {
-        auto r = t.fit_epoch(data, e, [](Var const& out, auto const& batch) { return mse_loss(out, batch.y); });
-        if (e == 0) first = r.mean_loss;
-        last = r.mean_loss;
+        auto r =
+            t.fit_epoch(data, {.epoch = e}, [](Var const& out, auto const& batch) { return mse_loss(out, batch.y); });
+        if (e == 0) first = r.train.mean_loss();
+        last = r.train.mean_loss();
         if (comm.rank() == 0)
-          std::printf("epoch %lld  mean loss %.6f  (%lld steps, %.1f ms)\n", (long long)e, r.mean_loss,
+          std::printf("epoch %lld  mean loss %.6f  (%lld steps, %.1f ms)\n", (long long)e, r.train.mean_loss(),
                       (long long)r.steps, r.seconds * 1e3);
       }
       if (!(last < first)) throw Error(detail::cat("the mean loss did not decrease: ", first, " -> ", last));

@@ -1,8 +1,8 @@
 // 07_custom_wire: a gradient compression of your own, as a reduction policy (PyTorch's register_comm_hook).
 // A wire format is a tag type W plus a specialisation of ddp::BucketWire<T, W, S>, which the BucketWireFormat
 // concept (<ddp/bucket/wire.hpp>) checks: the buffer it needs (buffer_numel), what a bucket sends into it (pack),
-// what arrives (unpack), and its bytes. It sees gradients only. A reduction policy then names
-// BucketReducer<T, S, C, W> as its stage, and DistributedDataParallel takes it like the built-in ones; bucketing,
+// what arrives (unpack), and its bytes. It sees gradients only. ddp::WireReduction<W> is then its reduction policy
+// (as AverageAllReduce is WireReduction<InPlace>), and DistributedDataParallel takes it like the built-in ones; bucketing,
 // overlap with backward, unused parameters, Join, the bucket fingerprint and the non-finite checks stay the
 // library's.
 //
@@ -14,14 +14,17 @@
 //   custom_wire [--world-size 2]      mpirun -n 2 custom_wire --backend mpi
 #include <cmath>
 #include <cstdio>
+#include <string_view>
 #include <vector>
 
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
 #include "examples/common/rows.hpp"
 
-// The tag: buckets travel as float16, error-compensated.
-struct EfFloat16 {};
+// The tag: buckets travel as float16, error-compensated. It names the reduction policy for logs.
+struct EfFloat16 {
+  static constexpr std::string_view policy_name = "EfFp16AllReduce";
+};
 
 // The wire, for float gradients in host memory. It sees a bucket's gradients only: the library adds its own
 // bookkeeping to the first collective.
@@ -68,15 +71,8 @@ class ddp::BucketWire<float, EfFloat16, ddp::HostSpace> {
 };
 static_assert(ddp::BucketWireFormat<ddp::BucketWire<float, EfFloat16, ddp::HostSpace>, float, ddp::HostSpace>);
 
-// The reduction policy that puts the wire under the library's bucket reducer.
-struct EfFp16AllReduce {
-  template <class T, ddp::MemorySpace S, ddp::AsyncCommunicator C>
-  using stage = ddp::BucketReducer<T, S, C, EfFloat16>;
-  template <class T>
-  static constexpr std::size_t element_bytes = sizeof(T);  // the bucket cap counts gradient bytes
-  static constexpr bool world_size_invariant = false;
-  std::string name() const { return "EfFp16AllReduce"; }
-};
+// The reduction policy: the library's bucket reducer over this wire.
+using EfFp16AllReduce = ddp::WireReduction<EfFloat16>;
 static_assert(ddp::ReductionPolicy<EfFp16AllReduce>);
 
 using namespace ddp;
@@ -116,8 +112,8 @@ int main(int argc, char** argv) {
       auto train = [&](auto reduction) {
         Recording<C> recording(comm);  // to count the bytes the buckets really send
         auto model = make_model();
-        DistributedDataParallel<decltype(model), Recording<C>, SizeCapped, decltype(reduction)> ddp(model, recording,
-                                                                                                    {}, {}, reduction);
+        DistributedDataParallel<decltype(model), Recording<C>, SizeCapped, decltype(reduction)> ddp(
+            model, recording, {}, {.reduction = reduction});
         optim::SGD opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
         Run run;
         for (std::int64_t s = 0; s < steps; ++s) {

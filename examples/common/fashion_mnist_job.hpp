@@ -287,7 +287,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         net.seq, comm,
         {.optimizer = {.optimizer = o, .zero = {.stage = cfg.reduction.zero}},
          .overlap = {.update_at = cfg.reduction.update}},
-        opts, bucketer, reduction, batching);
+        opts, {.bucketer = bucketer, .reduction = reduction, .batching = batching});
     train(t, net, timeline, cfg, train_set, test_set);
   };
   if (cfg.reduction.deterministic)  // one counter stream per dropout layer, the same on every rank: masks are

@@ -360,7 +360,7 @@ void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus) {
         model, comm,
         {.optimizer = {.optimizer = adamw, .zero = {.stage = cfg.reduction.zero}},
          .overlap = {.update_at = cfg.reduction.update}},
-        opts, SizeCapped{}, reduction, batching);
+        opts, {.reduction = reduction, .batching = batching});
     train(t, timeline, c, corpus);
   };
   // --grad-accum: each rank's share in micro-steps whose gradients add up locally, reduced once per step.

@@ -1,10 +1,13 @@
 // Compiled by compile_fail_test.sh: a user's wire format (bucket/wire.hpp) that lacks a member must fail to compile
 // where DistributedDataParallel instantiates the bucket reducer over it, with a message naming the member. With
 // DDP_WIRE_WITHOUT_BUFFER_NUMEL the wire has no buffer_numel(); without it, the wire (a float wire that averages the
-// gradients in place, seeing gradients only) compiles.
+// gradients in place, seeing gradients only) compiles. With DDP_WIRE_NOT_SPECIALISED the policy names a tag that has
+// no BucketWire specialisation.
 #include "ddp/ddp.hpp"
 
-struct PlainTag {};
+struct PlainTag {
+  static constexpr std::string_view policy_name = "PlainReduction";
+};
 
 template <>
 class ddp::BucketWire<float, PlainTag, ddp::HostSpace> {
@@ -30,11 +33,14 @@ class ddp::BucketWire<float, PlainTag, ddp::HostSpace> {
   std::vector<ddp::WireBucket> layout_;
 };
 
-struct PlainReduction : ddp::AverageAllReduce {
-  template <class T, ddp::MemorySpace S, ddp::AsyncCommunicator C>
-  using stage = ddp::BucketReducer<T, S, C, PlainTag>;
-  std::string name() const { return "PlainReduction"; }
+#if defined(DDP_WIRE_NOT_SPECIALISED)
+struct UnknownTag {  // a tag no BucketWire specialisation names
+  static constexpr std::string_view policy_name = "UnknownReduction";
 };
+using PlainReduction = ddp::WireReduction<UnknownTag>;
+#else
+using PlainReduction = ddp::WireReduction<PlainTag>;
+#endif
 
 void build(ddp::ThreadsBackend& comm, ddp::Generator& g) {
   ddp::nn::Linear model(4, 2, g);

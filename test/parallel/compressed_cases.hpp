@@ -32,8 +32,8 @@ void compressed_gradients_exact(C& inner, BucketConfig buckets, HalfSum sum = Ha
   auto model = make_mlp(8, 32, 4, 1);
   auto plain = make_mlp(8, 32, 4, 1);
   nn::ParameterArena<float> plain_params(plain);
-  DistributedDataParallel<decltype(model), Recording<C>, SizeCapped, CompressedAllReduce<H>> ddp(model, comm, {},
-                                                                                                 SizeCapped{buckets});
+  DistributedDataParallel<decltype(model), Recording<C>, SizeCapped, CompressedAllReduce<H>> ddp(
+      model, comm, {}, {.bucketer = SizeCapped{buckets}});
   comm.clear();
   Tensor<float> const x = rows(data.x, 4 * r, 4), y = rows(data.y, 4 * r, 4);
   ddp.parameters().zero_grad();
@@ -109,7 +109,7 @@ double compressed_training(C& comm, R reduction, double loss_rel = 1e-2) {
   DistributedDataParallel d32(m32, comm);
   optim::SGD o32(d32.parameters(), {.lr = 0.05, .momentum = 0.9});
   auto m16 = make_mlp(8, 32, 4, 1);
-  DistributedDataParallel<decltype(m16), C, SizeCapped, R> d16(m16, comm, {}, {}, reduction);
+  DistributedDataParallel<decltype(m16), C, SizeCapped, R> d16(m16, comm, {}, {.reduction = reduction});
   optim::SGD o16(d16.parameters(), {.lr = 0.05, .momentum = 0.9});
   std::vector<float> l32, l16;
   run(d32, o32, l32);

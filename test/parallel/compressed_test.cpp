@@ -60,13 +60,13 @@ TEST_CASE("a bucket plan with more buckets than a 16-bit wire has distinct ids i
     for (int i = 0; i < 129; ++i) model.push_back(nn::Linear(1, 1, gen));
     SizeCapped const one_each{{.cap_bytes = 0, .first_cap_bytes = 0}};
     CHECK_THROWS_WITH_AS(
-        (DistributedDataParallel<nn::AnySequential<float>, ThreadsBackend, SizeCapped, Bf16AllReduce>(model, comm, {},
-                                                                                                      one_each)),
+        (DistributedDataParallel<nn::AnySequential<float>, ThreadsBackend, SizeCapped, Bf16AllReduce>(
+            model, comm, {}, {.bucketer = one_each})),
         "DistributedDataParallel: the bucket plan has 258 buckets, but the 16-bit wire of this reduction holds "
         "distinct bucket ids only up to 256; use a larger bucket cap (fewer buckets) or a float wire",
         ArgumentError);
-    DistributedDataParallel<nn::AnySequential<float>, ThreadsBackend, SizeCapped, Fp16AllReduce> fp16(model, comm, {},
-                                                                                                      one_each);
+    DistributedDataParallel<nn::AnySequential<float>, ThreadsBackend, SizeCapped, Fp16AllReduce> fp16(
+        model, comm, {}, {.bucketer = one_each});
     CHECK(fp16.plan().buckets.size() == 258);
   });
 }

@@ -61,7 +61,7 @@ double equivalence(C& comm, std::int64_t global_batch = 16, int steps = 20, Buck
   auto data = make_data(global_batch * steps, 8, 4, 99);
   // Rank 0's initial weights win (broadcast): other ranks start from different seeds on purpose.
   auto model = make_mlp(8, 32, 4, 1 + static_cast<std::uint64_t>(r));
-  DistributedDataParallel ddp(model, comm, {}, SizeCapped{buckets});
+  DistributedDataParallel ddp(model, comm, {}, {.bucketer = SizeCapped{buckets}});
   optim::SGD opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
   auto ref = make_mlp(8, 32, 4, 1);
   nn::ParameterArena<float> ref_params(ref);
@@ -212,7 +212,7 @@ template <AsyncCommunicator C>
 std::vector<CollectiveRecord> collective_order(C& inner, BucketConfig buckets) {
   Recording<C> comm(inner);
   auto model = make_mlp(8, 64, 4, 1);
-  DistributedDataParallel ddp(model, comm, {}, SizeCapped{buckets});
+  DistributedDataParallel ddp(model, comm, {}, {.bucketer = SizeCapped{buckets}});
   auto data = make_data(8, 8, 4, 2);
   for (int s = 0; s < 2; ++s) {
     ddp.parameters().zero_grad();
@@ -412,7 +412,7 @@ void bucket_fingerprint(C& inner) {
   Generator g(3);
   nn::Sequential model(nn::named("a", nn::Linear(4, 4, g)), nn::named("b", nn::Linear(4, 4, g)),
                        nn::named("c", nn::Linear(4, 4, g)));
-  DistributedDataParallel ddp(model, comm, {}, SizeCapped{{.cap_bytes = 80, .first_cap_bytes = 80}});
+  DistributedDataParallel ddp(model, comm, {}, {.bucketer = SizeCapped{{.cap_bytes = 80, .first_cap_bytes = 80}}});
   expect(ddp.plan().buckets.size() == 3, "expected three buckets");
   ddp.parameters().zero_grad();
   try {
@@ -452,7 +452,7 @@ template <AsyncCommunicator C>
 void plan_with_gap(C& comm) {
   auto model = make_mlp(8, 16, 4, 1);  // 4 parameters: fc1.weight, fc1.bias, fc2.weight, fc2.bias
   try {
-    DistributedDataParallel ddp(model, comm, {}, GappyBucketer{});
+    DistributedDataParallel ddp(model, comm, {}, DdpPolicies{.bucketer = GappyBucketer{}});
   } catch (ArgumentError const& e) {
     std::string const m = e.what();
     expect(m.find("bucket plan of GappyBucketer is malformed on rank(s) 0") != std::string::npos &&

@@ -77,7 +77,7 @@ std::vector<float> device_ddp(C& comm, Data const& data, std::int64_t global_bat
   int const n = comm.world_size(), r = comm.rank();
   std::int64_t const local = global_batch / n;
   auto model = make_mlp<Dev>(8, 32, 4, 1 + static_cast<std::uint64_t>(r));  // rank 0's weights are broadcast
-  DistributedDataParallel ddp(model, comm, opts, SizeCapped{buckets});
+  DistributedDataParallel ddp(model, comm, opts, {.bucketer = SizeCapped{buckets}});
   optim::basic_sgd<float, Dev> opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
   for (int s = 0; s < steps; ++s) {
     std::int64_t const base = s * global_batch + r * local;

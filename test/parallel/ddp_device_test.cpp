@@ -63,7 +63,8 @@ std::vector<float> policy_run(ThreadsBackend& comm, test::Data const& data, std:
   std::int64_t const local = global_batch / n;
   auto model = make_mlp<S>(8, 32, 4, 1);
   DistributedDataParallel<decltype(model), ThreadsBackend, SizeCapped, R> ddp(
-      model, comm, ddp_opts, SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}}, reduction);
+      model, comm, ddp_opts,
+      {.bucketer = SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}}, .reduction = reduction});
   using Sgd = optim::basic_sgd<float, S>;
   OverlappedOptimizer<ZeroRedundancyOptimizer<Sgd, ThreadsBackend>> opt(
       ddp, {.optimizer = {.optimizer = {.lr = 0.05, .momentum = 0.9}, .zero = {.stage = zero}},
@@ -261,14 +262,14 @@ TEST_CASE("device tensors: basic_trainer trains a device model as it trains the 
     auto ce = [](Variable<float, Dev> const& out, auto const& batch) {
       return cross_entropy(out, to_space<Dev>(batch.y));
     };
-    for (int e = 0; e < 2; ++e) t.fit_epoch(data, e, ce);
+    for (int e = 0; e < 2; ++e) t.fit_epoch(data, {.epoch = e}, ce);
     w[comm.rank()] = weights(t.ddp().parameters());
     counts[comm.rank()] = t.evaluate(data);
 
     auto hm = make_mlp<HostSpace>(4, 16, 3, 11);
     trainer<decltype(hm), ThreadsBackend> ht(hm, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8, .seed = 3});
     auto hce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
-    for (int e = 0; e < 2; ++e) ht.fit_epoch(data, e, hce);
+    for (int e = 0; e < 2; ++e) ht.fit_epoch(data, {.epoch = e}, hce);
     host_w[comm.rank()] = weights(ht.ddp().parameters());
   });
   CHECK(w[0] == w[1]);
@@ -450,7 +451,8 @@ TEST_CASE("device tensors: under static_graph, ranks with uneven batches train i
       int const r = comm.rank();
       auto run = [&](DdpOptions opts) {
         auto model = make_mlp<Dev>(8, 16, 4, 1);
-        DistributedDataParallel ddp(model, comm, opts, SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}});
+        DistributedDataParallel ddp(model, comm, opts,
+                                    {.bucketer = SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}}});
         optim::basic_sgd<float, Dev> opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
         JoinResult const res = join(ddp, opt, [&] {
           for (int s = 0; s < 2 + r; ++s) {

@@ -104,8 +104,9 @@ std::vector<std::uint8_t> train(Comm& comm, Run const& run, CheckpointData<float
   Data const data;
   auto model = make_model(run.model, static_cast<std::uint64_t>(comm.rank()) * run.dropout_seed_per_rank);
   DeterministicDataParallel<nn::AnySequential<float>, Comm> dp(
-      model, comm, {}, SizeCapped{{.cap_bytes = run.cap_bytes, .first_cap_bytes = run.cap_bytes}}, ExactSum{},
-      MicroBatches{.count = kMicroBatches});
+      model, comm, {},
+      {.bucketer = SizeCapped{{.cap_bytes = run.cap_bytes, .first_cap_bytes = run.cap_bytes}},
+       .batching = {.count = kMicroBatches}});
   // A sharded optimizer's state is put together on every rank (collective); rank 0 keeps the checkpoint.
   auto take = [&](auto const& opt, std::int64_t step) {
     TrainPosition const at{.global_step = step};
@@ -237,7 +238,7 @@ template <class Comm>
 void unequal_rows(Comm& comm) {
   int const r = comm.rank(), n = comm.world_size();
   auto model = make_model(ModelKind::kMlp);
-  Det<Comm> dp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+  Det<Comm> dp(model, comm, {}, {.batching = {.count = 4}});
   std::int64_t const per = 4 / n;
   if (n > 1) {
     auto [x, y] = some_rows(r == 0 ? 4 * per : 2 * per);
@@ -255,7 +256,7 @@ template <class Comm>
 void mismatched_step(Comm& comm) {
   int const r = comm.rank();
   auto model = make_model(ModelKind::kMlp);
-  Det<Comm> dp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+  Det<Comm> dp(model, comm, {}, {.batching = {.count = 4}});
   auto [x, y] = some_rows(4 / comm.world_size() * 2);
   expect_error<DdpError>(r, "mismatched steps", "the ranks passed different steps (rank 0 step 7, rank 1 step 8",
                          [&] { dp.micro_batches(x, y, {.step = r == 1 ? 8u : 7u}); });
@@ -273,7 +274,7 @@ void per_rank_dropout_seeds(Comm& comm) {
              detail::cat("rank ", r, ": dropout seeded per rank at construction changed the deterministic result"));
   if (comm.world_size() == 1) return;
   auto model = make_model(ModelKind::kMlp);
-  Det<Comm> dp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+  Det<Comm> dp(model, comm, {}, {.batching = {.count = 4}});
   for (auto const& g : nn::generators_of(model)) g.generator->seed(11 + static_cast<std::uint64_t>(r));
   auto [x, y] = some_rows(4 / comm.world_size() * 2);
   expect_error<DdpError>(r, "dropout reseeded per rank", "the model's random generators differ across ranks ('",
@@ -295,7 +296,7 @@ void batch_norm_in_training(Comm& comm) {
   auto [x, y] = some_rows(4 / comm.world_size() * 2);
   {
     auto model = make();
-    Det<Comm> dp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+    Det<Comm> dp(model, comm, {}, {.batching = {.count = 4}});
     expect_error<DdpError>(r, "BatchNorm in training mode", "the model's buffers ('bn.running_mean', 'bn.running_var'",
                            [&] {
                              for (auto const& mb : dp.micro_batches(x, y, {.step = 0}))
@@ -304,7 +305,7 @@ void batch_norm_in_training(Comm& comm) {
   }
   auto model = make();
   model.set_mode(Mode::kEval);
-  Det<Comm> dp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+  Det<Comm> dp(model, comm, {}, {.batching = {.count = 4}});
   for (auto const& mb : dp.micro_batches(x, y, {.step = 0})) backward(cross_entropy(dp(mb), mb.y));
   det_expect(dp.parameters().all_grads_defined(), detail::cat("rank ", r, ": BatchNorm in eval mode did not train"));
 }

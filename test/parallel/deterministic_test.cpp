@@ -97,8 +97,7 @@ TEST_CASE("deterministic mode computes the global batch's mean gradient") {
   std::mutex m;
   ddp::spawn(2, [&](ddp::ThreadsBackend& c) {
     auto model = make();
-    DeterministicDataParallel<decltype(model), ddp::ThreadsBackend> dp(model, c, {}, SizeCapped{}, ExactSum{},
-                                                                       MicroBatches{.count = 4});
+    DeterministicDataParallel<decltype(model), ddp::ThreadsBackend> dp(model, c, {}, {.batching = {.count = 4}});
     std::int64_t const share = kGlobalBatch / 2;
     Tensor<float> xs(Shape{share, 1, 8, 8});
     Tensor<std::int32_t> ys(Shape{share});
@@ -124,13 +123,13 @@ TEST_CASE("deterministic mode: a world size that does not divide the micro-batch
                                   [](ddp::ThreadsBackend& c) {
                                     auto model = make_model(ModelKind::kMlp);
                                     DeterministicDataParallel<nn::AnySequential<float>, ddp::ThreadsBackend> dp(
-                                        model, c, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+                                        model, c, {}, {.batching = {.count = 4}});
                                   }),
                        doctest::Contains("the world size 3 does not divide micro_batches = 4"), ddp::ArgumentError);
   ddp::spawn(2, [](ddp::ThreadsBackend& c) {
     auto model = make_model(ModelKind::kMlp);
-    DeterministicDataParallel<nn::AnySequential<float>, ddp::ThreadsBackend> dp(model, c, {}, SizeCapped{}, ExactSum{},
-                                                                                MicroBatches{.count = 4});
+    DeterministicDataParallel<nn::AnySequential<float>, ddp::ThreadsBackend> dp(model, c, {},
+                                                                                {.batching = {.count = 4}});
     Tensor<float> x(Shape{3, 1, 8, 8});  // 3 rows are not 2 equal micro-batches
     Tensor<std::int32_t> y(Shape{3});
     CHECK_THROWS_WITH_AS(dp.micro_batches(x, y, {.step = 0}),
@@ -144,8 +143,8 @@ TEST_CASE("deterministic mode: a non-finite gradient on one rank is an error nam
   try {
     ddp::spawn(2, [&](ddp::ThreadsBackend& c) {
       auto model = make_model(ModelKind::kMlp);
-      DeterministicDataParallel<nn::AnySequential<float>, ddp::ThreadsBackend> dp(model, c, {}, SizeCapped{},
-                                                                                  ExactSum{}, MicroBatches{.count = 2});
+      DeterministicDataParallel<nn::AnySequential<float>, ddp::ThreadsBackend> dp(model, c, {},
+                                                                                  {.batching = {.count = 2}});
       Tensor<float> x(Shape{1, 1, 8, 8});
       Tensor<std::int32_t> y(Shape{1});
       for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = c.rank() == 1 && i == 5 ? NAN : 0.5f;

@@ -56,7 +56,7 @@ double join_equivalence(C& comm, JoinOptions opts, R reduction = {}) {
 
   auto model = make_mlp(8, 16, 4, 1 + static_cast<std::uint64_t>(r));  // rank 0's weights win (broadcast)
   DistributedDataParallel<decltype(model), C, SizeCapped, R> ddp(
-      model, comm, {}, SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}}, reduction);
+      model, comm, {}, {.bucketer = SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}}, .reduction = reduction});
   optim::SGD opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
   auto step = [&](int s) {
     opt.zero_grad();
@@ -216,14 +216,14 @@ void trainer_uneven(C& comm) {
     std::int64_t const mine = (size - r + n - 1) / n, batches = (mine + 3) / 4, most = ((size + n - 1) / n + 3) / 4;
     std::int64_t seen = 0;
     for (int e = 0; e < 2; ++e) {
-      EpochResult const res = t.fit_epoch(data, e, ce);
+      EpochResult const res = t.fit_epoch(data, {.epoch = e}, ce);
       expect(res.steps == batches && res.steps_in_epoch == most && res.end_step == most && res.global_step == most &&
                  res.complete(),
              detail::cat("trainer epoch ", e, " on rank ", r, ": steps ", res.steps, " (expected ", batches,
                          "), steps_in_epoch ", res.steps_in_epoch, ", end_step ", res.end_step, ", global_step ",
                          res.global_step));
       expect(res.train.total == size, detail::cat("trainer: ", res.train.total, " samples seen, not ", size));
-      expect(std::isfinite(res.mean_loss), "trainer: mean loss not finite");
+      expect(std::isfinite(res.train.mean_loss()), "trainer: mean loss not finite");
       seen += res.train.total;
       expect(same_on_every_rank(comm, weights(t.ddp().parameters())), "trainer: ranks differ after an uneven epoch");
     }
@@ -236,7 +236,7 @@ void trainer_uneven(C& comm) {
   trainer<decltype(model), C> t(model, comm, {.lr = 0.1}, {.batch_size = 4});
   if (n == 1) return;
   try {
-    t.fit_epoch(mine, 0, ce);
+    t.fit_epoch(mine, {.epoch = 0}, ce);
   } catch (DdpError const& e) {
     std::string const m = e.what();
     expect(contains(m, "rank 0: 4, rank 1: 3") && contains(m, "EpochSplit::kJoin"),
@@ -255,7 +255,7 @@ std::vector<CollectiveRecord> join_collective_order(C& inner) {
   int const r = comm.rank();
   Generator g(7);
   nn::Sequential model(nn::named("conv", nn::Conv2d(2, 2, 1, g)), nn::named("bn", nn::BatchNorm2d(2)));
-  DistributedDataParallel ddp(model, comm, {}, SizeCapped{{.cap_bytes = 16, .first_cap_bytes = 8}});
+  DistributedDataParallel ddp(model, comm, {}, {.bucketer = SizeCapped{{.cap_bytes = 16, .first_cap_bytes = 8}}});
   optim::SGD opt(ddp.parameters(), {.lr = 0.1, .momentum = 0.5});
   Tensor<float> x(Shape{2, 2, 2, 2});
   for (std::int64_t j = 0; j < x.numel(); ++j) x[j] = float(j % 5) - 2.0f;
@@ -364,10 +364,11 @@ void trainer_skips_non_finite(C& comm) {
     bool const poison = step++ == 1 && comm.rank() == n - 1;
     return poison ? scale(l, std::nanf("")) : l;
   };
-  EpochResult const res = t.fit_epoch(data, 0, loss);
+  EpochResult const res = t.fit_epoch(data, {.epoch = 0}, loss);
   expect(res.skipped_steps == 1 && res.steps == 4 && res.global_step == 4,
          detail::cat("trainer: skipped ", res.skipped_steps, " of ", res.steps, " steps"));
-  expect(std::isfinite(res.mean_loss) && res.train.total == 12 * n, "trainer: a skipped step's loss was counted");
+  expect(std::isfinite(res.train.mean_loss()) && res.train.total == 12 * n,
+         "trainer: a skipped step's loss was counted");
   expect(same_on_every_rank(comm, weights(t.ddp().parameters())), "trainer: ranks differ after a skipped step");
 }
 

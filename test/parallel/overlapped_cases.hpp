@@ -24,8 +24,10 @@ void overlapped_matches_step(C& comm, ZeroOpt which, BucketConfig buckets, int s
   auto data = make_data(local * n * steps, 8, 4, 37);
   auto plain_model = make_mlp(8, 48, 4, 5);
   auto ov_model = make_mlp(8, 48, 4, 5);
-  DistributedDataParallel<Mlp, C, SizeCapped, R> plain_ddp(plain_model, comm, {}, SizeCapped{buckets}, reduction);
-  DistributedDataParallel<Mlp, C, SizeCapped, R> ov_ddp(ov_model, comm, {}, SizeCapped{buckets}, reduction);
+  DistributedDataParallel<Mlp, C, SizeCapped, R> plain_ddp(plain_model, comm, {},
+                                                           {.bucketer = SizeCapped{buckets}, .reduction = reduction});
+  DistributedDataParallel<Mlp, C, SizeCapped, R> ov_ddp(ov_model, comm, {},
+                                                        {.bucketer = SizeCapped{buckets}, .reduction = reduction});
   auto run = [&]<class O, class W>(std::type_identity<O>, std::type_identity<W>, typename W::options_type const& o,
                                    typename O::options_type const& po) {
     O plain(plain_ddp.parameters(), po);

@@ -130,8 +130,8 @@ TEST_CASE("overlapped update with micro-batches (gradient accumulation): bitwise
       auto m1 = test::make_mlp(8, 48, 4, 5), m2 = test::make_mlp(8, 48, 4, 5);
       using D = DistributedDataParallel<test::Mlp, ThreadsBackend, SizeCapped, AverageAllReduce, MicroBatches>;
       SizeCapped const buckets{{.cap_bytes = 512, .first_cap_bytes = 128}};
-      D plain(m1, comm, {}, buckets, {}, MicroBatches{.count = 4}),
-          ov(m2, comm, {}, buckets, {}, MicroBatches{.count = 4});
+      D plain(m1, comm, {}, {.bucketer = buckets, .batching = {.count = 4}}),
+          ov(m2, comm, {}, {.bucketer = buckets, .batching = {.count = 4}});
       optim::AdamW ref(plain.parameters(), {.lr = 1e-2});
       OverlappedOptimizer<optim::AdamW> opt(ov, {.optimizer = {.lr = 1e-2}});
       for (int s = 0; s < 4; ++s) {

@@ -160,8 +160,8 @@ void powersgd_matches_reference(C& inner, PowerSgdOptions opts, BucketConfig buc
   auto plain = make_mlp(8, 32, 4, 1);
   nn::ParameterArena<float> plain_params(plain);
   Timeline timeline;
-  DistributedDataParallel<decltype(model), Recording<C>, SizeCapped, PowerSgd> ddp(model, comm, {.timeline = &timeline},
-                                                                                   SizeCapped{buckets}, {opts});
+  DistributedDataParallel<decltype(model), Recording<C>, SizeCapped, PowerSgd> ddp(
+      model, comm, {.timeline = &timeline}, {.bucketer = SizeCapped{buckets}, .reduction = {opts}});
   PowerSgdReference ref(ddp.parameters(), ddp.plan(), opts, n);
   expect(n == 1 || ref.compressed() > 0, "the reference compresses nothing: the test would check nothing");
   for (int s = 0; s < steps; ++s) {

@@ -43,7 +43,8 @@ TEST_CASE("PowerSGD: a full-rank approximation is the plain average") {
       auto model = test::make_mlp(8, 32, 4, 1);
       auto plain = test::make_mlp(8, 32, 4, 1);
       nn::ParameterArena<float> plain_params(plain);
-      DistributedDataParallel<decltype(model), ThreadsBackend, SizeCapped, PowerSgd> ddp(model, comm, {}, {}, {opts});
+      DistributedDataParallel<decltype(model), ThreadsBackend, SizeCapped, PowerSgd> ddp(model, comm, {},
+                                                                                         {.reduction = {opts}});
       for (int s = 0; s < 3; ++s) {
         Tensor<float> const x = test::rows(data.x, (s * n + comm.rank()) * 4, 4);
         Tensor<float> const y = test::rows(data.y, (s * n + comm.rank()) * 4, 4);
@@ -88,7 +89,7 @@ TEST_CASE("PowerSGD: bad options are an ArgumentError naming the option, on ever
       auto model = test::make_mlp(8, 32, 4, 1);
       using D = DistributedDataParallel<decltype(model), ThreadsBackend, SizeCapped, PowerSgd>;
       try {
-        D ddp(model, comm, {}, {}, {opts});
+        D ddp(model, comm, {}, {.reduction = {opts}});
         FAIL("accepted");
       } catch (ArgumentError const& e) {
         CHECK(std::string(e.what()).find(what) != std::string::npos);

@@ -280,7 +280,7 @@ void tied_average_all_reduce(C& comm, BucketConfig cfg) {
   Reference const ref(weights_of(model), global, n);
   int calls = 0;
   count_hook(model, calls);
-  DistributedDataParallel ddp(model, comm, {}, SizeCapped{cfg});
+  DistributedDataParallel ddp(model, comm, {}, {.bucketer = SizeCapped{cfg}});
   expect_held_once(ddp, what, several(cfg));
   optim::SGD opt(ddp.parameters(), {.lr = kLr});
   one_step(ddp, opt, shard(global, r, n));
@@ -325,7 +325,7 @@ void tied_zero(C& comm, int stage, BucketConfig cfg) {
   Batch const global = make_batch(kDataSeed);
   TiedLm model(kModelSeed);
   Reference const ref(weights_of(model), global, n);
-  DistributedDataParallel<TiedLm, C> ddp(model, comm, {}, SizeCapped{cfg});
+  DistributedDataParallel<TiedLm, C> ddp(model, comm, {}, {.bucketer = SizeCapped{cfg}});
   expect_held_once(ddp, what, several(cfg));
   ZeroRedundancyOptimizer<optim::SGD, C> opt(ddp, {.optimizer = {.lr = kLr}, .zero = {.stage = stage}});
   one_step(ddp, opt, shard(global, r, n));
@@ -348,7 +348,8 @@ void tied_compressed(C& comm, BucketConfig cfg) {
   Batch const global = make_batch(kDataSeed);
   TiedLm model(kModelSeed);
   Reference const ref(weights_of(model), global, n);
-  DistributedDataParallel<TiedLm, C, SizeCapped, CompressedAllReduce<H>> ddp(model, comm, {}, SizeCapped{cfg});
+  DistributedDataParallel<TiedLm, C, SizeCapped, CompressedAllReduce<H>> ddp(model, comm, {},
+                                                                             {.bucketer = SizeCapped{cfg}});
   expect_held_once(ddp, what, several(cfg));
   optim::SGD opt(ddp.parameters(), {.lr = kLr});
   one_step(ddp, opt, shard(global, r, n));
@@ -373,7 +374,7 @@ Weights deterministic_step(C& comm, BucketConfig cfg) {
   TiedLm model(kModelSeed);
   int calls = 0;
   count_hook(model, calls);
-  DeterministicDataParallel<TiedLm, C> dp(model, comm, {}, SizeCapped{cfg}, ExactSum{}, MicroBatches{.count = 4});
+  DeterministicDataParallel<TiedLm, C> dp(model, comm, {}, {.bucketer = SizeCapped{cfg}, .batching = {.count = 4}});
   expect_held_once(dp, what, several(cfg));
   optim::SGD opt(dp.parameters(), {.lr = kLr});
   Batch const mine = shard(global, r, n);

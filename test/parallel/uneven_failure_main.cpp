@@ -26,7 +26,7 @@ void run(MpiBackend& comm, std::string const& mode) {
     TensorDataset<std::int32_t> data(x, y);
     nn::Sequential model(nn::Linear(4, 8, g), nn::ReLU(), nn::Linear(8, 3, g));
     trainer<decltype(model), MpiBackend> t(model, comm, {.lr = 0.1}, {.batch_size = 4});
-    t.fit_epoch(data, 0, [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); });
+    t.fit_epoch(data, {.epoch = 0}, [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); });
     return;
   }
   auto model = test::make_mlp(8, 16, 4, 1);

@@ -31,9 +31,10 @@ void zero_matches_unsharded(C& comm, ZeroOpt which, BucketConfig buckets, int st
   auto plain_model = make_mlp(8, 48, 4, 5);
   auto zero_model = make_mlp(8, 48, 4, 5);
   Recording<C> rec(comm);
-  DistributedDataParallel<Mlp, C, SizeCapped, R> plain_ddp(plain_model, comm, {}, SizeCapped{buckets}, reduction);
-  DistributedDataParallel<Mlp, Recording<C>, SizeCapped, R> zero_ddp(zero_model, rec, {}, SizeCapped{buckets},
-                                                                     reduction);
+  DistributedDataParallel<Mlp, C, SizeCapped, R> plain_ddp(plain_model, comm, {},
+                                                           {.bucketer = SizeCapped{buckets}, .reduction = reduction});
+  DistributedDataParallel<Mlp, Recording<C>, SizeCapped, R> zero_ddp(
+      zero_model, rec, {}, {.bucketer = SizeCapped{buckets}, .reduction = reduction});
   auto run = [&]<class O>(std::type_identity<O>, typename O::options_type const& o) {
     O plain(plain_ddp.parameters(), o);
     ZeroRedundancyOptimizer<O, Recording<C>> zero(zero_ddp, {.optimizer = o});
@@ -99,8 +100,8 @@ void zero2_keeps_its_slices(C& comm, int steps = 3) {
   auto one_model = make_mlp(64, 2048, 64, 7);
   auto two_model = make_mlp(64, 2048, 64, 7);
   SizeCapped const buckets{{.cap_bytes = 256 << 10, .first_cap_bytes = 64 << 10}};
-  DistributedDataParallel<Mlp, C> one_ddp(one_model, comm, {}, buckets);
-  DistributedDataParallel<Mlp, C> two_ddp(two_model, comm, {}, buckets);
+  DistributedDataParallel<Mlp, C> one_ddp(one_model, comm, {}, {.bucketer = buckets});
+  DistributedDataParallel<Mlp, C> two_ddp(two_model, comm, {}, {.bucketer = buckets});
   using Zero = ZeroRedundancyOptimizer<optim::SGD, C>;
   optim::SgdOptions const o{.lr = 0.05, .momentum = 0.9};
   Zero one(one_ddp, {.optimizer = o, .zero = {.stage = 1}});
@@ -155,8 +156,8 @@ void owner_reduce_matches(C& comm, ZeroOpt which, BucketConfig buckets, int stag
   using Plain = DistributedDataParallel<Mlp, C, SizeCapped, AverageAllReduce, MicroBatches>;
   using Owner = DistributedDataParallel<Mlp, C, SizeCapped, OwnerReduce, MicroBatches>;
   MicroBatches const mb{.count = micro * n};
-  Plain plain_ddp(plain_model, comm, {}, SizeCapped{buckets}, {}, mb);
-  Owner owner_ddp(owner_model, comm, {}, SizeCapped{buckets}, {}, mb);
+  Plain plain_ddp(plain_model, comm, {}, {.bucketer = SizeCapped{buckets}, .batching = mb});
+  Owner owner_ddp(owner_model, comm, {}, {.bucketer = SizeCapped{buckets}, .batching = mb});
   expect(owner_ddp.plan().buckets.size() == plain_ddp.plan().buckets.size(), "the same bucket plan");
   auto run = [&]<class O>(std::type_identity<O>, typename O::options_type const& o) {
     using Zero = ZeroRedundancyOptimizer<O, C>;

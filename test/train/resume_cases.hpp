@@ -141,7 +141,7 @@ std::vector<float> ddp_leg(C& comm, Leg const& leg, Make make, std::vector<std::
   expect(kBatch % n == 0, "the global batch must divide by the world size");
   std::int64_t const local = kBatch / n;
   auto model = make(leg.seed, r);
-  DistributedDataParallel ddp(model, comm, {}, SizeCapped{leg.buckets});
+  DistributedDataParallel ddp(model, comm, {}, {.bucketer = SizeCapped{leg.buckets}});
   O opt(ddp.parameters(), optimizer_options<O>());
   detail::run_leg(
       leg, opt,

@@ -36,7 +36,7 @@ TEST_CASE("trainer checkpoint: an fp16 run on device tensors with a moving loss 
     {
       Model m = test::device::make_mlp<D>(8, 32, 4, 1);
       Trainer t(m, comm, {.lr = 0.05, .momentum = 0.9}, opts);
-      t.fit_epoch(data, 0, mse);
+      t.fit_epoch(data, {.epoch = 0}, mse);
       whole[r] = weights(t);
       scale[r] = *t.loss_scale();
     }

@@ -27,8 +27,9 @@ using PowerTrainer = basic_trainer<Model, ThreadsBackend, optim::SGD, SizeCapped
 inline constexpr PowerSgdOptions kPowerSgd{.rank = 1, .warmup_steps = 2, .min_compression_rate = 1.0};
 
 inline PowerTrainer make_trainer(Model& m, ThreadsBackend& comm, std::size_t cap_bytes = 64) {
-  return PowerTrainer(m, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8, .seed = 3},
-                      SizeCapped{{.cap_bytes = cap_bytes, .first_cap_bytes = cap_bytes}}, PowerSgd{kPowerSgd});
+  return PowerTrainer(
+      m, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8, .seed = 3},
+      {.bucketer = SizeCapped{{.cap_bytes = cap_bytes, .first_cap_bytes = cap_bytes}}, .reduction = {kPowerSgd}});
 }
 
 inline auto ce() {
@@ -172,25 +173,25 @@ TEST_CASE(
     Plain t(m, comm, {.lr = 0.1}, opts);
     EpochLoss prior;
     TrainPosition const pos = t.load_checkpoint(file, nullptr, &prior);
-    CHECK(prior.steps == 3);
+    CHECK(prior.train.total == 3 * 8);  // 3 steps of this rank's 8 samples
     auto const r =
         t.fit_epoch(data, EpochStart{.step = pos.step, .global_step = pos.global_step, .loss = prior}, ce(), {});
     if (comm.rank() == 0) resumed = r;
   });
-  CHECK(resumed.mean_loss == whole.mean_loss);  // bitwise: the same world size
+  CHECK(resumed.train.mean_loss() == whole.train.mean_loss());  // bitwise: the same world size
   CHECK(resumed.train == whole.train);
   CHECK(resumed.steps == whole.steps - 3);
-  // At 4 ranks, rank 0 carries the 2 ranks' share (rescaled to 4 ranks' weight): the same figures to rounding.
+  // At 4 ranks, rank 0 carries the 2 ranks' share: the same figures to rounding.
   spawn(4, [&](ThreadsBackend& comm) {
     Model m = test::make_blobs_model();
     Plain t(m, comm, {.lr = 0.1}, {.seed = 3, .global_batch = 16});
     EpochLoss prior;
     TrainPosition const pos = t.load_checkpoint(file, nullptr, &prior);
-    CHECK(prior.steps == (comm.rank() == 0 ? 12 : 0));  // 3 steps, counted on 4 ranks
+    CHECK(prior.train.total == (comm.rank() == 0 ? 2 * 3 * 8 : 0));  // both ranks' 3 steps
     other_world[static_cast<std::size_t>(comm.rank())] =
         t.fit_epoch(data, EpochStart{.step = pos.step, .global_step = pos.global_step, .loss = prior}, ce(), {});
   });
-  CHECK(other_world[0].mean_loss == doctest::Approx(whole.mean_loss).epsilon(1e-6));
+  CHECK(other_world[0].train.mean_loss() == doctest::Approx(whole.train.mean_loss()).epsilon(1e-6));
   CHECK(other_world[0].train.total == whole.train.total);
   CHECK(other_world[0].train.loss_sum == doctest::Approx(whole.train.loss_sum).epsilon(1e-6));
   std::filesystem::remove_all(dir);
@@ -204,13 +205,13 @@ TEST_CASE("trainer checkpoint: deterministic mode's epoch loss resumes bitwise a
   using Exact = basic_trainer<Model, ThreadsBackend, optim::SGD, SizeCapped, ExactSum, MicroBatches>;
   TrainerOptions const opts{.seed = 3, .global_batch = 16};
   auto make = [&](Model& m, ThreadsBackend& comm) {
-    return Exact(m, comm, {.lr = 0.1}, opts, {}, {}, MicroBatches{.count = 4});
+    return Exact(m, comm, {.lr = 0.1}, opts, {.batching = {.count = 4}});
   };
   std::vector<double> whole(1), resumed(4);
   spawn(1, [&](ThreadsBackend& comm) {
     Model m = test::make_blobs_model();
     auto t = make(m, comm);
-    whole[0] = t.fit_epoch(data, EpochStart{}, ce(), {}).mean_loss;
+    whole[0] = t.fit_epoch(data, EpochStart{}, ce(), {}).train.mean_loss();
   });
   spawn(2, [&](ThreadsBackend& comm) {
     Model m = test::make_blobs_model();
@@ -229,7 +230,7 @@ TEST_CASE("trainer checkpoint: deterministic mode's epoch loss resumes bitwise a
     TrainPosition const pos = t.load_checkpoint(file, nullptr, &prior);
     resumed[static_cast<std::size_t>(comm.rank())] =
         t.fit_epoch(data, EpochStart{.step = pos.step, .global_step = pos.global_step, .loss = prior}, ce(), {})
-            .mean_loss;
+            .train.mean_loss();
   });
   for (double r : resumed) CHECK(r == whole[0]);  // bitwise: 1 rank whole, 2 then 4 ranks resumed
   std::filesystem::remove_all(dir);

@@ -116,7 +116,7 @@ TEST_CASE("with DdpOptions::timeline set, every optimizer step is a span named \
     Timeline tl(comm.rank());
     auto m = test::make_blobs_model();
     Trainer t(m, comm, {.lr = 0.01}, {.batch_size = 8, .ddp = {.timeline = &tl}});
-    t.fit_epoch(data, 0, ce);
+    t.fit_epoch(data, {.epoch = 0}, ce);
     std::ostringstream os;
     tl.write_json(os);
     json[comm.rank()] = os.str();

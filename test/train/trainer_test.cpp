@@ -27,7 +27,7 @@ TEST_CASE("trainer: fit_epoch equals the explicit DDP loop, bitwise, on every ra
     auto ce = [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); };
     auto m1 = test::make_blobs_model();
     trainer<decltype(m1), ThreadsBackend> t(m1, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8, .seed = 3});
-    for (int e = 0; e < 2; ++e) t.fit_epoch(data, e, ce);
+    for (int e = 0; e < 2; ++e) t.fit_epoch(data, {.epoch = e}, ce);
     for (auto const& p : t.ddp().parameters().entries())
       a[comm.rank()].insert(a[comm.rank()].end(), p.var.value().data(), p.var.value().data() + p.numel);
 
@@ -66,7 +66,7 @@ TEST_CASE("trainer: clip_grad_norm clips before every step, bitwise as the expli
     trainer<decltype(m1), ThreadsBackend> t(m1, comm, {.lr = 0.1, .momentum = 0.9},
                                             {.batch_size = 8, .seed = 3, .clip_grad_norm = 0.05});
     CHECK(std::isnan(t.last_grad_norm()));
-    for (int e = 0; e < 2; ++e) t.fit_epoch(data, e, ce);
+    for (int e = 0; e < 2; ++e) t.fit_epoch(data, {.epoch = e}, ce);
     norm_t[r] = t.last_grad_norm();
     for (auto const& p : t.ddp().parameters().entries())
       a[r].insert(a[r].end(), p.var.value().data(), p.var.value().data() + p.numel);
@@ -118,9 +118,10 @@ TEST_CASE("trainer: training reduces the loss; evaluate counts each sample once 
     auto m = test::make_blobs_model();
     trainer<decltype(m), ThreadsBackend> t(m, comm, {.lr = 0.1, .momentum = 0.9}, {.batch_size = 8});
     for (int e = 0; e < 4; ++e) {
-      auto r = t.fit_epoch(train, e, [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); });
-      if (e == 0) first[comm.rank()] = r.mean_loss;
-      last[comm.rank()] = r.mean_loss;
+      auto r = t.fit_epoch(train, {.epoch = e},
+                           [](Var const& out, auto const& batch) { return cross_entropy(out, batch.y); });
+      if (e == 0) first[comm.rank()] = r.train.mean_loss();
+      last[comm.rank()] = r.train.mean_loss();
     }
     counts[comm.rank()] = t.evaluate(test, 16);
   });
@@ -144,11 +145,13 @@ TEST_CASE(
     spawn(n, [&](ThreadsBackend& comm) {
       auto m = test::make_blobs_model();
       basic_trainer<decltype(m), ThreadsBackend, optim::AdamW, SizeCapped, ExactSum, MicroBatches> t(
-          m, comm, {.lr = 0.01}, {.seed = 3, .global_batch = 16}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 4});
+          m, comm, {.lr = 0.01}, {.seed = 3, .global_batch = 16}, {.batching = {.count = 4}});
       CHECK(t.steps_per_epoch(data) == 6);
       double loss = 0;
       for (int e = 0; e < 2; ++e)
-        loss = t.fit_epoch(data, e, [](Var const& out, auto const& mb) { return cross_entropy(out, mb.y); }).mean_loss;
+        loss = t.fit_epoch(data, {.epoch = e}, [](Var const& out, auto const& mb) {
+                  return cross_entropy(out, mb.y);
+                }).train.mean_loss();
       auto const r = static_cast<std::size_t>(comm.rank());
       l[r] = loss;
       for (auto const& p : t.ddp().parameters().entries())
@@ -176,8 +179,8 @@ TEST_CASE("trainer: OwnerReduce with ZeRO trains bitwise as AverageAllReduce; cl
     basic_trainer<M, ThreadsBackend, Zero, SizeCapped, OwnerReduce> owner(
         m2, comm, {.optimizer = {.lr = 0.1, .momentum = 0.9}}, {.batch_size = 8, .seed = 3});
     for (int e = 0; e < 2; ++e) {
-      plain.fit_epoch(data, e, ce);
-      owner.fit_epoch(data, e, ce);
+      plain.fit_epoch(data, {.epoch = e}, ce);
+      owner.fit_epoch(data, {.epoch = e}, ce);
     }
     CHECK(values(owner.ddp().parameters()) == values(plain.ddp().parameters()));
     auto m3 = test::make_blobs_model();
@@ -215,8 +218,8 @@ TEST_CASE("trainer: loss_scaling is bitwise the unscaled run (clipping included)
     trainer<decltype(m2), ThreadsBackend> scaled(m2, comm, {.lr = 0.1, .momentum = 0.9}, scaled_opts);
     CHECK_FALSE(plain.loss_scale().has_value());
     for (int e = 0; e < 2; ++e) {
-      auto const a = plain.fit_epoch(data, e, ce), b = scaled.fit_epoch(data, e, ce);
-      CHECK(a.mean_loss == b.mean_loss);
+      auto const a = plain.fit_epoch(data, {.epoch = e}, ce), b = scaled.fit_epoch(data, {.epoch = e}, ce);
+      CHECK(a.train.mean_loss() == b.train.mean_loss());
       CHECK(b.skipped_steps == 0);
     }
     CHECK(values(scaled.ddp().parameters()) == values(plain.ddp().parameters()));
@@ -230,12 +233,12 @@ TEST_CASE("trainer: loss_scaling is bitwise the unscaled run (clipping included)
     huge.loss_scaling = optim::GradScalerOptions{.init_scale = std::ldexp(1.0, 130)};
     trainer<decltype(m3), ThreadsBackend> t(m3, comm, {.lr = 0.1, .momentum = 0.9}, huge);
     auto const before = values(t.ddp().parameters());
-    auto const r = t.fit_epoch(data, 0, ce);
+    auto const r = t.fit_epoch(data, {.epoch = 0}, ce);
     CHECK(r.skipped_steps >= 3);
     CHECK(r.skipped_steps < r.steps);
     CHECK(t.loss_scale_skipped_steps() == r.skipped_steps);
     CHECK(*t.loss_scale() == std::ldexp(1.0, 130 - static_cast<int>(r.skipped_steps)));
-    CHECK(std::isfinite(r.mean_loss));
+    CHECK(std::isfinite(r.train.mean_loss()));
     CHECK(values(t.ddp().parameters()) != before);
 
     // Refused where the scale could not stay in step, or would come too late.
@@ -260,7 +263,7 @@ TEST_CASE("trainer: loss_every N reads the loss every N steps: the same mean los
         return StepControl::kContinue;
       }};
       EpochResult const r = t.fit_epoch(data, EpochStart{}, ce, hooks);
-      return std::pair{r.mean_loss, values(t.ddp().parameters())};
+      return std::pair{r.train.mean_loss(), values(t.ddp().parameters())};
     };
     std::vector<double> each, every5;
     auto const one = train(1, each);

@@ -75,7 +75,7 @@ struct TuneOutcome {
 // Three SGD steps of `m` wrapped with `bucketer` on this rank's data.
 template <class Comm, class M>
 std::vector<std::uint64_t> train_three(Comm& comm, M& m, SizeCapped bucketer, TuneData const& d) {
-  DistributedDataParallel ddp(m, comm, {}, bucketer);
+  DistributedDataParallel ddp(m, comm, {}, DdpPolicies{.bucketer = bucketer});
   optim::SGD opt(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
   for (int s = 0; s < 3; ++s) {
     opt.zero_grad();

@@ -29,6 +29,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ddp/bucket/wire.hpp"
@@ -47,8 +48,13 @@ struct PowerSgdOptions {
   std::uint64_t seed = 0;             // Q's draws (the same on every rank)
 };
 
-// The wire format tag of PowerSGD (BucketReducer<T, S, C, LowRank>).
-struct LowRank {};
+// The wire format tag of PowerSGD (BucketReducer<T, S, C, LowRank>); the PowerSgd policy's name for logs.
+struct LowRank {
+  static std::string policy_name(PowerSgdOptions const& o) {
+    return detail::cat("PowerSgd{rank=", o.rank, ", warmup=", o.warmup_steps,
+                       o.error_feedback ? "" : ", no error feedback", o.warm_start ? "" : ", no warm start", "}");
+  }
+};
 
 template <class T, MemorySpace S>
 class BucketWire<T, LowRank, S> {

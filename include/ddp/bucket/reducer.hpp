@@ -1,7 +1,7 @@
 // BucketReducer: the averaging reduction stage of data parallelism (the AverageAllReduce, CompressedAllReduce and
 // PowerSgd policies). Told "parameter i is ready" during backward and "backward is over" at its end, it launches each
 // bucket's all-reduce in plan order as soon as the bucket is complete and reports, per parameter, which ranks had
-// a gradient. W is the wire format buckets travel in (bucket/wire.hpp): the gradients' own type, a 16-bit float,
+// a gradient. W is the wire format buckets travel in (bucket/wire.hpp): InPlace (the gradients as they are), a 16-bit float,
 // or LowRank (PowerSGD, bucket/powersgd.hpp). Three parts: this file drives readiness and launch order; the status
 // words (status_words.hpp) are the round's bookkeeping; the transport (transport.hpp) moves a bucket through its
 // wire with the words appended.
@@ -32,11 +32,11 @@ namespace ddp {
 // Thread safety: one thread per rank drives it (the backward's); the communicator's progress thread only
 // touches the bucket slices in flight. Determinism: it adds nothing to the gradients' arithmetic; results
 // are those of the backend's all-reduce (bitwise identical on all ranks for threads and MPI).
-template <class T, MemorySpace S, AsyncCommunicator C, class W = T>
+template <class T, MemorySpace S, AsyncCommunicator C, class W = InPlace>
 class BucketReducer {
   using wire_t = BucketWire<T, W, S>;
-  using wire_value = typename wire_t::value_type;
   static_assert(detail::check_bucket_wire<wire_t, T, S>(), "BucketReducer: BucketWire<T, W, S> is not a wire");
+  using wire_value = typename wire_t::value_type;
   static_assert(std::same_as<wire_value, T> || HalfCommunicator<C>,
                 "BucketReducer: buckets that travel as bfloat16/float16 need a backend that moves them "
                 "(HalfCommunicator: ThreadsBackend, MpiBackend, NcclBackend)");

@@ -1,5 +1,5 @@
 // BucketWire<T, W, S>: how a gradient bucket travels in BucketReducer. W names the wire format:
-//  - W == T: the bucket's gradients are all-reduced in place with kAvg;
+//  - W = InPlace: the bucket's gradients are all-reduced in place with kAvg;
 //  - W a 16-bit float (bfloat16, float16): the gradients are cast into the lent buffer (below) scaled by 1/world
 //    first (so float16's range holds the sum, as PyTorch's fp16 hook does), summed with kSum, and cast back. Half the
 //    bytes of a float bucket on the wire;
@@ -89,9 +89,17 @@ concept StatefulWire = requires(Wire& w, Wire const& cw, WireState<T> const& st)
   w.load_state(st, WireStateFrom::kThisRank);
 };
 
-// In place, averaged by the backend.
+// The wire format tags. A tag without a BucketWire specialisation is an incomplete type: the reducer refuses it.
 template <class T, class W, MemorySpace S>
-class BucketWire {
+class BucketWire;
+
+// In place, averaged by the backend (the AverageAllReduce policy).
+struct InPlace {
+  static constexpr std::string_view policy_name = "AverageAllReduce";
+};
+
+template <class T, MemorySpace S>
+class BucketWire<T, InPlace, S> {
  public:
   using value_type = T;
   using config = NoWireConfig;
@@ -153,7 +161,9 @@ class BucketWire<T, W, S> {
 // the ZeroRedundancyOptimizer built from the DDP reduces each rank's slices straight from every rank's
 // gradients into its update. `reduces_gradients = false` tells the reducer to leave the gradients alone (no
 // micro-batch division: the optimizer does it with the reduction).
-struct StatusOnly {};
+struct StatusOnly {
+  static constexpr std::string_view policy_name = "OwnerReduce";
+};
 
 template <class T, MemorySpace S>
 class BucketWire<T, StatusOnly, S> {
@@ -203,7 +213,7 @@ namespace detail {
 // One static_assert per member of BucketWireFormat, so that the compiler names the one a wire lacks. True when Wire
 // is a BucketWireFormat.
 template <class Wire, class T, class S>
-constexpr bool check_bucket_wire() {
+constexpr bool check_bucket_wire_members() {
   constexpr bool typed = requires {
     typename Wire::value_type;
     typename Wire::config;
@@ -247,6 +257,18 @@ constexpr bool check_bucket_wire() {
         "BucketWireFormat: the wire has no bytes() const returning std::int64_t (what one rank sends per round)");
   }
   return BucketWireFormat<Wire, T, S>;
+}
+
+template <class Wire, class T, class S>
+constexpr bool check_bucket_wire() {
+  constexpr bool defined = requires { sizeof(Wire); };
+  static_assert(defined,
+                "BucketWireFormat: there is no BucketWire<T, W, S> specialisation for this wire tag W, gradient type T "
+                "and memory space S (bucket/wire.hpp; examples/07_custom_wire.cpp writes one)");
+  if constexpr (defined)
+    return check_bucket_wire_members<Wire, T, S>();
+  else
+    return false;
 }
 
 }  // namespace detail

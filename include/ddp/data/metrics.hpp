@@ -43,8 +43,6 @@ struct Counts {
 // One rank's share of an epoch's train loss so far: what basic_trainer's loss meter (train/loss_meter.hpp) has
 // added up, and what a checkpoint taken mid-epoch carries so that the resumed run reports the whole epoch's loss.
 struct EpochLoss {
-  double step_loss_sum = 0;      // this rank's mean loss of each step that stepped, added in step order
-  std::int64_t steps = 0;        // how many steps that is
   Counts train{};                // per-sample losses (loss_sum, total; correct stays 0)
   double exact_total = 0;        // world-size-invariant reductions: every rank's micro-batch losses so far, added in
   std::int64_t exact_count = 0;  // the global batch's order (the same on every rank), and how many

@@ -3,7 +3,7 @@
 // micro-batch count, for any bucket plan, on every host backend (threads, MPI). Guarantee, costs and what it
 // refuses (per-rank dropout seeds, unequal shares, BatchNorm in training mode): docs/deterministic.md.
 //
-//   DeterministicDataParallel<Model, Comm> ddp(model, comm, {}, SizeCapped{}, ExactSum{}, MicroBatches{.count = 8});
+//   DeterministicDataParallel<Model, Comm> ddp(model, comm, {}, {.batching = {.count = 8}});
 //   for (auto const& mb : ddp.micro_batches(x, y, {.step = global_step})) backward(loss(ddp(mb), mb.y));
 //
 // Each rank's x is its contiguous share of the global batch (GlobalBatchSampler gives that split).

@@ -58,13 +58,13 @@ class DistributedDataParallel : detail::HookSite {
 
   static_assert(detail::types_compose<T, S, C, reducer_t>());  // composition.hpp: each refusal names the fix
 
-  DistributedDataParallel(M& model, C& comm, DdpOptions opts = {}, B bucketer = {}, R reduction = {}, Bt batching = {})
+  DistributedDataParallel(M& model, C& comm, DdpOptions opts = {}, DdpPolicies<B, R, Bt> policies = {})
       : model_(&model),
         comm_(&comm),
         opts_(opts),
-        bucketer_(std::move(bucketer)),
-        reduction_(reduction),
-        batching_(batching),
+        bucketer_(std::move(policies.bucketer)),
+        reduction_(policies.reduction),
+        batching_(policies.batching),
         per_rank_(batching_.per_rank(comm.world_size())) {
     auto const params = nn::ParameterArena<T, S>::trainable(model.named_parameters());
     int const world = comm.world_size();

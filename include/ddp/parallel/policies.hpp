@@ -4,6 +4,7 @@
 //  - a batching policy: how a rank's share of a step is computed (one forward/backward, or a fixed number of
 //    micro-batches).
 // Each is a small value that names itself for logs; the reduction names the stage class that does the work.
+// DdpPolicies (at the end) carries all three to DistributedDataParallel's constructor.
 #pragma once
 
 #include <concepts>
@@ -12,62 +13,69 @@
 #include <string>
 
 #include "ddp/bucket/exact_reducer.hpp"
+#include "ddp/bucket/plan.hpp"
 #include "ddp/bucket/powersgd.hpp"
 #include "ddp/bucket/reducer.hpp"
 #include "ddp/error.hpp"
 
 namespace ddp {
 
-// Reduction: each bucket is all-reduced with ReduceOp::kAvg as soon as backward completes it, overlapping the
-// rest of backward, in place in the gradient arena (BucketReducer). Bitwise identical on every rank when the
-// backend's all-reduce is (threads, MPI); another world size or bucket plan sums in another order.
-struct AverageAllReduce {
+namespace detail {
+// The name a WireReduction<W, Config> logs: a 16-bit float's "CompressedAllReduce<bfloat16>", else the tag's
+// policy_name (a string, or a function of the config).
+template <class W, class Config>
+std::string wire_policy_name(Config const& config) {
+  if constexpr (HalfFloat<W>)
+    return cat("CompressedAllReduce<", W::name, ">");
+  else if constexpr (requires { W::policy_name(config); })
+    return W::policy_name(config);
+  else
+    return std::string(W::policy_name);
+}
+}  // namespace detail
+
+// Reduction through a bucket wire: BucketReducer<T, S, C, W> launches each bucket's collectives as soon as backward
+// completes the bucket, overlapping the rest of backward, and the wire W (bucket/wire.hpp) says what travels.
+// `options` are the wire's (W's config). The bucket cap counts gradient bytes, as PyTorch's does; none of these is
+// world-size-invariant. A wire of your own is a tag plus a BucketWire specialisation (examples/07_custom_wire.cpp),
+// and WireReduction<YourTag> is its policy; the tag names it (static policy_name).
+template <class W, class Config = NoWireConfig>
+struct WireReduction {
+  Config options{};
   template <class T, MemorySpace S, AsyncCommunicator C>
-  using stage = BucketReducer<T, S, C>;
+  using stage = BucketReducer<T, S, C, W>;
   // Bytes per gradient element the bucket plan is cut for.
   template <class T>
   static constexpr std::size_t element_bytes = sizeof(T);
   // Whether the reduced gradients are the same bits for every world size dividing the micro-batch count.
   static constexpr bool world_size_invariant = false;
-  std::string name() const { return "AverageAllReduce"; }
+  // Whether the stage leaves the reduced gradients in the arena (OwnerReduce's wire does not: the optimizer reduces).
+  static constexpr bool reduces_gradients = !std::same_as<W, StatusOnly>;
+  Config wire_config() const noexcept { return options; }
+  std::string name() const { return detail::wire_policy_name<W>(options); }
 };
+
+// Reduction: each bucket is all-reduced with ReduceOp::kAvg in place in the gradient arena. Bitwise identical on
+// every rank when the backend's all-reduce is (threads, MPI); another world size or bucket plan sums in another
+// order.
+using AverageAllReduce = WireReduction<InPlace>;
 
 // Reduction: AverageAllReduce with each bucket cast to a 16-bit float on the wire (H = bfloat16 or float16;
 // bucket/wire.hpp), half the bytes of float gradients: gradients scaled by 1/world, cast, summed, cast back. How
 // the backends add (comm/communicator.hpp): threads and MPI's shared-memory all-reduce in float, rounded once;
 // MPI_Allreduce and NCCL pairwise in H. The optimizer sees float gradients rounded to H's precision (bfloat16:
 // 8 bits, float16: 11 bits, and float16 saturates to Inf past 65504 * world: NonFinite catches it). PyTorch's
-// fp16_compress_hook / bf16_compress_hook. Not world-size-invariant.
+// fp16_compress_hook / bf16_compress_hook.
 template <HalfFloat H>
-struct CompressedAllReduce {
-  template <class T, MemorySpace S, AsyncCommunicator C>
-  using stage = BucketReducer<T, S, C, H>;
-  template <class T>
-  static constexpr std::size_t element_bytes = sizeof(T);  // the cap counts gradient bytes, as PyTorch's
-  static constexpr bool world_size_invariant = false;
-  std::string name() const { return detail::cat("CompressedAllReduce<", H::name, ">"); }
-};
+using CompressedAllReduce = WireReduction<H>;
 using Bf16AllReduce = CompressedAllReduce<bfloat16>;
 using Fp16AllReduce = CompressedAllReduce<float16>;
 
 // Reduction: PowerSGD (bucket/powersgd.hpp), PyTorch's powerSGD_hook: after `options.warmup_steps` plain rounds, each
 // large matrix gradient travels as rank-r factors P and Q (two all-reduces per bucket), with error feedback and warm
 // start; vectors and small matrices go uncompressed in the bucket's first piece. On the main job at rank 2, 1/60
-// (CNN) to 1/67 (MLP) of float's bytes per compressed round (bench/RESULTS.md). Lossy and not world-size-invariant: deterministic mode refuses it.
-struct PowerSgd {
-  PowerSgdOptions options{};
-  template <class T, MemorySpace S, AsyncCommunicator C>
-  using stage = BucketReducer<T, S, C, LowRank>;
-  template <class T>
-  static constexpr std::size_t element_bytes = sizeof(T);
-  static constexpr bool world_size_invariant = false;
-  PowerSgdOptions wire_config() const noexcept { return options; }
-  std::string name() const {
-    return detail::cat("PowerSgd{rank=", options.rank, ", warmup=", options.warmup_steps,
-                       options.error_feedback ? "" : ", no error feedback", options.warm_start ? "" : ", no warm start",
-                       "}");
-  }
-};
+// (CNN) to 1/67 (MLP) of float's bytes per compressed round (bench/RESULTS.md). Lossy: deterministic mode refuses it.
+using PowerSgd = WireReduction<LowRank, PowerSgdOptions>;
 
 // Reduction: each bucket's gradients stay where backward wrote them and only its status words are all-reduced
 // (the desync and unused-parameter checks are unchanged). The ZeroRedundancyOptimizer built from the DDP (stage 1
@@ -80,16 +88,7 @@ struct PowerSgd {
 // step each rank's gradients hold the reduced values in its own slices and its local gradients elsewhere, so
 // anything that reads whole gradients between backward and step() (clip_grad_norm, GradScaler, DdpOptions::
 // non_finite, ddp::join) does not compose with it; DistributedDataParallel refuses a non-finite check.
-struct OwnerReduce {
-  template <class T, MemorySpace S, AsyncCommunicator C>
-  using stage = BucketReducer<T, S, C, StatusOnly>;
-  template <class T>
-  static constexpr std::size_t element_bytes = sizeof(T);
-  static constexpr bool world_size_invariant = false;
-  // The gradients are reduced by the optimizer, not by the stage.
-  static constexpr bool reduces_gradients = false;
-  std::string name() const { return "OwnerReduce"; }
-};
+using OwnerReduce = WireReduction<StatusOnly>;
 
 // Reduction of deterministic mode: the round's micro-batch gradients are added exactly, as integers, once
 // backward is over (ExactReducer; docs/deterministic.md). Bitwise identical for every world size that divides
@@ -167,5 +166,17 @@ auto wire_config(R const& r) {
 }
 }  // namespace detail
 static_assert(BatchingPolicy<OnePass> && BatchingPolicy<MicroBatches>);
+
+// The policies of one DistributedDataParallel, as one value with designated initializers (the ones left out keep
+// their defaults):
+//   DistributedDataParallel ddp(model, comm, {}, {.bucketer = SizeCapped{{.cap_bytes = 1 << 20}}});
+//   DistributedDataParallel det(model, comm, {}, DdpPolicies{.reduction = ExactSum{}, .batching = MicroBatches{8}});
+// (the type is deduced from a DdpPolicies{...} argument; a bare {...} initializes the defaults' types).
+template <GradientBucketer B = SizeCapped, ReductionPolicy R = AverageAllReduce, BatchingPolicy Bt = OnePass>
+struct DdpPolicies {
+  B bucketer{};
+  R reduction{};
+  Bt batching{};
+};
 
 }  // namespace ddp

@@ -431,13 +431,8 @@ template <Communicator C>
 std::vector<EpochLoss> gather_epoch_loss(C& comm, std::optional<EpochLoss> const& mine) {
   if (!mine) return {};
   auto words = [](EpochLoss const& l) {
-    return std::array<std::int64_t, 7>{std::bit_cast<std::int64_t>(l.step_loss_sum),
-                                       l.steps,
-                                       l.train.correct,
-                                       l.train.total,
-                                       std::bit_cast<std::int64_t>(l.train.loss_sum),
-                                       std::bit_cast<std::int64_t>(l.exact_total),
-                                       l.exact_count};
+    return std::array<std::int64_t, 5>{l.train.correct, l.train.total, std::bit_cast<std::int64_t>(l.train.loss_sum),
+                                       std::bit_cast<std::int64_t>(l.exact_total), l.exact_count};
   };
   int const n = comm.world_size();
   auto const w = words(*mine);
@@ -451,33 +446,21 @@ std::vector<EpochLoss> gather_epoch_loss(C& comm, std::optional<EpochLoss> const
   std::vector<EpochLoss> out;
   for (int r = 0; r < n; ++r) {
     std::int64_t const* x = all.data() + static_cast<std::size_t>(r) * w.size();
-    out.push_back({.step_loss_sum = std::bit_cast<double>(x[0]),
-                   .steps = x[1],
-                   .train = {.correct = x[2], .total = x[3], .loss_sum = std::bit_cast<double>(x[4])},
-                   .exact_total = std::bit_cast<double>(x[5]),
-                   .exact_count = x[6]});
+    out.push_back({.train = {.correct = x[0], .total = x[1], .loss_sum = std::bit_cast<double>(x[2])},
+                   .exact_total = std::bit_cast<double>(x[3]),
+                   .exact_count = x[4]});
   }
   return out;
 }
 
-// This rank's share of a file's epoch loss: its own at the world size that wrote it. At another, rank 0 takes it all
-// and the others nothing: the per-sample counts summed, and the step losses as W_new / W_old times their sum (the
-// epoch's mean loss is the average over ranks of each rank's step-loss sum, divided by the average count, so this
-// keeps the old steps' weight); the exact total, the same on every rank, stays everywhere.
+// This rank's share of a file's epoch loss: its own at the world size that wrote it. At another, rank 0 takes the
+// per-sample counts summed and the others nothing; the exact total, the same on every rank, stays everywhere.
 inline std::optional<EpochLoss> epoch_loss_for(std::vector<EpochLoss> const& file, RankOf at) {
   if (file.empty()) return std::nullopt;
   if (file.size() == static_cast<std::size_t>(at.world_size)) return file[static_cast<std::size_t>(at.rank)];
   EpochLoss mine{.exact_total = file[0].exact_total, .exact_count = file[0].exact_count};
   if (at.rank != 0) return mine;
-  double sum = 0, steps = 0;
-  for (auto const& l : file) {
-    sum += l.step_loss_sum;
-    steps += static_cast<double>(l.steps);
-    mine.train += l.train;
-  }
-  double const scale = static_cast<double>(at.world_size) / static_cast<double>(file.size());
-  mine.step_loss_sum = sum * scale;
-  mine.steps = static_cast<std::int64_t>(std::llround(steps * scale));
+  for (auto const& l : file) mine.train += l.train;
   return mine;
 }
 

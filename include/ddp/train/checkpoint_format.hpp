@@ -48,8 +48,9 @@ static_assert(std::endian::native == std::endian::little,
 //     WIRE  optional: what the gradient wire carries between rounds (PowerSGD): string kind, u32 l, l × i64 layout,
 //           u32 c, c × i64 counters, u32 ranks, u64 v, ranks × v elements (each rank's values, rank-major);
 //           absent for a wire without state
-//     LOSS  optional: the epoch's train loss so far, taken mid-epoch: u32 ranks, ranks × (f64 step loss sum,
-//           i64 steps, i64 correct, i64 total, f64 loss sum, f64 exact total, i64 exact count) (EpochLoss)
+//     ELOS  optional: the epoch's train loss so far, taken mid-epoch: u32 ranks, ranks × (i64 correct, i64 total,
+//           f64 loss sum, f64 exact total, i64 exact count) (EpochLoss). Files written before 2026-12 have LOSS
+//           instead, the same with an f64 step loss sum and an i64 step count first (read, those two dropped)
 //   tensors: u32 n, n × (string name, shape, numel elements); shape: u32 rank, rank × i64 dims;
 //   strings: u32 length + bytes. Unknown sections are skipped (a reader of version 2 ignores additions).
 // Version 1 (until 2026-11) kept the optimizer's state as flat buffers in the writer's arena layout, which
@@ -381,11 +382,9 @@ std::string encode_checkpoint(CheckpointData<T> const& c) {
       s.put(c.loss_scale->growth_tracker);
     });
   if (!c.epoch_loss.empty())
-    section(fourcc("LOSS"), [&](detail::ByteWriter& s) {
+    section(fourcc("ELOS"), [&](detail::ByteWriter& s) {
       s.put(static_cast<std::uint32_t>(c.epoch_loss.size()));
       for (auto const& l : c.epoch_loss) {
-        s.put(l.step_loss_sum);
-        s.put(l.steps);
         s.put(l.train.correct);
         s.put(l.train.total);
         s.put(l.train.loss_sum);
@@ -631,20 +630,21 @@ CheckpointData<T> decode_checkpoint(std::string_view bytes, std::string const& f
     s.expect_end();
     c.loss_scale = st;
   }
-  if (has("LOSS")) {
-    detail::ByteReader s = find("LOSS");
+  if (has("ELOS") || has("LOSS")) {
+    bool const old = !has("ELOS");  // LOSS: two leading step fields, no longer kept
+    detail::ByteReader s = find(old ? "LOSS" : "ELOS");
     auto const nr = detail::checked_count(s, "the number of ranks", s.get<std::uint32_t>(), kCheckpointMaxRanks);
-    s.need_elements(nr, 56, "epoch loss records");
+    s.need_elements(nr, old ? 56 : 40, "epoch loss records");
     for (std::int64_t rank = 0; rank < nr; ++rank) {
       EpochLoss l;
-      l.step_loss_sum = s.get<double>();
-      l.steps = detail::checked_count(s, "steps", s.get<std::int64_t>());
+      if (old && (!std::isfinite(s.get<double>()) || s.get<std::int64_t>() < 0))
+        s.fail("rank ", rank, "'s step loss sum or step count is invalid");
       l.train.correct = detail::checked_count(s, "correct", s.get<std::int64_t>());
       l.train.total = detail::checked_count(s, "total", s.get<std::int64_t>());
       l.train.loss_sum = s.get<double>();
       l.exact_total = s.get<double>();
       l.exact_count = detail::checked_count(s, "exact count", s.get<std::int64_t>());
-      if (!std::isfinite(l.step_loss_sum) || !std::isfinite(l.train.loss_sum) || !std::isfinite(l.exact_total))
+      if (!std::isfinite(l.train.loss_sum) || !std::isfinite(l.exact_total))
         s.fail("rank ", rank, "'s epoch loss is not finite");
       c.epoch_loss.push_back(l);
     }

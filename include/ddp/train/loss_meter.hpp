@@ -25,12 +25,6 @@ struct LossMeterOptions {
   std::int64_t micro_batches_per_rank = 0;  // 0: not kept
 };
 
-// What finish() gives: the epoch's mean loss over ranks and steps, and its per-sample counts over all ranks.
-struct EpochLossResult {
-  double mean_loss = 0;
-  Counts train{};
-};
-
 template <class T, MemorySpace S>
 class basic_loss_meter {
  public:
@@ -97,27 +91,20 @@ class basic_loss_meter {
     return s;
   }
 
-  // The epoch over all ranks: collective (all-reduces; an all-gather for world-size-invariant reductions).
+  // The epoch's per-sample counts over all ranks (Counts::mean_loss() is the epoch's train loss): collective
+  // (all-reduces; an all-gather for world-size-invariant reductions, whose loss sum is then the exact mean of every
+  // micro-batch's loss, added in the global batch's order, times the sample count: the same bits at every world size).
   template <Communicator C>
-  EpochLossResult finish(C& comm) {
+  Counts finish(C& comm) {
     read();
-    EpochLossResult r{.train = all_reduce_counts(comm, sum_.train)};
-    std::vector<double> sum{sum_.step_loss_sum};
-    host_all_reduce(comm, std::span<double>(sum), ReduceOp::kAvg);
-    // Steps counted per rank, on average: exactly the steps taken when every rank counted them all.
-    std::vector<std::int64_t> counted{sum_.steps};
-    host_all_reduce(comm, std::span<std::int64_t>(counted), ReduceOp::kSum);
-    double const mean_steps = double(counted[0]) / double(comm.world_size());
-    r.mean_loss = counted[0] ? sum[0] / mean_steps : 0.0;
+    Counts train = all_reduce_counts(comm, sum_.train);
     if (opts_.micro_batches_per_rank > 0) {
       EpochLoss all = sum_;
       add_in_global_order(comm, all);
-      if (all.exact_count > 0) {
-        r.mean_loss = all.exact_total / static_cast<double>(all.exact_count);
-        r.train.loss_sum = r.mean_loss * static_cast<double>(r.train.total);
-      }
+      if (all.exact_count > 0)
+        train.loss_sum = all.exact_total / static_cast<double>(all.exact_count) * static_cast<double>(train.total);
     }
-    return r;
+    return train;
   }
 
  private:
@@ -133,11 +120,7 @@ class basic_loss_meter {
       if (opts_.micro_batches_per_rank > 0) micro_.push_back(items[i]);
     }
     lv /= static_cast<double>(parts);
-    if (stepped) {  // a skipped step's loss is not counted (it may be the Inf that caused it)
-      sum_.train.add_batch(0, batch_size, lv);
-      sum_.step_loss_sum += lv;
-      ++sum_.steps;
-    }
+    if (stepped) sum_.train.add_batch(0, batch_size, lv);  // not a skipped step's (it may be the Inf that caused it)
     return lv;
   }
 

@@ -106,10 +106,9 @@ struct StepHooks {
 struct EpochResult {
   std::int64_t epoch = 0;
   std::int64_t steps = 0;     // steps taken by this call, with this rank's own batches
-  double mean_loss = 0;       // over ranks and steps (each step's mean loss, averaged; skipped steps left out),
-                              // EpochStart::loss's steps included
   double seconds = 0;         // wall time of the steps (hooks included; sampler set-up and reductions excluded)
-  Counts train{};             // per-sample train loss over all ranks: loss_sum and total (correct is 0), likewise
+  Counts train{};             // the train loss over all ranks, per sample (train.mean_loss(); correct is 0): skipped
+                              // steps left out, EpochStart::loss's steps included
   std::int64_t end_step = 0;  // the epoch's steps done after this call (EpochStart::step + the most any rank took)
   std::int64_t steps_in_epoch = 0;  // the most batches any rank has this epoch
   std::int64_t global_step = 0;     // synchronised steps taken after this call (skipped ones included)
@@ -119,9 +118,6 @@ struct EpochResult {
   bool stopped = false;             // an after_step hook returned StepControl::kStop (on this rank)
   bool complete() const noexcept { return end_step == steps_in_epoch; }
 };
-
-// Per-step callback: (epoch, step, steps_in_epoch, this rank's loss).
-using StepCallback = std::function<void(std::int64_t, std::int64_t, std::int64_t, double)>;
 
 // Any composition of DistributedDataParallel (parallel/policies.hpp) trains through the same loop. A
 // world-size-invariant reduction (ExactSum: deterministic mode) takes its batches from GlobalBatchSampler (each
@@ -139,12 +135,12 @@ class basic_trainer {
   using V = Variable<typename M::value_type, S>;
   using ddp_type = DistributedDataParallel<M, C, B, R, Bt>;
 
-  basic_trainer(M& model, C& comm, typename O::options_type opt, TrainerOptions opts = {}, B bucketer = {},
-                R reduction = {}, Bt batching = {})
+  basic_trainer(M& model, C& comm, typename O::options_type opt, TrainerOptions opts = {},
+                DdpPolicies<B, R, Bt> policies = {})
       : comm_(&comm),
         opts_(checked(opts)),
         batch_(rank_batch(opts, comm.world_size())),
-        ddp_(model, comm, opts.ddp, std::move(bucketer), reduction, batching),
+        ddp_(model, comm, opts.ddp, std::move(policies)),
         opt_(detail::make_optimizer<O>(ddp_, opt)) {
     // Both read the whole averaged gradients before the step: attached as such, they are refused where the
     // composition cannot give them (composition.hpp).
@@ -155,27 +151,15 @@ class basic_trainer {
     if (opts_.loss_scaling) scaler_.emplace(ddp_.parameters(), *opts_.loss_scaling);
   }
 
-  // One whole epoch over `data` (each rank its DistributedSampler share). loss(output, batch) -> scalar Var.
-  // Batches are host tensors. For a device model the inputs and targets are uploaded without the host waiting
-  // (to_space_async), so the loss gets device targets; to_space<S>(batch.y) in it is then no copy.
-  template <Dataset D, class LossFn>
-  EpochResult fit_epoch(D const& data, std::int64_t epoch, LossFn&& loss, StepCallback const& on_step = {}) {
-    StepHooks hooks;
-    if (on_step)
-      hooks.after_step = [&](StepPosition const& p, double l) {
-        on_step(p.epoch, p.step - 1, p.steps_in_epoch, l);
-        return StepControl::kContinue;
-      };
-    return fit_epoch(data, EpochStart{.epoch = epoch}, std::forward<LossFn>(loss), hooks);
-  }
-
-  // The epoch from `start` to its end, or until an after_step hook returns kStop. Collective: every rank
-  // calls it with the same start. The step loop is the explicit one: before_step, zero_grad, forward, loss,
+  // The epoch from `start` to its end ({.epoch = e}: a whole epoch, each rank its DistributedSampler share), or
+  // until an after_step hook returns kStop. loss(output, batch) -> scalar Var. Batches are host tensors; for a device
+  // model the inputs and targets are uploaded without the host waiting (to_space_async), so the loss gets device
+  // targets (to_space<S>(batch.y) in it is then no copy). Collective: every rank calls it with the same start. The step loop is the explicit one: before_step, zero_grad, forward, loss,
   // backward (DDP averages the gradients), optimizer step (unless DDP skipped the step), after_step.
   // First every rank's batch count is exchanged (one all-gather of a word per rank): unequal counts are a
   // DdpError on every rank naming them (EpochSplit::kPad), or the epoch runs inside ddp::join (kJoin).
   template <Dataset D, class LossFn>
-  EpochResult fit_epoch(D const& data, EpochStart const& start, LossFn&& loss, StepHooks const& hooks) {
+  EpochResult fit_epoch(D const& data, EpochStart const& start, LossFn&& loss, StepHooks const& hooks = {}) {
     DataLoader loader(data, epoch_indices(data.size(), start.epoch),
                       {.batch_size = batch_, .drop_last = invariant || opts_.drop_last});
     Batches const batches = agree_on_batches(loader.num_batches(), start);
@@ -220,9 +204,7 @@ class basic_trainer {
     r.end_step = start.step + rounds;
     r.global_step = start.global_step + rounds;
     r.skipped_steps = (scaler_ ? scaler_->skipped_steps() : ddp_.skipped_steps()) - skipped_before;
-    auto const totals = meter_->finish(*comm_);
-    r.mean_loss = totals.mean_loss;
-    r.train = totals.train;
+    r.train = meter_->finish(*comm_);
     return r;
   }
 

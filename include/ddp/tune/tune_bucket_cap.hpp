@@ -170,7 +170,7 @@ TunedBucketCap tune_bucket_cap(M& model, C& comm, LossOf&& loss_of, TuneOptions 
   std::vector<double> stamps(static_cast<std::size_t>(opts.steps) * row, 0);
   std::vector<double> probe_times(static_cast<std::size_t>(opts.steps) * probe_sizes.size(), 0);  // [step][size]
   {
-    DistributedDataParallel<M, C> ddp(model, comm, opts.ddp, SizeCapped{});
+    DistributedDataParallel<M, C> ddp(model, comm, opts.ddp);
     Clock::time_point backward_start;
     std::vector<double> ready(np, 0);
     for (std::size_t i = 0; i < np; ++i) {
