@@ -17,6 +17,7 @@
 #include "examples/common/fashion_mnist_job.hpp"
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
+#include "examples/common/local_rounds.hpp"
 #include "examples/common/reduction.hpp"
 
 #if defined(__CUDACC__)  // the fashion_mnist_cuda target: device tensors on Thrust's CUDA system, NCCL
@@ -76,6 +77,7 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("limit-train", "0", "use only the first N training images (0: all 60000)")
       .add("limit-test", "0", "use only the first N test images (0: all 10000)");
   examples::add_reduction_flags(f);
+  examples::add_local_flags(f);
   if (!f.parse(argc, argv)) return std::nullopt;
   Config c;
   c.model = f.choice("model", {"cnn", "mlp"});
@@ -114,6 +116,12 @@ std::optional<Config> parse(int argc, char** argv) {
   c.max_steps = f.at_least("max-steps", 0);
   c.reduction =
       examples::reduction_choice(f, c.backend == examples::Backend::kThreads ? c.world_size : 0, c.global_batch);
+  c.local = examples::local_choice(f, c.reduction);
+  if (c.local.on() && (c.device == "cuda" || f.is_set("checkpoint") || f.is_set("resume")))
+    throw ArgumentError(detail::cat("fashion_mnist: ", c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
+                                    c.device == "cuda" ? " runs on host tensors in this program; drop --device cuda"
+                                                       : " with --checkpoint or --resume: checkpoints do not hold the "
+                                                         "period's position or DiLoCo's kept weights yet; drop one"));
   if (c.device == "cuda" && c.reduction.zero == 2)
     throw ArgumentError(
         "fashion_mnist: --zero 2 releases the gradient pages outside each rank's slices, which needs host memory; "

@@ -25,6 +25,7 @@
 #include <ddp/train/svg_plot.hpp>
 
 #include "examples/common/launch.hpp"
+#include "examples/common/local_rounds.hpp"
 #include "examples/common/models.hpp"
 #include "examples/common/reduction.hpp"
 #include "examples/common/report.hpp"
@@ -47,6 +48,7 @@ struct Config {
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
                max_steps = 0;
   examples::ReductionChoice reduction{};  // --deterministic, --micro-batches, --comm-hook
+  examples::LocalChoice local{};          // --local-sgd, --diloco
   double lr = 1e-3, bucket_cap_mb = 25;
   std::optional<double> clip_grad_norm;  // --clip-grad-norm: nn::clip_grad_norm before each optimizer step
   bool auto_cap = false;                 // --bucket-cap-mb auto: tune_bucket_cap chooses it before training
@@ -234,12 +236,15 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   else if (!stopped)
     std::printf("nothing to train: the checkpoint is already at epoch %lld of %lld\n",
                 static_cast<long long>(pos.epoch), static_cast<long long>(cfg.epochs));
-  if (cfg.reduction.zero >= 1) {  // what this rank's gradient pages hold between steps (resident, measured)
-    auto const& zero = t.optimizer().optimizer();
-    std::printf("ZeRO-%d: rank 0 keeps %lld of %lld gradient bytes between steps (%.3f; 1/%d is %.3f)\n",
-                cfg.reduction.zero, static_cast<long long>(zero.gradient_bytes()),
-                static_cast<long long>(zero.unsharded_gradient_bytes()),
-                double(zero.gradient_bytes()) / double(zero.unsharded_gradient_bytes()), world, 1.0 / world);
+  if constexpr (requires { opt.bytes_sent(); }) print_local_bytes(opt, t.ddp().wire_bytes());
+  if constexpr (requires { t.optimizer().optimizer().gradient_bytes(); }) {
+    if (cfg.reduction.zero >= 1) {  // what this rank's gradient pages hold between steps (resident, measured)
+      auto const& zero = t.optimizer().optimizer();
+      std::printf("ZeRO-%d: rank 0 keeps %lld of %lld gradient bytes between steps (%.3f; 1/%d is %.3f)\n",
+                  cfg.reduction.zero, static_cast<long long>(zero.gradient_bytes()),
+                  static_cast<long long>(zero.unsharded_gradient_bytes()),
+                  double(zero.gradient_bytes()) / double(zero.unsharded_gradient_bytes()), world, 1.0 / world);
+    }
   }
   if (cfg.reduction.deterministic)
     std::printf("weights: %s (FNV-1a 64 of the final parameters; the same for every world size dividing %lld)\n",
@@ -290,6 +295,34 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         opts, {.bucketer = bucketer, .reduction = reduction, .batching = batching});
     train(t, net, timeline, cfg, train_set, test_set);
   };
+  // --local-sgd, --diloco: the optimizer under LocalSgd or DiLoCo, on the default reduction (host tensors).
+  auto go_local = [&]<optim::Optimizer O>(std::type_identity<O>, typename O::options_type const& o) {
+    auto const train_with = [&]<class Opt>(std::type_identity<Opt>, typename Opt::options_type const& lo) {
+      basic_trainer<nn::AnySequential<float, S>, Comm, Opt> t(net.seq, comm, lo, opts, {.bucketer = bucketer});
+      train(t, net, timeline, cfg, train_set, test_set);
+    };
+    auto const& l = cfg.local;
+    if (l.local_sgd > 0)
+      train_with(
+          std::type_identity<LocalSgd<O, Comm>>{},
+          {.optimizer = o,
+           .local = {.period = l.local_sgd, .warmup_steps = l.warmup, .average_optimizer_state = l.average_state}});
+    else
+      train_with(
+          std::type_identity<DiLoCo<O, Comm>>{},
+          {.optimizer = o, .outer = {.period = l.diloco, .outer_lr = l.outer_lr, .outer_momentum = l.outer_momentum}});
+  };
+  if constexpr (std::same_as<S, HostSpace>) {
+    if (cfg.local.on()) {
+      if (cfg.optimizer == "adamw")
+        go_local(std::type_identity<optim::basic_adamw<float, S>>{}, {.lr = cfg.lr});
+      else if (cfg.optimizer == "adam")
+        go_local(std::type_identity<optim::basic_adam_l2<float, S>>{}, {.lr = cfg.lr});
+      else
+        go_local(std::type_identity<optim::basic_sgd<float, S>>{}, {.lr = cfg.lr, .momentum = 0.9});
+      return;
+    }
+  }
   if (cfg.reduction.deterministic)  // one counter stream per dropout layer, the same on every rank: masks are
     for (std::size_t k = 0; k < net.dropouts.size(); ++k)  // keyed by the sample
       net.dropouts[k].generator().seed(static_cast<std::uint64_t>(cfg.seed), examples::mix(k + 1));

@@ -158,11 +158,54 @@ TEST_CASE("composition rule whole-owner: clipping or loss scaling under OwnerRed
   });
 }
 
+TEST_CASE("composition rule local-alone: local rounds with a hook that takes rounds, attached either way") {
+  spawn(2, [](ThreadsBackend& comm) {
+    using Local = LocalSgd<optim::SGD, ThreadsBackend>;
+    HookTraits const l{.name = "LocalSgd", .caps = Capability::kLocalRounds},
+        z = zero_traits(kSharded), o{.name = "OverlappedOptimizer", .caps = Capability::kUpdatesInBackward};
+    auto model = test::make_mlp(8, 16, 4, 5);
+    {  // ZeRO after local SGD
+      Plain ddp(model, comm);
+      std::string const want = refusal({.ddp = ddp.composition(), .attached = std::span(&l, 1), .attaching = &z});
+      REQUIRE(want.find("LocalSgd runs local steps in which nothing is reduced") != std::string::npos);
+      Local local(ddp, {.optimizer = {.lr = 0.1}});
+      CHECK(raised([&] { Zero zero(ddp, {.optimizer = {.lr = 0.1}}); }) == want);
+      CHECK(raised([&] { Local second(ddp, {.optimizer = {.lr = 0.1}}); }) ==
+            refusal({.ddp = ddp.composition(), .attached = std::span(&l, 1), .attaching = &l}));
+    }
+    {  // DiLoCo after an update in backward
+      Plain ddp(model, comm);
+      HookTraits const d{.name = "DiLoCo", .caps = Capability::kLocalRounds};
+      std::string const want = refusal({.ddp = ddp.composition(), .attached = std::span(&o, 1), .attaching = &d});
+      REQUIRE(want.find("does not compose with OverlappedOptimizer") != std::string::npos);
+      OverlappedOptimizer<optim::SGD> opt(ddp, {.optimizer = {.lr = 0.1}});
+      CHECK(raised([&] { DiLoCo<optim::SGD, ThreadsBackend> diloco(ddp, {.optimizer = {.lr = 0.1}}); }) == want);
+    }
+    {  // under OwnerReduce
+      Owner ddp(model, comm);
+      std::string const want = refusal({.ddp = ddp.composition(), .attaching = &l});
+      REQUIRE(want.find("does not compose with OwnerReduce") != std::string::npos);
+      CHECK(raised([&] { Local local(ddp, {.optimizer = {.lr = 0.1}}); }) == want);
+    }
+  });
+}
+
+TEST_CASE("composition rule local-exact: local rounds in deterministic mode") {
+  spawn(2, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 16, 4, 5);
+    DeterministicDataParallel<test::Mlp, ThreadsBackend> ddp(model, comm, {}, {.batching = {.count = 2}});
+    HookTraits const l{.name = "LocalSgd", .caps = Capability::kLocalRounds};
+    std::string const want = refusal({.ddp = ddp.composition(), .attaching = &l});
+    REQUIRE(want.find("an exact local SGD needs virtual replicas") != std::string::npos);
+    CHECK(raised([&] { LocalSgd<optim::SGD, ThreadsBackend> local(ddp, {.optimizer = {.lr = 0.1}}); }) == want);
+  });
+}
+
 TEST_CASE("composition: every rule has its test case above, and what composes is not refused") {
   std::set<std::string> ids;
   for (auto const& rule : kCompositionRules) CHECK(ids.insert(std::string(rule.id)).second);
   CHECK(ids == std::set<std::string>{"one-join", "join-sharded", "one-owner", "owner-unsharded", "owner-non-finite",
-                                     "owner-missing", "whole-overlapped", "whole-owner"});
+                                     "owner-missing", "whole-overlapped", "whole-owner", "local-alone", "local-exact"});
   spawn(2, [](ThreadsBackend& comm) {
     auto model = test::make_mlp(8, 16, 4, 5);
     {  // OwnerReduce with its ZeRO-1 optimizer, overlapped; a plain DDP with ZeRO-1, the overlapped update and a join
@@ -180,6 +223,13 @@ TEST_CASE("composition: every rule has its test case above, and what composes is
     CHECK(raised([&] {
             Trainer t(model3, comm, {.optimizer = {.lr = 0.1}, .overlap = {.update_at = UpdateAt::kStep}},
                       {.global_batch = 8, .clip_grad_norm = 1.0});
+          }).empty());
+    // Local SGD in the trainer, with clipping (each rank clips its own gradients in a local step).
+    using LocalTrainer = basic_trainer<test::Mlp, ThreadsBackend, LocalSgd<optim::SGD, ThreadsBackend>>;
+    auto model4 = test::make_mlp(8, 16, 4, 5);
+    CHECK(raised([&] {
+            LocalTrainer t(model4, comm, {.optimizer = {.lr = 0.1}, .local = {.period = 4}},
+                           {.global_batch = 8, .clip_grad_norm = 1.0});
           }).empty());
   });
 }

@@ -1,6 +1,6 @@
-// The DDP scenarios of ddp_cases.hpp (and the compressed, PowerSGD, ZeRO, overlapped and tied-parameter ones) as one
-// run over a backend whose ranks are processes: ddp_mpi_main.cpp (mpirun) and gloo_main.cpp (no MPI) call it. Throws
-// (via expect) on the first scenario that fails on this rank.
+// The DDP scenarios of ddp_cases.hpp (and the compressed, PowerSGD, ZeRO, overlapped, tied-parameter and local SGD
+// ones) as one run over a backend whose ranks are processes: ddp_mpi_main.cpp (mpirun) and gloo_main.cpp (no MPI)
+// call it. Throws (via expect) on the first scenario that fails on this rank.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 
 #include "test/parallel/compressed_cases.hpp"
 #include "test/parallel/ddp_cases.hpp"
+#include "test/parallel/local_sgd_cases.hpp"
 #include "test/parallel/overlapped_cases.hpp"
 #include "test/parallel/powersgd_cases.hpp"
 #include "test/parallel/tied_cases.hpp"
@@ -83,6 +84,11 @@ void ddp_suite(C& comm, HalfSum sum) {
   std::vector<std::int64_t> mine{static_cast<std::int64_t>(h)}, all(static_cast<std::size_t>(comm.world_size()));
   comm.all_gather(mine, all);
   for (auto x : all) ddp::test::expect(x == all[0], "collective sequences differ across ranks");
+  // Local SGD, post-local SGD and DiLoCo (parallel/local_sgd.hpp) against replicas trained by hand.
+  ddp::test::local_sgd_matches_replicas(comm, 3, 0, 7);
+  ddp::test::local_sgd_matches_replicas(comm, 2, 3, 8);
+  ddp::test::local_sgd_averages_state(comm);
+  ddp::test::diloco_matches_replicas(comm, 3, 7);
   if (comm.rank() == 0)
     std::printf("ddp %s tests passed on %d ranks (equivalence %.3g, %.3g; no_sync %.3g)\n",
                 std::string(C::backend_name).c_str(), comm.world_size(), eq, eq_small, ns);

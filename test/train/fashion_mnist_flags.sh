@@ -28,6 +28,15 @@ expect "--bucket-cap-mb must be in [0, 4096]" --bucket-cap-mb -1
 expect "--clip-grad-norm must be a positive number or off, got 'high'" --clip-grad-norm high
 expect "--clip-grad-norm must be a positive number or off, got '0'" --clip-grad-norm 0
 expect "--clip-grad-norm must be a positive number or off, got 'inf'" --clip-grad-norm inf
+expect "--local-sgd and --diloco: choose one" --local-sgd 4 --diloco 8
+expect "--local-sgd-warmup and --average-optimizer-state are for --local-sgd H" --local-sgd-warmup 3
+expect "--local-sgd-warmup and --average-optimizer-state are for --local-sgd H" --diloco 4 --average-optimizer-state
+expect "--outer-lr and --outer-momentum are for --diloco H" --outer-momentum 0.5
+expect "--outer-momentum must be in [0, 1), got 1" --diloco 8 --outer-momentum 1
+expect "--local-sgd must be at least 0, got -2" --local-sgd -2
+expect "--diloco with --deterministic" --diloco 4 --deterministic
+expect "drop --zero, --overlap-update and --comm-hook" --local-sgd 4 --zero 1
+expect "checkpoints do not hold the period's position" --local-sgd 4 --checkpoint x.ckpt
 expect "--calibration-cache is for --bucket-cap-mb auto" --calibration-cache /tmp/cal.txt
 expect "--bucket-cap-mb auto profiles host tensors" --bucket-cap-mb auto --deterministic true
 expect "flag --epochs needs a value" --epochs

@@ -104,6 +104,8 @@ class Round {
 
   std::int64_t rounds() const noexcept { return rounds_; }
   bool step_skipped() const noexcept { return step_skipped_; }
+  // A step without a round (a local step: parallel/local_sgd.hpp) skips nothing.
+  void local_step() noexcept { step_skipped_ = false; }
   std::int64_t skipped_steps() const noexcept { return skipped_steps_; }
   std::vector<std::string> const& non_finite_parameters() const noexcept { return non_finite_; }
 

@@ -115,6 +115,13 @@ constexpr bool check_reduction_stage() {
 
 // ", N bytes a step" when the stage says what its wire sends per round, else "".
 template <class St>
+std::int64_t stage_wire_byte_count(St const& st) {
+  if constexpr (requires { st.wire_bytes(); })
+    return static_cast<std::int64_t>(st.wire_bytes());
+  else
+    return 0;
+}
+template <class St>
 std::string stage_wire_bytes(St const& st) {
   if constexpr (requires { st.wire_bytes(); })
     return cat(", ", st.wire_bytes(), " bytes a step");

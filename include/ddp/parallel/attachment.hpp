@@ -23,6 +23,8 @@ enum class Capability : std::uint8_t {
   kReducesGradients = 4,      // reduces the gradients itself, in its step (the optimizer under OwnerReduce)
   kShardsState = 8,           // keeps one rank's share of the optimizer state: every rank must step (ZeRO stage >= 1)
   kNeedsWholeGradients = 16,  // reads every averaged gradient between backward and the step (clipping, loss scaling)
+  kLocalRounds = 32,          // decides before each round whether it is local: nothing travels and each rank keeps
+                              // its own gradients (LocalSgd, DiLoCo: parallel/local_sgd.hpp)
 };
 
 // A set of capabilities: {Capability::kUpdatesInBackward} | Capability::kShardsState.
@@ -31,6 +33,7 @@ class Capabilities {
   constexpr Capabilities() = default;
   constexpr Capabilities(Capability c) noexcept : bits_(static_cast<std::uint8_t>(c)) {}  // NOLINT: a set of one
   constexpr bool has(Capability c) const noexcept { return (bits_ & static_cast<std::uint8_t>(c)) != 0; }
+  constexpr bool has_any(Capabilities o) const noexcept { return (bits_ & o.bits_) != 0; }
   constexpr bool empty() const noexcept { return bits_ == 0; }
   friend constexpr Capabilities operator|(Capabilities a, Capabilities b) noexcept {
     Capabilities out;
@@ -62,12 +65,16 @@ struct JoinRound {
 //    collectives, to agree with the other ranks on the round;
 //  - on_bucket_reduced(begin, end) (kUpdatesInBackward): at the end of a round's backward, once per bucket in plan
 //    order, as soon as arena elements [begin, end) (one bucket's whole parameters) hold their final gradients, while
-//    later buckets may still be in flight.
+//    later buckets may still be in flight;
+//  - local_round() (kLocalRounds): at every forward, whether the step it belongs to is local (the same answer for
+//    every micro-batch of a step, and on every rank). A local step opens no round: no collective, buffers stay, and
+//    the rank's gradients are the sum over its own micro-batches.
 class DdpHook {
  public:
   virtual HookTraits traits() const = 0;
   virtual JoinRound on_round() { return {}; }
   virtual void on_bucket_reduced(std::int64_t /*begin*/, std::int64_t /*end*/) {}
+  virtual bool local_round() const { return false; }
 
  protected:
   virtual ~DdpHook() = default;
@@ -75,7 +82,8 @@ class DdpHook {
 
 namespace detail {
 // The hooks attached to one DDP, in attach order, with their traits; join() and update() are the ones that act in a
-// round (the last attached with kAgreesOnRounds, with kUpdatesInBackward), or nullptr.
+// round (the last attached with kAgreesOnRounds, with kUpdatesInBackward), or nullptr; local_round() asks the one with
+// kLocalRounds.
 class HookList {
  public:
   void add(DdpHook& hook, HookTraits traits) {
@@ -96,19 +104,23 @@ class HookList {
   }
   DdpHook* join() const noexcept { return join_; }
   DdpHook* update() const noexcept { return update_; }
+  // Whether the coming step is local (a kLocalRounds hook says so).
+  bool local_round() const { return local_ && local_->local_round(); }
 
  private:
   void sync() noexcept {
-    join_ = update_ = nullptr;
+    join_ = update_ = local_ = nullptr;
     for (std::size_t k = 0; k < hooks_.size(); ++k) {
       if (traits_[k].caps.has(Capability::kAgreesOnRounds)) join_ = hooks_[k];
       if (traits_[k].caps.has(Capability::kUpdatesInBackward)) update_ = hooks_[k];
+      if (traits_[k].caps.has(Capability::kLocalRounds)) local_ = hooks_[k];
     }
   }
   std::vector<DdpHook*> hooks_;
   std::vector<HookTraits> traits_;
   DdpHook* join_ = nullptr;
   DdpHook* update_ = nullptr;
+  DdpHook* local_ = nullptr;
 };
 
 // What an Attachment detaches from (DistributedDataParallel).

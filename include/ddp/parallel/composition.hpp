@@ -31,6 +31,7 @@ struct CompositionView {
   bool reduces_gradients = true;  // false: the policy leaves them local for an optimizer (OwnerReduce)
   NonFinite non_finite = NonFinite::kIgnore;
   int world = 1;
+  bool world_size_invariant = false;  // deterministic mode (ExactSum)
 };
 
 // A composition at one of the moments it is checked: the DDP, the hooks attached, and the one attaching (if any).
@@ -58,12 +59,20 @@ inline constexpr CompositionRule kCompositionRules[] = {
     {"whole-overlapped", "attach",
      "clipping or loss scaling with an optimizer that updates each bucket in backward (OverlappedOptimizer)"},
     {"whole-owner", "attach", "clipping or loss scaling under OwnerReduce (the gradients are never whole)"},
+    {"local-alone", "attach",
+     "local rounds (LocalSgd, DiLoCo) with ddp::join, ZeRO, OwnerReduce, an update in backward or other local rounds"},
+    {"local-exact", "attach", "local rounds in deterministic mode (an exact local SGD needs virtual replicas)"},
 };
 
 namespace detail {
 inline HookTraits const* find_cap(std::span<HookTraits const> hooks, Capability c) noexcept {
   for (auto const& h : hooks)
     if (h.caps.has(c)) return &h;
+  return nullptr;
+}
+inline HookTraits const* find_any(std::span<HookTraits const> hooks, Capabilities set) noexcept {
+  for (auto const& h : hooks)
+    if (h.caps.has_any(set)) return &h;
   return nullptr;
 }
 }  // namespace detail
@@ -96,6 +105,26 @@ inline std::optional<std::string> composition_refusal(Composition const& c) {
         "cannot step inside ddp::join: a rank that ran out of data would have to keep updating its slice, with the "
         "others' learning rate. Give every rank the same number of batches (EpochSplit::kPad, GlobalBatchSampler) or "
         "use ZeRO stage 0 there");
+  Capabilities const round_takers = Capability::kAgreesOnRounds | Capability::kUpdatesInBackward |
+                                    Capability::kReducesGradients | Capability::kShardsState | Capability::kLocalRounds;
+  HookTraits const* const local = h.caps.has(Capability::kLocalRounds) ? &h : other(Capability::kLocalRounds);
+  if (local) {
+    // The other side: an attached hook that takes rounds (the local one attaching), or the hook attaching.
+    HookTraits const* const clash = local == &h                    ? detail::find_any(c.attached, round_takers)
+                                    : h.caps.has_any(round_takers) ? &h
+                                                                   : nullptr;
+    if (clash || !d.reduces_gradients)  // local-alone
+      return cat(local->name,
+                 " runs local steps in which nothing is reduced, so it takes the DDP's rounds alone; it "
+                 "does not compose with ",
+                 clash ? clash->name : d.reduction,
+                 " (ddp::join, ZeroRedundancyOptimizer, OwnerReduce, an update in backward or a second local-round "
+                 "hook). Build it over a plain optimizer and an averaging reduction");
+    if (d.world_size_invariant)  // local-exact
+      return cat(local->name, ": deterministic mode (", d.reduction,
+                 ") keeps a step's result the same at every world size, but local steps depend on each rank's share; "
+                 "an exact local SGD needs virtual replicas, which ddp does not have yet. Use AverageAllReduce");
+  }
   if (h.caps.has(Capability::kReducesGradients)) {
     if (other(Capability::kReducesGradients))  // one-owner
       return cat(h.name, ": this DistributedDataParallel (", d.reduction,

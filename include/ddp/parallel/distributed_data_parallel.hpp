@@ -143,6 +143,8 @@ class DistributedDataParallel : detail::HookSite {
   void load_wire_state(WireState<T> const& st, WireStateFrom from) {
     detail::load_stage_wire_state(*reducer_, st, from, reduction_.name());
   }
+  // What this rank sends in one synchronised round (gradients and status words; 0 where the stage does not say).
+  std::int64_t wire_bytes() const { return detail::stage_wire_byte_count(*reducer_); }
   M& module() noexcept { return *model_; }
   C& comm() noexcept { return *comm_; }
   DdpOptions const& options() const noexcept { return opts_; }
@@ -164,7 +166,8 @@ class DistributedDataParallel : detail::HookSite {
     return {.reduction = reduction_.name(),
             .reduces_gradients = reduces_gradients,
             .non_finite = opts_.non_finite,
-            .world = comm_->world_size()};
+            .world = comm_->world_size(),
+            .world_size_invariant = R::world_size_invariant};
   }
   // ddp::join, through its attachment: this rank has no batch; it answers the round the others agreed on (buffers
   // from round.buffer_root, then every bucket with zeros) and ends it as they do, errors included.
@@ -187,22 +190,15 @@ class DistributedDataParallel : detail::HookSite {
   }
 
  private:
-  // The synchronised round in progress: which micro-batch's backward is due, what the round was agreed to be.
-  struct Open {
-    std::int64_t micro_batch = 0;
-    std::int64_t step = -1;
-    JoinRound join{};
-    std::uint64_t queued_epoch = 0;  // the backward (Node::visit_epoch) that queued end_backward
-    std::uint64_t buffers = 0;       // world-size-invariant reductions: the buffers' fingerprint at the start
-  };
-
   V run(V const& x, SampleKey const* key, std::int64_t index) {
-    bool const sync = grad_enabled() && no_sync_depth_ == 0;
+    bool const local = hooks_.local_round();  // a local step (LocalSgd, DiLoCo): no round, buffers stay
+    bool const sync = grad_enabled() && no_sync_depth_ == 0 && !local;
+    if (local && index == 0) round_->local_step();
     if (sync && index == 0)
       open_round(key);
     else if (sync && (!open_ || open_->micro_batch != index))
       detail::refuse_out_of_order(index, open_ ? open_->micro_batch : 0);
-    else if (index == 0 && !hooks_.join() && opts_.broadcast_buffers && comm_->world_size() > 1)
+    else if (index == 0 && !local && !hooks_.join() && opts_.broadcast_buffers && comm_->world_size() > 1)
       detail::broadcast_buffers(*comm_, *model_, 0);  // outside a round (evaluation, no_sync) too
     std::optional<SampleKeyScope> keyed;  // dropout keyed by the sample, not a generator's stream (policies.hpp)
     if constexpr (R::world_size_invariant)
@@ -224,7 +220,7 @@ class DistributedDataParallel : detail::HookSite {
     if (opts_.broadcast_buffers && comm_->world_size() > 1)
       detail::broadcast_buffers(*comm_, *model_, agreed.buffer_root);
     reducer_->begin();
-    open_ = Open{.step = key ? static_cast<std::int64_t>(key->step) : -1, .join = agreed};
+    open_ = detail::OpenRound{.step = key ? static_cast<std::int64_t>(key->step) : -1, .join = agreed};
     if constexpr (R::world_size_invariant) open_->buffers = detail::buffers_fingerprint(*model_);
   }
 
@@ -248,7 +244,7 @@ class DistributedDataParallel : detail::HookSite {
       ++open_->micro_batch;
       return;
     }
-    Open const round = *open_;
+    detail::OpenRound const round = *open_;
     open_.reset();
     if (!reducer_->all_ready())
       for (std::size_t i = 0; i < arena_.count(); ++i)  // parameters this backward did not reach
@@ -289,9 +285,9 @@ class DistributedDataParallel : detail::HookSite {
   std::int64_t per_rank_;  // micro-batches per step on this rank
   nn::ParameterArena<T, S> arena_;
   std::optional<TimelineObserver> timeline_;
-  std::optional<reducer_t> reducer_;     // built once the arena exists; destroyed before it
-  std::optional<Round<T, S, C>> round_;  // what a finished round means (bucket/round.hpp)
-  std::optional<Open> open_;             // the synchronised round in progress, if any
+  std::optional<reducer_t> reducer_;       // built once the arena exists; destroyed before it
+  std::optional<Round<T, S, C>> round_;    // what a finished round means (bucket/round.hpp)
+  std::optional<detail::OpenRound> open_;  // the synchronised round in progress, if any
   int no_sync_depth_ = 0;
   detail::HookList hooks_;  // attached: ddp::join (join()), an update in backward (update()), optimizers
 };

@@ -1,5 +1,6 @@
 // MicroBatch: one forward/backward's share of a rank's batch, as DistributedDataParallel::micro_batches() cuts
-// it: views of the inputs and targets (no copy), and the global identity of its first sample.
+// it: views of the inputs and targets (no copy), and the global identity of its first sample. With it, the checks of a
+// micro-batch's place in its round and DDP's record of the round in progress (detail::OpenRound).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 
 #include "ddp/autograd/sample_key.hpp"
 #include "ddp/error.hpp"
+#include "ddp/parallel/attachment.hpp"
 #include "ddp/tensor/tensor.hpp"
 
 namespace ddp {
@@ -97,6 +99,16 @@ std::vector<MicroBatch<X, Y>> rank_micro_batches(X const& x, Y const& y, std::in
                          "), which is not ", pieces, " equal micro-batches"));
   return split_rows(x, y, pieces, step, rank * rows);
 }
+// DistributedDataParallel's synchronised round in progress: which micro-batch's backward is due, what the round was
+// agreed to be.
+struct OpenRound {
+  std::int64_t micro_batch = 0;
+  std::int64_t step = -1;
+  JoinRound join{};
+  std::uint64_t queued_epoch = 0;  // the backward (Node::visit_epoch) that queued end_backward
+  std::uint64_t buffers = 0;       // world-size-invariant reductions: the buffers' fingerprint at the start
+};
+
 }  // namespace detail
 
 }  // namespace ddp

@@ -6,6 +6,7 @@
 #include "ddp/parallel/deterministic.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/join.hpp"
+#include "ddp/parallel/local_sgd.hpp"
 #include "ddp/parallel/overlapped_update.hpp"
 #include "ddp/parallel/policies.hpp"
 #include "ddp/parallel/zero_redundancy.hpp"

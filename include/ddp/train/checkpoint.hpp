@@ -295,6 +295,13 @@ struct RankOf {
 
 namespace detail {
 
+// An optimizer whose state() does not capture it (static checkpoint_refusal says why: LocalSgd, DiLoCo) is refused
+// with that message, the same on every rank.
+template <class O>
+void refuse_uncheckpointable() {
+  if constexpr (requires { O::checkpoint_refusal; }) throw ArgumentError(std::string(O::checkpoint_refusal));
+}
+
 // The model's distinct parameters (a shared one once, under its first name), frozen ones included.
 template <nn::Model M>
 auto distinct_parameters(M const& model) {
@@ -568,6 +575,7 @@ template <Communicator C, nn::Model M, class O, class T = typename M::value_type
 requires CheckpointableOptimizer<O, T>
 void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model, O const& opt, TrainPosition const& pos,
                      std::string_view extra, RoundState<T> const& round) {
+  detail::refuse_uncheckpointable<O>();  // on every rank, before any collective
   auto generators = detail::gather_generators(comm, model);
   auto wire = detail::gather_wire(comm, round.wire);
   auto epoch_loss = detail::gather_epoch_loss(comm, round.epoch_loss);
@@ -611,6 +619,7 @@ template <Communicator C, nn::Model M, class O, class T = typename M::value_type
 requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm,
                                                                      M& model, O& opt, std::string* extra = nullptr,
                                                                      RoundState<T>* round = nullptr) {
+  detail::refuse_uncheckpointable<O>();
   std::string const file = path.string();
   std::string text;
   auto kind = detail::Failure::kNone;

@@ -1,0 +1,90 @@
+// The main job's spelling of training with less communication (parallel/local_sgd.hpp): --local-sgd H with
+// --local-sgd-warmup W and --average-optimizer-state (LocalSgd: post-local SGD), or --diloco H with --outer-lr and
+// --outer-momentum (DiLoCo); their checks against the other flags, and the line that compares the bytes sent with
+// DDP's.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include <ddp/ddp.hpp>
+
+#include "examples/common/flags.hpp"
+#include "examples/common/reduction.hpp"
+
+namespace ddp::examples {
+
+struct LocalChoice {
+  std::int64_t local_sgd = 0;   // --local-sgd H: LocalSgd's period (0: off)
+  std::int64_t warmup = 0;      // --local-sgd-warmup W: synchronous steps first
+  bool average_state = false;   // --average-optimizer-state
+  std::int64_t diloco = 0;      // --diloco H: DiLoCo's period (0: off)
+  double outer_lr = 0.7;        // --outer-lr
+  double outer_momentum = 0.9;  // --outer-momentum
+  bool on() const noexcept { return local_sgd > 0 || diloco > 0; }
+};
+
+inline Flags& add_local_flags(Flags& f) {
+  return f
+      .add("local-sgd", "0",
+           "local SGD: each rank steps its own replica and the parameters are averaged every H steps (0: off; "
+           "LocalSgd)")
+      .add("local-sgd-warmup", "0", "with --local-sgd: ordinary DDP steps first (post-local SGD)")
+      .add("average-optimizer-state", "false", "with --local-sgd: also average the optimizer's buffers")
+      .add("diloco", "0",
+           "DiLoCo: H local steps of the optimizer, then an outer Nesterov step on the averaged parameter change "
+           "(0: off)")
+      .add("outer-lr", "0.7", "with --diloco: the outer SGD's learning rate")
+      .add("outer-momentum", "0.9", "with --diloco: the outer SGD's Nesterov momentum, in [0, 1)");
+}
+
+// Reads the flags; ArgumentError for a combination that cannot work (the composition rules refuse the same at run
+// time: this names the flags).
+inline LocalChoice local_choice(Flags const& f, ReductionChoice const& r) {
+  LocalChoice c{.local_sgd = f.at_least("local-sgd", 0),
+                .warmup = f.at_least("local-sgd-warmup", 0),
+                .average_state = f.boolean("average-optimizer-state"),
+                .diloco = f.at_least("diloco", 0),
+                .outer_lr = f.real("outer-lr"),
+                .outer_momentum = f.real("outer-momentum")};
+  std::string const p = f.program();
+  if (c.local_sgd > 0 && c.diloco > 0) throw ArgumentError(p + ": --local-sgd and --diloco: choose one");
+  if (c.local_sgd == 0 && (f.is_set("local-sgd-warmup") || f.is_set("average-optimizer-state")))
+    throw ArgumentError(p + ": --local-sgd-warmup and --average-optimizer-state are for --local-sgd H");
+  if (c.diloco == 0 && (f.is_set("outer-lr") || f.is_set("outer-momentum")))
+    throw ArgumentError(p + ": --outer-lr and --outer-momentum are for --diloco H");
+  if (!(c.outer_lr > 0)) throw ArgumentError(detail::cat(p, ": --outer-lr must be positive, got ", f.str("outer-lr")));
+  if (!(c.outer_momentum >= 0 && c.outer_momentum < 1))
+    throw ArgumentError(detail::cat(p, ": --outer-momentum must be in [0, 1), got ", f.str("outer-momentum")));
+  if (!c.on()) return c;
+  std::string const what = c.local_sgd > 0 ? "--local-sgd" : "--diloco";
+  if (r.deterministic)
+    throw ArgumentError(p + ": " + what +
+                        " with --deterministic: local steps depend on each rank's share, so an exact run needs "
+                        "virtual replicas, which this build does not have; drop one of them");
+  if (r.zero != 0 || r.update != UpdateAt::kStep || r.comm_hook != "none")
+    throw ArgumentError(p + ": " + what +
+                        " steps each rank's own replica with a plain optimizer and averages float parameters: drop "
+                        "--zero, --overlap-update and --comm-hook");
+  return c;
+}
+
+// Rank 0's line on what the local phase sent a step against what DDP's rounds send (`ddp_bytes` a step), and the
+// average over every step, synchronous ones (DDP's) included.
+template <class Opt>
+void print_local_bytes(Opt const& opt, std::int64_t ddp_bytes) {
+  std::int64_t const steps = opt.steps(), sync_steps = opt.sync_steps(), local = steps - sync_steps;
+  if (local == 0 || ddp_bytes == 0) return;
+  double const per_local = double(opt.bytes_sent()) / double(local);
+  double const overall = double(opt.bytes_sent() + sync_steps * ddp_bytes) / double(steps);
+  std::printf(
+      "communication: %.0f bytes a local step (%lld %s in %lld local steps), 1/%.1f of DDP's %lld; over all %lld "
+      "steps (%lld synchronous) %.0f, 1/%.1f\n",
+      per_local, static_cast<long long>(opt.syncs()), Opt::kSyncName, static_cast<long long>(local),
+      per_local > 0 ? double(ddp_bytes) / per_local : 0.0, static_cast<long long>(ddp_bytes),
+      static_cast<long long>(steps), static_cast<long long>(sync_steps), overall,
+      overall > 0 ? double(ddp_bytes) / overall : 0.0);
+}
+
+}  // namespace ddp::examples

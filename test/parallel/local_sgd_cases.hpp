@@ -1,0 +1,205 @@
+// Local SGD, post-local SGD and DiLoCo (parallel/local_sgd.hpp) written once over any AsyncCommunicator: run inside
+// doctest on the threads backend (local_sgd_test.cpp). Each scenario trains a small MLP data-parallel and checks it
+// against replicas trained by hand on every rank (each rank computes all world-size replicas itself), the collectives
+// it launched (Recording) and the bytes. Each throws std::runtime_error on failure.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/recording.hpp"
+#include "ddp/ddp.hpp"
+#include "ddp/parallel/local_sgd.hpp"
+#include "test/parallel/ddp_cases.hpp"
+
+namespace ddp::test {
+
+// max |a - b| / max(1, max |b|).
+inline double local_rel_diff(std::vector<float> const& a, std::vector<float> const& b) {
+  expect(a.size() == b.size(), "local_rel_diff: sizes differ");
+  double diff = 0, scale = 1;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return diff / scale;
+}
+
+// The world's replicas trained by hand: replica k steps SGD (momentum) on rank k's rows of each step; `sync(step)`
+// says after which steps (1-based) the replicas are made one, `mix` how.
+struct HandReplicas {
+  std::vector<Mlp> models;
+  std::vector<nn::ParameterArena<float>> arenas;
+  std::vector<optim::SGD> opts;
+  HandReplicas(int n, optim::SgdOptions o) {
+    models.reserve(static_cast<std::size_t>(n));  // the arenas point into the models
+    for (int k = 0; k < n; ++k) models.push_back(make_mlp(8, 16, 4, 5));
+    for (auto& m : models) arenas.emplace_back(m);
+    for (auto& a : arenas) opts.emplace_back(a, o);
+  }
+  // One step of every replica on its rows (mean squared error on `local` rows of `data`), or, `global`, on the whole
+  // step's rows (a synchronous step: the mean gradient of every rank's rows).
+  void step(Data const& data, int s, std::int64_t local, bool global = false) {
+    int const n = static_cast<int>(models.size());
+    for (int k = 0; k < n; ++k) {
+      opts[static_cast<std::size_t>(k)].zero_grad();
+      std::int64_t const from = global ? s * n * local : (s * n + k) * local, count = global ? n * local : local;
+      Tensor<float> const x = rows(data.x, from, count), y = rows(data.y, from, count);
+      backward(mse_loss(models[static_cast<std::size_t>(k)].forward(Var(x)), y));
+      opts[static_cast<std::size_t>(k)].step();
+    }
+  }
+  // The replicas' mean parameters, in the backend's order (rank order, then / n).
+  std::vector<float> mean() const {
+    std::vector<float> m(weights(arenas[0]).size(), 0.0f);
+    for (auto const& a : arenas) {
+      auto const w = weights(a);
+      for (std::size_t i = 0; i < m.size(); ++i) m[i] += w[i];
+    }
+    for (auto& v : m) v /= static_cast<float>(arenas.size());
+    return m;
+  }
+  void set_all(std::vector<float> const& w) {
+    for (auto& a : arenas) {
+      std::size_t at = 0;
+      for (auto const& e : a.entries()) {
+        std::copy(w.begin() + static_cast<std::ptrdiff_t>(at), w.begin() + static_cast<std::ptrdiff_t>(at + e.numel),
+                  e.var.value().data());
+        at += static_cast<std::size_t>(e.numel);
+      }
+    }
+  }
+};
+
+inline std::int64_t labelled(std::vector<CollectiveRecord> const& recs, std::string_view label) {
+  return std::count_if(recs.begin(), recs.end(), [&](CollectiveRecord const& c) { return c.tag.label == label; });
+}
+
+// LocalSgd with `warmup` synchronous steps, then local steps averaged every `period`: each step's weights against the
+// hand-made replicas (the synchronous steps against a plain DDP's, bitwise), what each step launched, and the bytes.
+template <AsyncCommunicator C>
+void local_sgd_matches_replicas(C& comm, std::int64_t period, std::int64_t warmup, int steps) {
+  int const n = comm.world_size(), r = comm.rank();
+  std::int64_t const local = 4;
+  Data const data = make_data(local * n * steps, 8, 4, 23);
+  optim::SgdOptions const o{.lr = 0.05, .momentum = 0.9};
+  Recording<C> rec(comm);
+  auto model = make_mlp(8, 16, 4, 5);
+  SizeCapped const buckets{{.cap_bytes = 256, .first_cap_bytes = 128}};
+  DistributedDataParallel<Mlp, Recording<C>> ddp(model, rec, {}, {.bucketer = buckets});
+  LocalSgd<optim::SGD, Recording<C>> opt(ddp, {.optimizer = o, .local = {.period = period, .warmup_steps = warmup}});
+  auto plain_model = make_mlp(8, 16, 4, 5);
+  DistributedDataParallel<Mlp, C> plain(plain_model, comm, {}, {.bucketer = buckets});
+  optim::SGD plain_opt(plain.parameters(), o);
+  HandReplicas hand(n, o);
+  std::int64_t const nb = static_cast<std::int64_t>(ddp.plan().buckets.size());
+  expect(nb >= 2, "the plan should have several buckets");
+  for (int s = 0; s < steps; ++s) {
+    Tensor<float> const x = rows(data.x, (s * n + r) * local, local), y = rows(data.y, (s * n + r) * local, local);
+    rec.clear();
+    opt.zero_grad();
+    backward(mse_loss(ddp(Var(x)), y));
+    opt.step();
+    bool const sync = s < warmup;
+    bool const averaged = !sync && (s + 1 - warmup) % period == 0;
+    auto const at = detail::cat("rank ", r, ", step ", s + 1, ": ");
+    expect(labelled(rec.records(), "bucket") == (sync && n > 1 ? nb : 0),
+           at + "a local step launched bucket all-reduces, or a synchronous one did not");
+    expect(labelled(rec.records(), "average") == (averaged ? nb : 0), at + "wrong number of parameter averages");
+    if (sync) {
+      plain_opt.zero_grad();
+      backward(mse_loss(plain(Var(x)), y));
+      plain_opt.step();
+      expect(weights(ddp.parameters()) == weights(plain.parameters()),
+             at + "a warm-up step differs from a plain DDP step");
+    }
+    hand.step(data, s, local, sync);
+    if (averaged) hand.set_all(hand.mean());
+    auto const mine = weights(ddp.parameters());
+    double const d = local_rel_diff(mine, weights(hand.arenas[static_cast<std::size_t>(r)]));
+    expect(d < 1e-6, detail::cat(at, "the weights are ", d, " from the hand-made replica"));
+    // Every rank the same bits after an average; different ones between (they trained on different rows).
+    std::vector<float> all(mine.size() * static_cast<std::size_t>(n));
+    host_all_gather(comm, std::span<float const>(mine), std::span<float>(all));
+    bool const same = std::equal(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(mine.size()),
+                                 all.end() - static_cast<std::ptrdiff_t>(mine.size()));
+    expect(n == 1 || same == (averaged || sync),
+           at + (averaged || sync ? "ranks differ" : "ranks equal between averages"));
+  }
+  std::int64_t const averages = (steps - warmup) / period;
+  expect(opt.syncs() == averages, "syncs()");
+  std::int64_t bytes = 0;
+  for (auto const& b : ddp.plan().buckets) bytes += b.numel * static_cast<std::int64_t>(sizeof(float));
+  expect(opt.bytes_sent() == averages * bytes, "bytes_sent(): one parameter set per average");
+}
+
+// With average_optimizer_state, the momentum buffers are the same on every rank after an average.
+template <AsyncCommunicator C>
+void local_sgd_averages_state(C& comm) {
+  int const n = comm.world_size(), r = comm.rank();
+  std::int64_t const local = 4;
+  Data const data = make_data(local * n * 4, 8, 4, 29);
+  auto model = make_mlp(8, 16, 4, 5);
+  DistributedDataParallel<Mlp, C> ddp(model, comm);
+  LocalSgd<optim::SGD, C> opt(
+      ddp, {.optimizer = {.lr = 0.05, .momentum = 0.9}, .local = {.period = 2, .average_optimizer_state = true}});
+  for (int s = 0; s < 4; ++s) {
+    opt.zero_grad();
+    backward(mse_loss(ddp(Var(rows(data.x, (s * n + r) * local, local))), rows(data.y, (s * n + r) * local, local)));
+    opt.step();
+  }
+  auto const st = opt.state();
+  std::vector<float> mine;
+  for (auto const& p : st.parameters)
+    for (auto const& b : p.buffers) mine.insert(mine.end(), b.begin(), b.end());
+  expect(!mine.empty(), "SGD with momentum has buffers");
+  std::vector<float> all(mine.size() * static_cast<std::size_t>(n));
+  host_all_gather(comm, std::span<float const>(mine), std::span<float>(all));
+  for (int k = 1; k < n; ++k)
+    expect(std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(k * mine.size())),
+           detail::cat("rank ", r, ": the momentum differs from rank ", k, "'s after an average"));
+}
+
+// DiLoCo with SGD inside: after each outer step the weights are those of the outer Nesterov step on the replicas'
+// mean change, computed by hand; every rank holds them.
+template <AsyncCommunicator C>
+void diloco_matches_replicas(C& comm, std::int64_t period, int steps) {
+  int const n = comm.world_size(), r = comm.rank();
+  std::int64_t const local = 4;
+  Data const data = make_data(local * n * steps, 8, 4, 31);
+  optim::SgdOptions const o{.lr = 0.05};
+  Recording<C> rec(comm);
+  auto model = make_mlp(8, 16, 4, 5);
+  DistributedDataParallel<Mlp, Recording<C>> ddp(model, rec);
+  DiLoCo<optim::SGD, Recording<C>> opt(ddp, {.optimizer = o, .outer = {.period = period}});
+  HandReplicas hand(n, o);
+  std::vector<float> kept = weights(hand.arenas[0]), momentum;
+  for (int s = 0; s < steps; ++s) {
+    rec.clear();
+    opt.zero_grad();
+    backward(mse_loss(ddp(Var(rows(data.x, (s * n + r) * local, local))), rows(data.y, (s * n + r) * local, local)));
+    opt.step();
+    hand.step(data, s, local);
+    bool const outer = (s + 1) % period == 0;
+    expect(labelled(rec.records(), "bucket") == 0, "DiLoCo launched a bucket all-reduce");
+    expect((labelled(rec.records(), "average") > 0) == outer, "DiLoCo averaged outside an outer step");
+    if (outer) {
+      std::vector<float> const mean = hand.mean();
+      std::vector<float> delta(kept.size());
+      for (std::size_t i = 0; i < kept.size(); ++i) delta[i] = kept[i] - mean[i];  // the mean pseudo-gradient
+      if (momentum.empty())
+        momentum = delta;
+      else
+        for (std::size_t i = 0; i < kept.size(); ++i) momentum[i] = delta[i] + 0.9f * momentum[i];
+      for (std::size_t i = 0; i < kept.size(); ++i) kept[i] -= 0.7f * (delta[i] + 0.9f * momentum[i]);
+      hand.set_all(kept);
+    }
+    double const d = local_rel_diff(weights(ddp.parameters()), weights(hand.arenas[static_cast<std::size_t>(r)]));
+    expect(d < 2e-6, detail::cat("rank ", r, ", step ", s + 1, ": the weights are ", d, " from the hand-made ones"));
+  }
+  expect(opt.syncs() == steps / period, "syncs()");
+}
+
+}  // namespace ddp::test

@@ -1,0 +1,90 @@
+// Local SGD, post-local SGD and DiLoCo (parallel/local_sgd.hpp) on the threads backend at 1, 2 and 4 ranks: the
+// scenarios of local_sgd_cases.hpp, micro-batches, and bad options.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include "test/parallel/local_sgd_cases.hpp"
+
+namespace local_sgd_test {
+
+using namespace ddp;
+
+TEST_CASE("LocalSgd: local steps send nothing, every period-th step averages the replicas") {
+  for (int n : {1, 2, 4}) spawn(n, [](ThreadsBackend& comm) { test::local_sgd_matches_replicas(comm, 3, 0, 7); });
+}
+
+TEST_CASE("LocalSgd: post-local SGD is a plain DDP for the warm-up steps, then local") {
+  spawn(2, [](ThreadsBackend& comm) { test::local_sgd_matches_replicas(comm, 2, 3, 8); });
+  spawn(2, [](ThreadsBackend& comm) {  // the README's form
+    auto model = test::make_mlp(8, 16, 4, 5);
+    DistributedDataParallel<test::Mlp, ThreadsBackend> ddp(model, comm);
+    LocalSgd<optim::SGD, ThreadsBackend> local(ddp,
+                                               {.optimizer = {.lr = 0.1}, .local = {.period = 8, .warmup_steps = 2}});
+    CHECK(!local.local_round());
+    CHECK(local.local_options().period == 8);
+  });
+}
+
+TEST_CASE("LocalSgd: average_optimizer_state makes the momentum the same on every rank") {
+  spawn(2, [](ThreadsBackend& comm) { test::local_sgd_averages_state(comm); });
+}
+
+TEST_CASE("DiLoCo: the outer Nesterov step on the averaged pseudo-gradient, every period-th step") {
+  for (int n : {1, 2, 4}) spawn(n, [](ThreadsBackend& comm) { test::diloco_matches_replicas(comm, 3, 7); });
+}
+
+TEST_CASE("LocalSgd: a local step under MicroBatches steps on the rank's mean gradient") {
+  spawn(2, [](ThreadsBackend& comm) {
+    int const n = comm.world_size(), r = comm.rank();
+    auto const data = test::make_data(8 * n, 8, 4, 37);
+    Tensor<float> const x = test::rows(data.x, r * 8, 8), y = test::rows(data.y, r * 8, 8);
+    auto m1 = test::make_mlp(8, 16, 4, 5), m2 = test::make_mlp(8, 16, 4, 5);
+    DistributedDataParallel<test::Mlp, ThreadsBackend, SizeCapped, AverageAllReduce, MicroBatches> micro(
+        m1, comm, {}, {.batching = {.count = 4 * n}});
+    DistributedDataParallel<test::Mlp, ThreadsBackend> whole(m2, comm);
+    LocalSgd<optim::SGD, ThreadsBackend> a(micro, {.optimizer = {.lr = 0.1}, .local = {.period = 5}});
+    LocalSgd<optim::SGD, ThreadsBackend> b(whole, {.optimizer = {.lr = 0.1}, .local = {.period = 5}});
+    a.zero_grad();
+    for (auto const& mb : micro.micro_batches(x, y)) backward(mse_loss(micro(mb), mb.y));
+    a.step();
+    b.zero_grad();
+    backward(mse_loss(whole(Var(x)), y));
+    b.step();
+    CHECK(test::local_rel_diff(test::weights(micro.parameters()), test::weights(whole.parameters())) < 1e-6);
+  });
+}
+
+TEST_CASE("LocalSgd and DiLoCo: a checkpoint is refused on every rank, not written with one rank's replica") {
+  spawn(2, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 16, 4, 5);
+    using Trainer = basic_trainer<test::Mlp, ThreadsBackend, DiLoCo<optim::SGD, ThreadsBackend>>;
+    Trainer t(model, comm, {.optimizer = {.lr = 0.1}, .outer = {.period = 4}}, {.global_batch = 8});
+    auto const file = std::filesystem::temp_directory_path() / "ddp_local_sgd_refused.ckpt";  // never written
+    CHECK_THROWS_WITH_AS(t.save_checkpoint(file, {}), doctest::Contains("LocalSgd and DiLoCo are not checkpointed yet"),
+                         ArgumentError);
+    CHECK(!std::filesystem::exists(file));
+    CHECK_THROWS_WITH_AS(t.load_checkpoint(file), doctest::Contains("LocalSgd and DiLoCo are not checkpointed yet"),
+                         ArgumentError);
+  });
+}
+
+TEST_CASE("LocalSgd and DiLoCo: bad options are refused by name") {
+  spawn(1, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 16, 4, 5);
+    DistributedDataParallel<test::Mlp, ThreadsBackend> ddp(model, comm);
+    using L = LocalSgd<optim::SGD, ThreadsBackend>;
+    using D = DiLoCo<optim::SGD, ThreadsBackend>;
+    CHECK_THROWS_WITH_AS(L(ddp, {.local = {.period = 0}}), "LocalSgd: period must be at least 1 step, got 0",
+                         ArgumentError);
+    CHECK_THROWS_WITH_AS(L(ddp, {.local = {.warmup_steps = -1}}), "LocalSgd: warmup_steps must be >= 0, got -1",
+                         ArgumentError);
+    CHECK_THROWS_WITH_AS(D(ddp, {.outer = {.period = -3}}), "DiLoCo: period must be at least 1 step, got -3",
+                         ArgumentError);
+    CHECK_THROWS_WITH_AS(D(ddp, {.outer = {.outer_lr = 0}}), "DiLoCo: outer_lr must be positive, got 0", ArgumentError);
+    CHECK_THROWS_WITH_AS(D(ddp, {.outer = {.outer_momentum = 1.0}}), "DiLoCo: outer_momentum must be in [0, 1), got 1",
+                         ArgumentError);
+  });
+}
+
+}  // namespace local_sgd_test
