@@ -14,6 +14,7 @@
 #include "examples/common/flags.hpp"
 #include "examples/common/gpt_job.hpp"
 #include "examples/common/launch.hpp"
+#include "examples/common/local_rounds.hpp"
 #include "examples/common/reduction.hpp"
 #include "examples/common/report.hpp"
 
@@ -68,6 +69,7 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
       .add("trace", "", "write a Chrome/Perfetto timeline per rank into this directory (trace_rank<r>.json)")
       .add("out", "", "write losses.csv and losses.svg (train and validation loss per evaluation) into this directory");
   add_reduction_flags(f);
+  add_local_flags(f);
   if (!f.parse(argc, argv)) return std::nullopt;
   gpt::Config c;
   c.launch = launch_choice(f);
@@ -109,6 +111,13 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
   c.sample_seed = static_cast<std::uint64_t>(f.at_least("sample-seed", 0));
   c.reduction = reduction_choice(f, c.launch.backend == Backend::kThreads ? c.launch.world_size : 0, c.global_batch);
   c.grad_accum = f.at_least("grad-accum", 1);
+  c.local = local_choice(f, c.reduction);
+  if (c.local.on() && (c.grad_accum > 1 || f.is_set("checkpoint") || f.is_set("resume")))
+    throw ArgumentError(detail::cat("gpt: ", c.local.local_sgd > 0 ? "--local-sgd" : "--diloco", " with ",
+                                    c.grad_accum > 1 ? "--grad-accum: local steps take one pass per step here"
+                                                     : "--checkpoint or --resume: checkpoints do not hold the "
+                                                       "period's position or DiLoCo's kept weights yet",
+                                    "; drop one"));
   if (c.grad_accum > 1 && (c.reduction.deterministic || c.reduction.comm_hook != "none"))
     throw ArgumentError(
         detail::cat("gpt: --grad-accum with ",

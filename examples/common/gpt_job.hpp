@@ -23,6 +23,7 @@
 #include <ddp/train/svg_plot.hpp>
 
 #include "examples/common/launch.hpp"
+#include "examples/common/local_rounds.hpp"
 #include "examples/common/reduction.hpp"
 #include "examples/common/report.hpp"
 
@@ -40,6 +41,7 @@ struct Config {
   std::int64_t checkpoint_every = 0, max_steps = 0;  // max_steps > 0: stop there (checkpointed), before --iters
   double lr = 1e-3, min_lr = 1e-4, beta2 = 0.99, weight_decay = 0.1, clip = 1.0;
   examples::ReductionChoice reduction{};
+  examples::LocalChoice local{};  // --local-sgd, --diloco
   std::int64_t sample_tokens = 500, top_k = 0;
   double temperature = 0.8;
   std::uint64_t sample_seed = 1;
@@ -295,6 +297,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
         static_cast<long long>(pos.global_step), tps * cfg.model.flops_per_token(T) / world / 1e9,
         cfg.model.flops_per_token(T) / 1e6);
   }
+  if constexpr (requires { opt.bytes_sent(); }) print_local_bytes(opt, t.ddp().wire_bytes());
   if (!cfg.checkpoint.empty()) std::printf("checkpoint: %s\n", cfg.checkpoint.string().c_str());
   if (!cfg.out_dir.empty() && !rows.empty()) {
     std::vector<double> xs;
@@ -363,6 +366,21 @@ void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus) {
         opts, {.reduction = reduction, .batching = batching});
     train(t, timeline, c, corpus);
   };
+  // --local-sgd, --diloco: AdamW under LocalSgd or DiLoCo on the default reduction.
+  auto go_local = [&]<class Opt>(std::type_identity<Opt>, typename Opt::options_type const& o) {
+    basic_trainer<nn::Gpt, Comm, Opt> t(model, comm, o, opts);
+    train(t, timeline, c, corpus);
+  };
+  auto const& l = cfg.local;
+  if (l.local_sgd > 0)
+    return go_local(
+        std::type_identity<LocalSgd<optim::AdamW, Comm>>{},
+        {.optimizer = adamw,
+         .local = {.period = l.local_sgd, .warmup_steps = l.warmup, .average_optimizer_state = l.average_state}});
+  if (l.diloco > 0)
+    return go_local(std::type_identity<DiLoCo<optim::AdamW, Comm>>{},
+                    {.optimizer = adamw,
+                     .outer = {.period = l.diloco, .outer_lr = l.outer_lr, .outer_momentum = l.outer_momentum}});
   // --grad-accum: each rank's share in micro-steps whose gradients add up locally, reduced once per step.
   if (cfg.grad_accum > 1) return go(AverageAllReduce{}, MicroBatches{.count = cfg.grad_accum * comm.world_size()});
   with_reduction<true>(cfg.reduction, go);

@@ -1,8 +1,8 @@
 #!/bin/bash
 # usage: gpt_e2e.sh BINARY: the GPT job end to end on a small model over the vendored tinyshakespeare: progress with
 # tokens/s and ETA, validation losses over the whole split at intervals and at the end, a sample, losses.csv/.svg,
-# one trace per rank, a checkpoint that a second run (at another world size) resumes from, and the comm hooks, ZeRO
-# and the overlapped update without --deterministic.
+# one trace per rank, a checkpoint that a second run (at another world size) resumes from, the comm hooks, ZeRO
+# and the overlapped update without --deterministic, and local SGD and DiLoCo.
 set -euo pipefail
 bin="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/gpt"
@@ -40,4 +40,12 @@ for extra in "--grad-accum 2" "--comm-hook bf16" "--comm-hook fp16" "--comm-hook
   run --iters 8 --eval-interval 0 --sample 0 $extra
   grep -qE '^val loss: [0-9.]+ after 8 iterations' "$log" || fail "$extra: no final val loss"
 done
+# Local SGD after 4 synchronous steps, averaging every 2, and DiLoCo every 4: each trains and reports its bytes.
+run --iters 8 --eval-interval 0 --sample 0 --local-sgd 2 --local-sgd-warmup 4
+grep -qE '^communication: [0-9]+ bytes a local step \(2 parameter averages in 4 local steps\), 1/2.0 of DDP' "$log" ||
+  fail "local SGD: no communication line"
+run --iters 8 --eval-interval 0 --sample 0 --diloco 4
+grep -qE '^val loss: [0-9.]+ after 8 iterations' "$log" || fail "DiLoCo: no final val loss"
+grep -qE '^communication: [0-9]+ bytes a local step \(2 outer steps in 8 local steps\), 1/4.0 of DDP' "$log" ||
+  fail "DiLoCo: no communication line"
 echo "PASS"
