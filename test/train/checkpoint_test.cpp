@@ -335,6 +335,19 @@ TEST_CASE("a failed save is an IoError on every rank") {
   CHECK(errs[1].find("reported by rank 0") != std::string::npos);
 }
 
+TEST_CASE("a checkpoint written before 2026-12 (the epoch's loss in a LOSS section) still reads") {
+  // Written by git f8a9ec5's encoder: position only, and two ranks' epoch loss with the step fields since dropped.
+  fs::path const old = "test/train/testdata/checkpoint_v2_loss.bin";
+  REQUIRE(fs::exists(old));
+  auto const c = read_checkpoint_file<float>(old);
+  REQUIRE(c.epoch_loss.size() == 2);
+  CHECK(c.epoch_loss[0].train == Counts{.correct = 0, .total = 24, .loss_sum = 20.0});
+  CHECK(c.epoch_loss[1].train == Counts{.correct = 0, .total = 24, .loss_sum = 18.0});
+  CHECK(c.position.step == 3);
+  // Written again, the loss goes to an ELOS section and reads back the same.
+  CHECK(decode_checkpoint<float>(encode_checkpoint(c), "again").epoch_loss == c.epoch_loss);
+}
+
 TEST_CASE("a version-1 checkpoint (optimizer state in bucket layout) is refused, naming the file and the version") {
   // Written by the version-1 code (git 6530216) for small_model(1) after 3 AdamW steps.
   fs::path const v1 = "test/train/testdata/checkpoint_v1.bin";
