@@ -439,6 +439,42 @@ TEST_CASE(
   });
 }
 
+// 7 steps of `Opt` (LocalSgd or DiLoCo over SGD) on an MLP over tensors of space S, each rank its own rows: the
+// weights after them, on the host.
+template <MemorySpace S, class Opt>
+std::vector<float> local_rounds_run(ThreadsBackend& comm, test::Data const& data, typename Opt::options_type const& o) {
+  int const n = comm.world_size(), r = comm.rank();
+  auto model = make_mlp<S>(8, 16, 4, 3);
+  DistributedDataParallel ddp(model, comm, {}, {.bucketer = SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 64}}});
+  Opt opt(ddp, o);
+  for (int s = 0; s < 7; ++s) {
+    opt.zero_grad();
+    auto const x = to_space<S>(test::rows(data.x, (s * n + r) * 4, 4));
+    backward(mse_loss(ddp(Variable<float, S>(x)), to_space<S>(test::rows(data.y, (s * n + r) * 4, 4))));
+    opt.step();
+  }
+  return weights(ddp.parameters());
+}
+
+TEST_CASE("device tensors: LocalSgd (its warm-up, averages and averaged momentum) and DiLoCo train as on the host") {
+  spawn(2, [](ThreadsBackend& comm) {
+    auto const data = test::make_data(7 * 2 * 4, 8, 4, 41);
+    using DevSgd = optim::basic_sgd<float, Dev>;
+    using HostSgd = optim::basic_sgd<float, HostSpace>;
+    optim::SgdOptions const sgd{.lr = 0.05, .momentum = 0.9};
+    LocalSgdOptions const local{.period = 3, .warmup_steps = 2, .average_optimizer_state = true};
+    CHECK(rel_diff(
+              local_rounds_run<Dev, LocalSgd<DevSgd, ThreadsBackend>>(comm, data, {.optimizer = sgd, .local = local}),
+              local_rounds_run<HostSpace, LocalSgd<HostSgd, ThreadsBackend>>(
+                  comm, data, {.optimizer = sgd, .local = local})) < 1e-6);
+    DiLoCoOptions const outer{.period = 3};
+    CHECK(
+        rel_diff(local_rounds_run<Dev, DiLoCo<DevSgd, ThreadsBackend>>(comm, data, {.optimizer = sgd, .outer = outer}),
+                 local_rounds_run<HostSpace, DiLoCo<HostSgd, ThreadsBackend>>(
+                     comm, data, {.optimizer = sgd, .outer = outer})) < 1e-6);
+  });
+}
+
 TEST_CASE("device tensors: under static_graph, ranks with uneven batches train inside ddp::join as without it") {
   // Rank r has 2 + r steps: the ranks that run out shadow the others' rounds (status words through the host), while
   // the active ones keep theirs on the device.

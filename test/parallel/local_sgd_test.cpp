@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "test/parallel/local_sgd_cases.hpp"
 
@@ -52,6 +54,29 @@ TEST_CASE("LocalSgd: a local step under MicroBatches steps on the rank's mean gr
     backward(mse_loss(whole(Var(x)), y));
     b.step();
     CHECK(test::local_rel_diff(test::weights(micro.parameters()), test::weights(whole.parameters())) < 1e-6);
+  });
+}
+
+TEST_CASE("LocalSgd: each bucket's average is a span on the timeline's communication lane") {
+  spawn(2, [](ThreadsBackend& comm) {
+    int const n = comm.world_size(), r = comm.rank();
+    auto const data = test::make_data(8 * n, 8, 4, 43);
+    auto model = test::make_mlp(8, 16, 4, 5);
+    Timeline timeline(r);
+    DistributedDataParallel<test::Mlp, ThreadsBackend> ddp(
+        model, comm, {.timeline = &timeline}, {.bucketer = SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 128}}});
+    LocalSgd<optim::SGD, ThreadsBackend> opt(ddp, {.optimizer = {.lr = 0.1}, .local = {.period = 2}});
+    for (int s = 0; s < 2; ++s) {
+      opt.zero_grad();
+      backward(mse_loss(ddp(Var(test::rows(data.x, (s * n + r) * 4, 4))), test::rows(data.y, (s * n + r) * 4, 4)));
+      opt.step();
+    }
+    std::vector<std::string> averages;
+    for (auto const& span : timeline.spans())
+      if (span.name.rfind("average bucket ", 0) == 0 && span.lane == Timeline::kComm) averages.push_back(span.name);
+    REQUIRE(averages.size() == ddp.plan().buckets.size());
+    auto const& b0 = ddp.plan().buckets[0];
+    CHECK(averages[0] == detail::cat("average bucket 0 (", b0.numel * 4, " bytes)"));
   });
 }
 
