@@ -89,6 +89,15 @@ inline std::string seconds_text(std::chrono::nanoseconds d) {
   return buf;
 }
 
+// The one wording of a stall warning, every backend's: "ddp <backend>: warning: <call> on rank R of N has waited W
+// <who>; it fails at T (the collective timeout)". `who` says what is missing, as far as the backend knows: " for
+// rank 1" (threads), " for its peers" (Gloo), ": rank 1 has not arrived (...)" (MPI, NCCL: detail::PeerReport).
+inline std::string stall_warning(std::string_view backend, std::string_view call, int rank, int world,
+                                 Deadlines const& d, std::string_view who) {
+  return cat("ddp ", backend, ": warning: ", call, " on rank ", rank, " of ", world, " has waited ",
+             seconds_text(d.warn), who, "; it fails at ", seconds_text(d.timeout), " (the collective timeout)");
+}
+
 // The value of $DDP_TIMEOUT, if set: a positive number of seconds; anything else is an ArgumentError that
 // names the variable and the value.
 inline std::optional<std::chrono::nanoseconds> timeout_from_env() {

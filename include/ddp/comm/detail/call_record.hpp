@@ -160,9 +160,7 @@ struct PeerReport {
   // "ddp nccl: warning: all_reduce #7 (...) on rank 0 of 2 has waited 5 s: rank 1 has not arrived (...); it fails
   // at 10 s (the collective timeout)"
   std::string warning(std::string_view backend, CallRecord const& call, Deadlines const& d) const {
-    return cat("ddp ", backend, ": warning: ", describe(call), " on rank ", rank, " of ", world_size(), " has waited ",
-               seconds_text(d.warn), ": ", absent_text(call, Stage::kWarning), "; it fails at ",
-               seconds_text(d.timeout), " (the collective timeout)");
+    return stall_warning(backend, describe(call), rank, world_size(), d, cat(": ", absent_text(call, Stage::kWarning)));
   }
 
   // The error of a collective that ended `how` ("timed out after 10 s", "stalled").

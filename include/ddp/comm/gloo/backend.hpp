@@ -165,9 +165,7 @@ class GlooStallWatch {
         if (!running_ && generation_ == gen) cv_.wait(lock, [&] { return stop_ || generation_ != gen; });
         continue;
       }
-      std::string const msg = cat("ddp gloo: warning: ", describe(call_), " on rank ", rank_, " of ", n_,
-                                  " has waited ", seconds_text(d_.warn), " for its peers; it fails at ",
-                                  seconds_text(d_.timeout), " (the collective timeout)");
+      std::string const msg = stall_warning("gloo", describe(call_), rank_, n_, d_, " for its peers");
       lock.unlock();
       d_.warn_stall(msg);
       lock.lock();

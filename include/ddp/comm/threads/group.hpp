@@ -129,10 +129,8 @@ class ThreadsGroup {
       return failed_rank_.load(std::memory_order_acquire) >= 0 || all_arrived(seq) || any_left(seq);
     };
     if (deadlines_.warn.count() > 0 && !notifier_.wait(done, policy_, start + deadlines_.warn)) {
-      deadlines_.warn_stall(cat("ddp threads: warning: ", name(kind), " #", op, tag_suffix(tag), " on rank ", rank,
-                                " of ", n_, " has waited ", seconds_text(deadlines_.warn), " for ",
-                                rank_list(missing(seq)), "; it fails at ", seconds_text(deadlines_.timeout),
-                                " (the collective timeout)"));
+      deadlines_.warn_stall(stall_warning("threads", cat(name(kind), " #", op, tag_suffix(tag)), rank, n_, deadlines_,
+                                          cat(" for ", rank_list(missing(seq)))));
     }
     notifier_.wait(done, policy_, start + deadlines_.timeout);
     // Every peer arrived: this collective completed, even if a peer failed right after leaving it.
