@@ -323,8 +323,9 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   // Who a failure is about, from the store and Gloo's message, in this order: the ranks whose backend said it was
   // leaving (its destructor, before its connections close); else the peer a closed connection names by address;
   // else the ranks that did not report a failure of their own within a grace period (killed, or stalled past a
-  // timeout). The first rank to see a cause posts it, so ranks that fail later, because a peer gave up on them,
-  // report that first cause rather than the peer that gave up.
+  // timeout). The first rank to claim a cause posts it (an atomic add on the store, so two ranks that see the failure
+  // at once cannot both post), and every rank reports that first cause: ranks that fail later, because a peer gave
+  // up on them, do not blame the peer that gave up.
   std::string blame(std::string const& what, std::uint64_t seq) {
     try {
       std::string const key = detail::cat("gloo_failure/", seq);
@@ -365,10 +366,15 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
                     : detail::cat(detail::rank_list(silent), " ended",
                                   " (connection closed, no failure reported; seen by rank ", rank_, ")");
       }
-      if (!who.empty() && !store_->check({key})) {
-        store_->set(key, std::vector<char>(who.begin(), who.end()));
-        store_->add(detail::cat("gloo_failures/", seq), 1);  // answered: the set above reached the store
+      if (who.empty()) return who;
+      // One cause per collective: the first rank to claim it posts its own; a rank that loses the claim (it saw the
+      // failure at the same moment) reports the winner's, as a later one would.
+      if (store_->add(detail::cat("gloo_failure_claim/", seq), 1) != 1) {
+        auto const v = store_->get(key, timeout_);
+        return std::string(v.begin(), v.end());
       }
+      store_->set(key, std::vector<char>(who.begin(), who.end()));
+      store_->add(detail::cat("gloo_failures/", seq), 1);  // answered: the set above reached the store
       return who;
     } catch (Error const&) {  // the store is gone too (its host ended): Gloo's message alone
       return {};
