@@ -82,6 +82,11 @@ TEST_CASE("a peer that leaves fails the others' collective with a CommError nami
       CHECK(m.find("all_reduce #2 [bucket:7] on rank " + std::to_string(r)) != std::string::npos);
       CHECK(m.find("rank " + std::to_string(n - 1) + " left (its backend was destroyed") != std::string::npos);
     }
+    // One cause per collective: every rank reports the same one (the first rank to claim it, "seen by rank R").
+    auto cause = [](std::string const& m) {
+      return m.substr(m.find(" failed: "), m.find(" (Gloo: ") - m.find(" failed: "));
+    };
+    for (int r = 1; r + 1 < n; ++r) CHECK(cause(messages[static_cast<std::size_t>(r)]) == cause(messages[0]));
   }
 }
 
