@@ -310,7 +310,8 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
     else
       train_with(
           std::type_identity<DiLoCo<O, Comm>>{},
-          {.optimizer = o, .outer = {.period = l.diloco, .outer_lr = l.outer_lr, .outer_momentum = l.outer_momentum}});
+          {.optimizer = o,
+           .outer = {.period = l.diloco, .outer_lr = l.outer_lr, .outer_momentum = l.outer_momentum, .wire = l.wire}});
   };
   if constexpr (std::same_as<S, HostSpace>) {
     if (cfg.local.on()) {

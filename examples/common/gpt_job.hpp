@@ -378,9 +378,10 @@ void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus) {
         {.optimizer = adamw,
          .local = {.period = l.local_sgd, .warmup_steps = l.warmup, .average_optimizer_state = l.average_state}});
   if (l.diloco > 0)
-    return go_local(std::type_identity<DiLoCo<optim::AdamW, Comm>>{},
-                    {.optimizer = adamw,
-                     .outer = {.period = l.diloco, .outer_lr = l.outer_lr, .outer_momentum = l.outer_momentum}});
+    return go_local(
+        std::type_identity<DiLoCo<optim::AdamW, Comm>>{},
+        {.optimizer = adamw,
+         .outer = {.period = l.diloco, .outer_lr = l.outer_lr, .outer_momentum = l.outer_momentum, .wire = l.wire}});
   // --grad-accum: each rank's share in micro-steps whose gradients add up locally, reduced once per step.
   if (cfg.grad_accum > 1) return go(AverageAllReduce{}, MicroBatches{.count = cfg.grad_accum * comm.world_size()});
   with_reduction<true>(cfg.reduction, go);

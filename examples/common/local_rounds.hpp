@@ -1,6 +1,6 @@
 // The main job's spelling of training with less communication (parallel/local_sgd.hpp): --local-sgd H with
-// --local-sgd-warmup W and --average-optimizer-state (LocalSgd: post-local SGD), or --diloco H with --outer-lr and
-// --outer-momentum (DiLoCo); their checks against the other flags, and the line that compares the bytes sent with
+// --local-sgd-warmup W and --average-optimizer-state (LocalSgd: post-local SGD), or --diloco H with --outer-lr,
+// --outer-momentum and --comm-hook bf16|fp16 for its pseudo-gradient (DiLoCo); their checks against the other flags, and the line that compares the bytes sent with
 // DDP's.
 #pragma once
 
@@ -16,12 +16,13 @@
 namespace ddp::examples {
 
 struct LocalChoice {
-  std::int64_t local_sgd = 0;   // --local-sgd H: LocalSgd's period (0: off)
-  std::int64_t warmup = 0;      // --local-sgd-warmup W: synchronous steps first
-  bool average_state = false;   // --average-optimizer-state
-  std::int64_t diloco = 0;      // --diloco H: DiLoCo's period (0: off)
-  double outer_lr = 0.7;        // --outer-lr
-  double outer_momentum = 0.9;  // --outer-momentum
+  std::int64_t local_sgd = 0;                    // --local-sgd H: LocalSgd's period (0: off)
+  std::int64_t warmup = 0;                       // --local-sgd-warmup W: synchronous steps first
+  bool average_state = false;                    // --average-optimizer-state
+  std::int64_t diloco = 0;                       // --diloco H: DiLoCo's period (0: off)
+  double outer_lr = 0.7;                         // --outer-lr
+  double outer_momentum = 0.9;                   // --outer-momentum
+  PseudoGradient wire = PseudoGradient::kFloat;  // --comm-hook bf16|fp16 with --diloco
   bool on() const noexcept { return local_sgd > 0 || diloco > 0; }
 };
 
@@ -63,10 +64,13 @@ inline LocalChoice local_choice(Flags const& f, ReductionChoice const& r) {
     throw ArgumentError(p + ": " + what +
                         " with --deterministic: local steps depend on each rank's share, so an exact run needs "
                         "virtual replicas, which this build does not have; drop one of them");
-  if (r.zero != 0 || r.update != UpdateAt::kStep || r.comm_hook != "none")
+  bool const half_hook = r.comm_hook == "bf16" || r.comm_hook == "fp16";
+  if (r.zero != 0 || r.update != UpdateAt::kStep || (r.comm_hook != "none" && !(c.diloco > 0 && half_hook)))
     throw ArgumentError(p + ": " + what +
                         " steps each rank's own replica with a plain optimizer and averages float parameters: drop "
-                        "--zero, --overlap-update and --comm-hook");
+                        "--zero, --overlap-update and --comm-hook (--diloco takes --comm-hook bf16 or fp16: its "
+                        "pseudo-gradient travels as 16-bit floats)");
+  if (c.diloco > 0 && half_hook) c.wire = r.comm_hook == "bf16" ? PseudoGradient::kBf16 : PseudoGradient::kFp16;
   return c;
 }
 

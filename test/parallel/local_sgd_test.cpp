@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "test/parallel/local_sgd_cases.hpp"
@@ -34,6 +35,42 @@ TEST_CASE("LocalSgd: average_optimizer_state makes the momentum the same on ever
 
 TEST_CASE("DiLoCo: the outer Nesterov step on the averaged pseudo-gradient, every period-th step") {
   for (int n : {1, 2, 4}) spawn(n, [](ThreadsBackend& comm) { test::diloco_matches_replicas(comm, 3, 7); });
+}
+
+TEST_CASE("DiLoCo: a 16-bit pseudo-gradient sends half the bytes and stays within its rounding of the float one") {
+  spawn(2, [](ThreadsBackend& comm) {
+    int const n = comm.world_size(), r = comm.rank();
+    auto const data = test::make_data(6 * n * 4, 8, 4, 47);
+    auto run = [&](PseudoGradient wire) {
+      auto model = test::make_mlp(8, 16, 4, 5);
+      Recording<ThreadsBackend> rec(comm);
+      DistributedDataParallel<test::Mlp, Recording<ThreadsBackend>> ddp(model, rec);
+      DiLoCo<optim::SGD, Recording<ThreadsBackend>> opt(
+          ddp, {.optimizer = {.lr = 0.05}, .outer = {.period = 3, .wire = wire}});
+      rec.clear();
+      for (int s = 0; s < 6; ++s) {
+        opt.zero_grad();
+        backward(mse_loss(ddp(Var(test::rows(data.x, (s * n + r) * 4, 4))), test::rows(data.y, (s * n + r) * 4, 4)));
+        opt.step();
+      }
+      Dtype dtype = Dtype::kFloat32;
+      for (auto const& c : rec.records())
+        if (c.tag.label == "average") dtype = c.dtype;
+      return std::tuple{test::weights(ddp.parameters()), opt.bytes_sent(), dtype};
+    };
+    auto const [f32, f32_bytes, f32_type] = run(PseudoGradient::kFloat);
+    auto const [bf16, bf16_bytes, bf16_type] = run(PseudoGradient::kBf16);
+    auto const [fp16, fp16_bytes, fp16_type] = run(PseudoGradient::kFp16);
+    CHECK(f32_type == Dtype::kFloat32);
+    CHECK(bf16_type == Dtype::kBFloat16);
+    CHECK(fp16_type == Dtype::kFloat16);
+    CHECK(bf16_bytes * 2 == f32_bytes);
+    CHECK(fp16_bytes * 2 == f32_bytes);
+    double const d_bf16 = test::local_rel_diff(bf16, f32), d_fp16 = test::local_rel_diff(fp16, f32);
+    CHECK(d_bf16 > 0);  // it did round
+    CHECK(d_bf16 < 1e-2);
+    CHECK(d_fp16 < 1e-3);
+  });
 }
 
 TEST_CASE("LocalSgd: a local step under MicroBatches steps on the rank's mean gradient") {

@@ -55,6 +55,10 @@ expect 'communication: [0-9]* bytes a local step (6 parameter averages in 24 loc
 min_acc=45 run --diloco 4
 expect 'adamw inside DiLoCo: an outer step every 4 steps (SGD, lr 0.7, Nesterov momentum 0.9)'
 expect 'communication: [0-9]* bytes a local step (8 outer steps in 32 local steps), 1/4.0 of DDP'
+# Its pseudo-gradient as bfloat16: half the bytes again.
+min_acc=45 run --diloco 4 --comm-hook bf16
+expect 'Nesterov momentum 0.9), pseudo-gradient as bfloat16'
+expect 'communication: [0-9]* bytes a local step (8 outer steps in 32 local steps), 1/8.0 of DDP'
 
 # PowerSGD stopped after 10 of its 16 steps and resumed: the same final test line as the uninterrupted run.
 psgd=(--comm-hook powersgd --powersgd-warmup 2)

@@ -36,6 +36,8 @@ expect "--outer-momentum must be in [0, 1), got 1" --diloco 8 --outer-momentum 1
 expect "--local-sgd must be at least 0, got -2" --local-sgd -2
 expect "--diloco with --deterministic" --diloco 4 --deterministic
 expect "drop --zero, --overlap-update and --comm-hook" --local-sgd 4 --zero 1
+expect "drop --zero, --overlap-update and --comm-hook" --local-sgd 4 --comm-hook bf16
+expect "(--diloco takes --comm-hook bf16 or fp16" --diloco 4 --comm-hook powersgd
 expect "checkpoints do not hold the period's position" --local-sgd 4 --checkpoint x.ckpt
 expect "--calibration-cache is for --bucket-cap-mb auto" --calibration-cache /tmp/cal.txt
 expect "--bucket-cap-mb auto profiles host tensors" --bucket-cap-mb auto --deterministic true

@@ -13,6 +13,7 @@
 //    parameters' change since the last outer step, averaged across ranks (the pseudo-gradient: kept - current), is
 //    applied to the kept copy of the synced parameters by SGD with Nesterov momentum (outer_lr 0.7 and momentum 0.9,
 //    the paper's), and every replica restarts from the result. The inner optimizer's state stays each rank's own.
+//    DiLoCoOptions::wire sends the pseudo-gradient as bfloat16 or float16 (half the bytes; CompressedAllReduce's cast).
 // The averages are all-reduces (kAvg) of the arena's bucket slices, tagged "average", in plan order: they show up in
 // Recording traces as their own collectives; a local step launches none. After an average every rank holds the same
 // parameters (bitwise: the backend's all-reduce is the same on every rank); buffers (BatchNorm's statistics) are then
@@ -28,6 +29,7 @@
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -43,6 +45,7 @@
 #include "ddp/parallel/composition.hpp"
 #include "ddp/parallel/overlapped_update.hpp"
 #include "ddp/parallel/replicas.hpp"
+#include "ddp/tensor/half.hpp"
 #include "ddp/tensor/kernels.hpp"
 #include "ddp/trace/timeline.hpp"
 
@@ -54,10 +57,15 @@ struct LocalSgdOptions {
   bool average_optimizer_state = false;  // also average the optimizer's buffers at each average
 };
 
+// How DiLoCo's pseudo-gradient travels: as the parameters' type, or cast to a 16-bit float (scaled by 1/world, summed,
+// cast back: the bucket wire of CompressedAllReduce, half the bytes; the backend must move 16-bit floats).
+enum class PseudoGradient { kFloat, kBf16, kFp16 };
+
 struct DiLoCoOptions {
   std::int64_t period = 500;    // H: inner (local) steps between two outer steps (>= 1)
   double outer_lr = 0.7;        // the outer SGD's learning rate
   double outer_momentum = 0.9;  // its Nesterov momentum (0: plain SGD)
+  PseudoGradient wire = PseudoGradient::kFloat;
 };
 
 namespace detail {
@@ -151,14 +159,24 @@ class LocalRounds : public DdpHook {
       fn(b, arena_->entries()[buckets[b].params.front()].offset, buckets[b].numel);
   }
 
-  // Replaces `x` (laid out like the arena's values) by its average over the ranks, bucket by bucket; each one a span
-  // on the timeline's communication lane (DdpOptions::timeline).
-  void average(T* x) {
+  // Replaces `x` (laid out like the arena's values) by its average over the ranks, bucket by bucket, in T or (H a
+  // 16-bit float) through a buffer of H: x / world cast, summed, cast back. Each bucket is a span on the timeline's
+  // communication lane (DdpOptions::timeline).
+  // `buffer`: room for the arena's values in H (unused when H is T).
+  template <class H = T>
+  void average(T* x, H* buffer = nullptr) {
     for_each_bucket([&](std::size_t b, std::int64_t lo, std::int64_t n) {
       auto const t0 = Timeline::clock::now();
-      comm_->all_reduce(SpaceSpan<T, S>(x + lo, static_cast<std::size_t>(n)), ReduceOp::kAvg,
-                        CollectiveTag{"average", static_cast<std::int64_t>(b)});
-      std::int64_t const bytes = n * static_cast<std::int64_t>(sizeof(T));
+      CollectiveTag const tag{"average", static_cast<std::int64_t>(b)};
+      if constexpr (std::same_as<H, T>) {
+        comm_->all_reduce(SpaceSpan<T, S>(x + lo, static_cast<std::size_t>(n)), ReduceOp::kAvg, tag);
+      } else {
+        H* const h = buffer + lo;
+        Kernels<S>::cast(n, 1.0f / static_cast<float>(comm_->world_size()), x + lo, h);
+        comm_->all_reduce(SpaceSpan<H, S>(h, static_cast<std::size_t>(n)), ReduceOp::kSum, tag);
+        Kernels<S>::cast(n, 1.0f, h, x + lo);
+      }
+      std::int64_t const bytes = n * static_cast<std::int64_t>(sizeof(H));
       if (timeline_)
         timeline_->add(detail::cat("average bucket ", b, " (", bytes, " bytes)"), "comm", t0, Timeline::clock::now(),
                        Timeline::kComm);
@@ -275,6 +293,18 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
     kept_ = Tensor<T, S>(Shape{n});
     delta_ = Tensor<T, S>(Shape{n});
     if (opts_.outer_momentum > 0) momentum_ = Tensor<T, S>(Shape{n});
+    if (opts_.wire != PseudoGradient::kFloat) {
+      if constexpr (HalfCommunicator<C>) {
+        if (opts_.wire == PseudoGradient::kBf16)
+          bf16_ = SpaceAllocator<S>::template allocate<bfloat16>(static_cast<std::size_t>(n));
+        if (opts_.wire == PseudoGradient::kFp16)
+          fp16_ = SpaceAllocator<S>::template allocate<float16>(static_cast<std::size_t>(n));
+      } else {
+        throw ArgumentError(
+            "DiLoCo: a 16-bit pseudo-gradient needs a backend that moves bfloat16/float16 "
+            "(HalfCommunicator: ThreadsBackend, MpiBackend, NcclBackend)");
+      }
+    }
     this->for_each_bucket([&](std::size_t, std::int64_t lo, std::int64_t k) {  // rank 0's on every rank (DDP)
       Kernels<S>::copy(k, this->values() + lo, kept_.data() + lo);
     });
@@ -300,7 +330,10 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
  private:
   std::string cat_describe(std::string const& inner) const override {
     return detail::cat(inner, " inside DiLoCo: an outer step every ", opts_.period, " steps (SGD, lr ", opts_.outer_lr,
-                       ", Nesterov momentum ", opts_.outer_momentum, ")");
+                       ", Nesterov momentum ", opts_.outer_momentum, ")",
+                       opts_.wire == PseudoGradient::kBf16   ? ", pseudo-gradient as bfloat16"
+                       : opts_.wire == PseudoGradient::kFp16 ? ", pseudo-gradient as float16"
+                                                             : "");
   }
 
   // delta = kept - x, averaged; m = mu m + delta; kept -= lr (delta + mu m) (PyTorch's SGD with nesterov=True);
@@ -310,7 +343,12 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
     this->for_each_bucket([&](std::size_t, std::int64_t lo, std::int64_t n) {
       Kernels<S>::add(n, T(1), kept_.data() + lo, T(-1), x + lo, delta_.data() + lo);
     });
-    this->average(delta_.data());
+    if (opts_.wire == PseudoGradient::kBf16)
+      this->average(delta_.data(), bf16_.get());
+    else if (opts_.wire == PseudoGradient::kFp16)
+      this->average(delta_.data(), fp16_.get());
+    else
+      this->average(delta_.data());
     T const mu = static_cast<T>(opts_.outer_momentum), lr = static_cast<T>(opts_.outer_lr);
     this->for_each_bucket([&](std::size_t, std::int64_t lo, std::int64_t n) {
       T* const d = delta_.data() + lo;
@@ -329,6 +367,8 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
 
   DiLoCoOptions opts_;
   Tensor<T, S> kept_, delta_, momentum_;  // laid out like the arena's values
+  std::shared_ptr<bfloat16[]> bf16_;      // the pseudo-gradient on a 16-bit wire (DiLoCoOptions::wire)
+  std::shared_ptr<float16[]> fp16_;
 };
 
 }  // namespace ddp
