@@ -76,6 +76,13 @@ struct HandReplicas {
 inline std::int64_t labelled(std::vector<CollectiveRecord> const& recs, std::string_view label) {
   return std::count_if(recs.begin(), recs.end(), [&](CollectiveRecord const& c) { return c.tag.label == label; });
 }
+// The bytes this rank passed to the collectives labelled `label`, as the trace counts them (count × wire type).
+inline std::int64_t labelled_bytes(std::vector<CollectiveRecord> const& recs, std::string_view label) {
+  std::int64_t bytes = 0;
+  for (auto const& c : recs)
+    if (c.tag.label == label) bytes += static_cast<std::int64_t>(c.count * size_of(c.dtype));
+  return bytes;
+}
 
 // LocalSgd with `warmup` synchronous steps, then local steps averaged every `period`: each step's weights against the
 // hand-made replicas (the synchronous steps against a plain DDP's, bitwise), what each step launched, and the bytes.
@@ -94,6 +101,7 @@ void local_sgd_matches_replicas(C& comm, std::int64_t period, std::int64_t warmu
   DistributedDataParallel<Mlp, C> plain(plain_model, comm, {}, {.bucketer = buckets});
   optim::SGD plain_opt(plain.parameters(), o);
   HandReplicas hand(n, o);
+  std::int64_t traced = 0;  // the averages' bytes, from the trace
   std::int64_t const nb = static_cast<std::int64_t>(ddp.plan().buckets.size());
   expect(nb >= 2, "the plan should have several buckets");
   for (int s = 0; s < steps; ++s) {
@@ -108,6 +116,7 @@ void local_sgd_matches_replicas(C& comm, std::int64_t period, std::int64_t warmu
     expect(labelled(rec.records(), "bucket") == (sync && n > 1 ? nb : 0),
            at + "a local step launched bucket all-reduces, or a synchronous one did not");
     expect(labelled(rec.records(), "average") == (averaged ? nb : 0), at + "wrong number of parameter averages");
+    traced += labelled_bytes(rec.records(), "average");
     if (sync) {
       plain_opt.zero_grad();
       backward(mse_loss(plain(Var(x)), y));
@@ -133,6 +142,8 @@ void local_sgd_matches_replicas(C& comm, std::int64_t period, std::int64_t warmu
   std::int64_t bytes = 0;
   for (auto const& b : ddp.plan().buckets) bytes += b.numel * static_cast<std::int64_t>(sizeof(float));
   expect(opt.bytes_sent() == averages * bytes, "bytes_sent(): one parameter set per average");
+  expect(traced == opt.bytes_sent(),
+         detail::cat("the trace counts ", traced, " bytes of averages, bytes_sent() ", opt.bytes_sent()));
 }
 
 // With average_optimizer_state, the momentum buffers are the same on every rank after an average.
