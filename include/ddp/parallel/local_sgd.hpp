@@ -105,11 +105,15 @@ class LocalRounds : public DdpHook {
   LocalRounds(LocalRounds const&) = delete;
   LocalRounds& operator=(LocalRounds const&) = delete;
 
+  static std::string name() { return O::name(); }
   void zero_grad() { inner_.zero_grad(); }
   double lr() const noexcept { return inner_.lr(); }
   void set_lr(double lr) { inner_.set_lr(lr); }
   O& optimizer() noexcept { return inner_; }
   O const& optimizer() const noexcept { return inner_; }
+  // The inner optimizer's state (checkpoints refuse these optimizers: checkpoint_refusal).
+  optim::OptimizerState<T> state() const { return inner_.state(); }
+  void load_state(optim::OptimizerState<T> const& st) { inner_.load_state(st); }
   // Steps taken (synchronous and local).
   std::int64_t steps() const noexcept { return steps_; }
   // Averages taken (LocalSgd) or outer steps (DiLoCo), and the bytes one rank sent in them.
@@ -219,7 +223,6 @@ class LocalSgd final : public detail::LocalRounds<O, C> {
     this->attach();
   }
 
-  static std::string name() { return O::name(); }
   static constexpr char const* kSyncName = "parameter averages";
   LocalSgdOptions const& local_options() const noexcept { return opts_; }
   // Steps taken as ordinary DDP steps (the warm-up's).
@@ -242,9 +245,6 @@ class LocalSgd final : public detail::LocalRounds<O, C> {
     if (this->sync_buffers_) this->sync_buffers_();
     ++this->syncs_;
   }
-
-  optim::OptimizerState<T> state() const { return this->inner_.state(); }
-  void load_state(optim::OptimizerState<T> const& st) { this->inner_.load_state(st); }
 
  private:
   std::string cat_describe(std::string const& inner) const override {
@@ -311,7 +311,6 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
     this->attach();
   }
 
-  static std::string name() { return O::name(); }
   static constexpr char const* kSyncName = "outer steps";
   DiLoCoOptions const& outer_options() const noexcept { return opts_; }
   std::int64_t sync_steps() const noexcept { return 0; }
@@ -323,9 +322,6 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
     ++this->steps_;
     if (this->steps_ % opts_.period == 0) outer_step();
   }
-
-  optim::OptimizerState<T> state() const { return this->inner_.state(); }
-  void load_state(optim::OptimizerState<T> const& st) { this->inner_.load_state(st); }
 
  private:
   std::string cat_describe(std::string const& inner) const override {
