@@ -190,14 +190,26 @@ TEST_CASE("composition rule local-alone: local rounds with a hook that takes rou
   });
 }
 
-TEST_CASE("composition rule local-exact: local rounds in deterministic mode") {
+TEST_CASE("composition rule local-exact: deterministic mode takes local rounds with virtual replicas only") {
   spawn(2, [](ThreadsBackend& comm) {
     auto model = test::make_mlp(8, 16, 4, 5);
     DeterministicDataParallel<test::Mlp, ThreadsBackend> ddp(model, comm, {}, {.batching = {.count = 2}});
     HookTraits const l{.name = "LocalSgd", .caps = Capability::kLocalRounds};
     std::string const want = refusal({.ddp = ddp.composition(), .attaching = &l});
-    REQUIRE(want.find("an exact local SGD needs virtual replicas") != std::string::npos);
+    REQUIRE(want.find("declare virtual replicas") != std::string::npos);
     CHECK(raised([&] { LocalSgd<optim::SGD, ThreadsBackend> local(ddp, {.optimizer = {.lr = 0.1}}); }) == want);
+    LocalSgd<optim::SGD, ThreadsBackend> exact(ddp, {.optimizer = {.lr = 0.1}, .local = {.replicas = 2}});
+    CHECK(exact.traits().caps.has(Capability::kVirtualReplicas));
+  });
+  spawn(2, [](ThreadsBackend& comm) {  // and virtual replicas only in deterministic mode
+    auto model = test::make_mlp(8, 16, 4, 5);
+    Plain ddp(model, comm);
+    HookTraits const v{.name = "DiLoCo", .caps = Capability::kLocalRounds | Capability::kVirtualReplicas};
+    std::string const want = refusal({.ddp = ddp.composition(), .attaching = &v});
+    REQUIRE(want.find("virtual replicas are exact through deterministic mode") != std::string::npos);
+    CHECK(raised([&] {
+            DiLoCo<optim::SGD, ThreadsBackend> diloco(ddp, {.optimizer = {.lr = 0.1}, .outer = {.replicas = 2}});
+          }) == want);
   });
 }
 

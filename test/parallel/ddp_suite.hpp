@@ -88,6 +88,11 @@ void ddp_suite(C& comm, HalfSum sum) {
   ddp::test::local_sgd_matches_replicas(comm, 3, 0, 7);
   ddp::test::local_sgd_matches_replicas(comm, 2, 3, 8);
   ddp::test::local_sgd_averages_state(comm);
+  // Virtual replicas: 4 of them at any world size dividing 4, against replicas trained by hand.
+  if (4 % comm.world_size() == 0) {
+    ddp::test::virtual_replicas_match_hand(comm, false);
+    ddp::test::virtual_replicas_match_hand(comm, true);
+  }
   ddp::test::diloco_matches_replicas(comm, 3, 7);
   if (comm.rank() == 0)
     std::printf("ddp %s tests passed on %d ranks (equivalence %.3g, %.3g; no_sync %.3g)\n",

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "ddp/comm/recording.hpp"
 #include "ddp/ddp.hpp"
 #include "ddp/parallel/local_sgd.hpp"
+#include "ddp/train/checkpoint.hpp"
 #include "test/parallel/ddp_cases.hpp"
 
 namespace ddp::test {
@@ -211,6 +213,115 @@ void diloco_matches_replicas(C& comm, std::int64_t period, int steps) {
     expect(d < 2e-6, detail::cat("rank ", r, ", step ", s + 1, ": the weights are ", d, " from the hand-made ones"));
   }
   expect(opt.syncs() == steps / period, "syncs()");
+}
+
+// Virtual replicas (parallel/local_rounds.hpp): R = 4 replicas of the MLP in deterministic mode, whatever the world
+// size (1, 2 or 4): each step's 16 rows are 8 micro-batches of 2, and replica g takes rows [4g, 4g + 4) (two
+// micro-batches). LocalSgd (2 warm-up steps, then an average every 3 steps, with the optimizer state when
+// `average_state`) or DiLoCo (an outer step every 3), over steps [from, to) of one fixed data stream; it resumes from
+// `resume` and saves to `save` (save_checkpoint, collective) when they are given. Returns every replica's parameters
+// and optimizer buffers and DiLoCo's kept copy (LocalRoundsState, gathered: the same on every rank), flattened, then
+// rank 0's parameters at rest.
+inline constexpr std::int64_t kVirtualReplicas = 4;
+inline constexpr int kVirtualSteps = 7;
+
+template <AsyncCommunicator C>
+std::vector<float> virtual_replicas_run(C& comm, bool diloco, bool average_state, int from, int to,
+                                        std::filesystem::path const& resume = {},
+                                        std::filesystem::path const& save = {}) {
+  int const n = comm.world_size(), r = comm.rank();
+  std::int64_t const step_rows = 16, mine = step_rows / n;
+  Data const data = make_data(step_rows * kVirtualSteps, 8, 4, 53);
+  auto model = make_mlp(8, 16, 4, 5);
+  DeterministicDataParallel<Mlp, C> ddp(
+      model, comm, {}, {.bucketer = SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 128}}, .batching = {.count = 8}});
+  optim::SgdOptions const o{.lr = 0.05, .momentum = 0.9};
+  std::vector<float> out;
+  auto train = [&](auto& opt) {
+    if (!resume.empty()) {
+      TrainPosition const pos = load_checkpoint(resume, comm, model, opt);
+      expect(pos.global_step == from, "the checkpoint's step");
+    }
+    for (int s = from; s < to; ++s) {
+      Tensor<float> const x = rows(data.x, s * step_rows + r * mine, mine);
+      Tensor<float> const y = rows(data.y, s * step_rows + r * mine, mine);
+      opt.zero_grad();
+      for (auto const& mb : ddp.micro_batches(x, y, {.step = static_cast<std::uint64_t>(s)}))
+        backward(mse_loss(ddp(mb), mb.y));
+      opt.step();
+    }
+    if (!save.empty()) save_checkpoint(save, comm, model, opt, TrainPosition{.global_step = to, .world_size = n});
+    auto const st = opt.local_state();
+    expect(st.replicas == kVirtualReplicas && st.values.size() == static_cast<std::size_t>(kVirtualReplicas),
+           "local_state() holds every virtual replica");
+    for (auto const& replica : st.values)
+      for (auto const& v : replica) out.insert(out.end(), v.begin(), v.end());
+    for (auto const& os : st.states)
+      for (auto const& p : os.parameters)
+        for (auto const& b : p.buffers) out.insert(out.end(), b.begin(), b.end());
+    for (auto const& v : st.kept) out.insert(out.end(), v.begin(), v.end());
+    if (r == 0) {
+      auto const w = weights(ddp.parameters());
+      out.insert(out.end(), w.begin(), w.end());
+    }
+  };
+  if (diloco) {
+    DiLoCo<optim::SGD, C> opt(ddp, {.optimizer = o, .outer = {.period = 3, .replicas = kVirtualReplicas}});
+    train(opt);
+  } else {
+    LocalSgd<optim::SGD, C> opt(
+        ddp,
+        {.optimizer = o,
+         .local = {
+             .period = 3, .warmup_steps = 2, .average_optimizer_state = average_state, .replicas = kVirtualReplicas}});
+    train(opt);
+  }
+  return out;
+}
+
+// The virtual replicas against R replicas trained by hand (each on its 4 rows, one forward; the averages in float):
+// within float reordering, at any world size; and every rank's gathered replicas are the same bits.
+template <AsyncCommunicator C>
+void virtual_replicas_match_hand(C& comm, bool diloco) {
+  int const n = comm.world_size();
+  std::vector<float> const got = virtual_replicas_run(comm, diloco, false, 0, kVirtualSteps);
+  optim::SgdOptions const o{.lr = 0.05, .momentum = 0.9};
+  Data const data = make_data(16 * kVirtualSteps, 8, 4, 53);
+  HandReplicas hand(static_cast<int>(kVirtualReplicas), o);
+  std::vector<float> kept = weights(hand.arenas[0]), momentum;
+  for (int s = 0; s < kVirtualSteps; ++s) {
+    bool const sync = !diloco && s < 2;
+    hand.step(data, s, 4, sync);
+    bool const averaged = diloco ? (s + 1) % 3 == 0 : !sync && (s + 1 - 2) % 3 == 0;
+    if (!averaged) continue;
+    if (!diloco) {
+      hand.set_all(hand.mean());
+      continue;
+    }
+    std::vector<float> const mean = hand.mean();
+    std::vector<float> delta(kept.size());
+    for (std::size_t i = 0; i < kept.size(); ++i) delta[i] = kept[i] - mean[i];
+    if (momentum.empty())
+      momentum = delta;
+    else
+      for (std::size_t i = 0; i < kept.size(); ++i) momentum[i] = delta[i] + 0.9f * momentum[i];
+    for (std::size_t i = 0; i < kept.size(); ++i) kept[i] -= 0.7f * (delta[i] + 0.9f * momentum[i]);
+    hand.set_all(kept);
+  }
+  std::vector<float> want;
+  for (auto const& a : hand.arenas) {
+    auto const w = weights(a);
+    want.insert(want.end(), w.begin(), w.end());
+  }
+  std::vector<float> const replicas(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(want.size()));
+  double const d = local_rel_diff(replicas, want);
+  expect(d < 1e-5, detail::cat(diloco ? "DiLoCo" : "LocalSgd", " with ", kVirtualReplicas, " virtual replicas at ", n,
+                               " ranks: ", d, " from the replicas trained by hand"));
+  std::vector<float> all(replicas.size() * static_cast<std::size_t>(n));
+  host_all_gather(comm, std::span<float const>(replicas), std::span<float>(all));
+  for (int k = 1; k < n; ++k)
+    expect(std::equal(replicas.begin(), replicas.end(), all.begin() + static_cast<std::ptrdiff_t>(k * replicas.size())),
+           detail::cat("rank ", comm.rank(), "'s gathered replicas differ from rank ", k, "'s"));
 }
 
 }  // namespace ddp::test

@@ -117,18 +117,89 @@ TEST_CASE("LocalSgd: each bucket's average is a span on the timeline's communica
   });
 }
 
-TEST_CASE("LocalSgd and DiLoCo: a checkpoint is refused on every rank, not written with one rank's replica") {
-  spawn(2, [](ThreadsBackend& comm) {
+// Rank 0's result of `f(comm)` on `n` thread ranks.
+template <class F>
+auto on_ranks(int n, F f) {
+  decltype(f(std::declval<ThreadsBackend&>())) out{};
+  spawn(n, [&](ThreadsBackend& comm) {
+    auto v = f(comm);
+    if (comm.rank() == 0) out = std::move(v);
+  });
+  return out;
+}
+
+TEST_CASE("Virtual replicas: the replicas trained by hand, at 1, 2 and 4 ranks") {
+  for (bool diloco : {false, true})
+    for (int n : {1, 2, 4}) spawn(n, [&](ThreadsBackend& comm) { test::virtual_replicas_match_hand(comm, diloco); });
+}
+
+TEST_CASE("Virtual replicas: bitwise the same replicas, optimizer state and weights at 1, 2 and 4 ranks") {
+  for (bool diloco : {false, true}) {
+    CAPTURE(diloco);
+    auto run = [&](ThreadsBackend& comm) {
+      return test::virtual_replicas_run(comm, diloco, true, 0, test::kVirtualSteps);
+    };
+    auto const one = on_ranks(1, run);
+    REQUIRE(!one.empty());
+    CHECK(on_ranks(2, run) == one);
+    CHECK(on_ranks(4, run) == one);
+  }
+}
+
+TEST_CASE("Virtual replicas: a checkpoint taken mid-period at 2 ranks resumes at 4 (and 4 at 1) bitwise") {
+  auto const dir = std::filesystem::temp_directory_path();
+  for (bool diloco : {false, true}) {
+    CAPTURE(diloco);
+    auto const whole = on_ranks(2, [&](ThreadsBackend& comm) {
+      return test::virtual_replicas_run(comm, diloco, true, 0, test::kVirtualSteps);
+    });
+    auto const file = dir / (diloco ? "ddp_virtual_diloco.ckpt" : "ddp_virtual_local_sgd.ckpt");
+    // Step 4: LocalSgd is one step into its second period, DiLoCo one step after its first outer step.
+    (void)on_ranks(
+        2, [&](ThreadsBackend& comm) { return test::virtual_replicas_run(comm, diloco, true, 0, 4, {}, file); });
+    CHECK(on_ranks(4, [&](ThreadsBackend& comm) {
+            return test::virtual_replicas_run(comm, diloco, true, 4, test::kVirtualSteps, file);
+          }) == whole);
+    (void)on_ranks(
+        4, [&](ThreadsBackend& comm) { return test::virtual_replicas_run(comm, diloco, true, 0, 5, {}, file); });
+    CHECK(on_ranks(1, [&](ThreadsBackend& comm) {
+            return test::virtual_replicas_run(comm, diloco, true, 5, test::kVirtualSteps, file);
+          }) == whole);
+    std::filesystem::remove(file);
+  }
+}
+
+TEST_CASE("LocalSgd and DiLoCo: a checkpoint keeps every rank's replica and resumes bitwise at the same world size") {
+  auto const file = std::filesystem::temp_directory_path() / "ddp_local_sgd_per_rank.ckpt";
+  using Trainer = basic_trainer<test::Mlp, ThreadsBackend, DiLoCo<optim::SGD, ThreadsBackend>>;
+  auto const data = test::make_data(64, 8, 4, 59);
+  TensorDataset<float> const set(data.x, data.y);
+  auto run = [&](int epochs, bool resume, bool save) {
+    return on_ranks(2, [&](ThreadsBackend& comm) {
+      auto model = test::make_mlp(8, 16, 4, 5);
+      Trainer t(model, comm, {.optimizer = {.lr = 0.05}, .outer = {.period = 3}}, {.global_batch = 8});
+      std::int64_t first = 0;
+      if (resume) first = t.load_checkpoint(file).epoch;
+      for (std::int64_t e = first; e < epochs; ++e)
+        t.fit_epoch(set, EpochStart{.epoch = e}, [](auto const& out, auto const& b) { return mse_loss(out, b.y); });
+      if (save) t.save_checkpoint(file, {.epoch = epochs});
+      // every rank's replica (they differ between outer steps: 8 steps an epoch, an outer step every 3)
+      std::vector<float> w = test::weights(t.ddp().parameters()), all(w.size() * 2);
+      host_all_gather(comm, std::span<float const>(w), std::span<float>(all));
+      return all;
+    });
+  };
+  auto const whole = run(2, false, false);
+  (void)run(1, false, true);
+  CHECK(run(2, true, false) == whole);
+  // At another world size one replica per rank has nowhere to go: refused by name, on every rank.
+  spawn(4, [&](ThreadsBackend& comm) {
     auto model = test::make_mlp(8, 16, 4, 5);
-    using Trainer = basic_trainer<test::Mlp, ThreadsBackend, DiLoCo<optim::SGD, ThreadsBackend>>;
-    Trainer t(model, comm, {.optimizer = {.lr = 0.1}, .outer = {.period = 4}}, {.global_batch = 8});
-    auto const file = std::filesystem::temp_directory_path() / "ddp_local_sgd_refused.ckpt";  // never written
-    CHECK_THROWS_WITH_AS(t.save_checkpoint(file, {}), doctest::Contains("LocalSgd and DiLoCo are not checkpointed yet"),
-                         ArgumentError);
-    CHECK(!std::filesystem::exists(file));
-    CHECK_THROWS_WITH_AS(t.load_checkpoint(file), doctest::Contains("LocalSgd and DiLoCo are not checkpointed yet"),
+    Trainer t(model, comm, {.optimizer = {.lr = 0.05}, .outer = {.period = 3}}, {.global_batch = 8});
+    CHECK_THROWS_WITH_AS(t.load_checkpoint(file), doctest::Contains("holds the replicas of 2 ranks and this run has 4"),
                          ArgumentError);
   });
+  std::filesystem::remove(file);
 }
 
 TEST_CASE("LocalSgd and DiLoCo: bad options are refused by name") {
@@ -146,6 +217,28 @@ TEST_CASE("LocalSgd and DiLoCo: bad options are refused by name") {
     CHECK_THROWS_WITH_AS(D(ddp, {.outer = {.outer_lr = 0}}), "DiLoCo: outer_lr must be positive, got 0", ArgumentError);
     CHECK_THROWS_WITH_AS(D(ddp, {.outer = {.outer_momentum = 1.0}}), "DiLoCo: outer_momentum must be in [0, 1), got 1",
                          ArgumentError);
+    CHECK_THROWS_WITH_AS(L(ddp, {.local = {.replicas = -1}}),
+                         "LocalSgd: replicas must be >= 0 (0: one replica per rank), got -1", ArgumentError);
+    CHECK_THROWS_WITH_AS(L(ddp, {.local = {.replicas = 2}}), doctest::Contains("virtual replicas are exact through"),
+                         ArgumentError);
+  });
+  spawn(2, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 16, 4, 5);
+    DeterministicDataParallel<test::Mlp, ThreadsBackend> ddp(model, comm, {}, {.batching = {.count = 4}});
+    using L = LocalSgd<optim::SGD, ThreadsBackend>;
+    using D = DiLoCo<optim::SGD, ThreadsBackend>;
+    CHECK_THROWS_WITH_AS(L(ddp, {}), doctest::Contains("declare virtual replicas"), ArgumentError);
+    CHECK_THROWS_WITH_AS(
+        L(ddp, {.local = {.replicas = 3}}),
+        "LocalSgd: 3 virtual replicas cannot be shared by 2 ranks: the world size must divide replicas", ArgumentError);
+    CHECK_THROWS_WITH_AS(
+        D(ddp, {.outer = {.replicas = 8}}),
+        "DiLoCo: 8 virtual replicas need the step's micro-batches (4, MicroBatches) to be a multiple of 8",
+        ArgumentError);
+    CHECK_THROWS_WITH_AS(D(ddp, {.outer = {.wire = PseudoGradient::kBf16, .replicas = 2}}),
+                         doctest::Contains("a 16-bit pseudo-gradient would round it"), ArgumentError);
+    L ok(ddp, {.local = {.replicas = 4}});  // two replicas on each rank, one micro-batch each
+    CHECK(ok.local_replicas() == 2);
   });
 }
 

@@ -173,6 +173,54 @@ TEST_CASE("the helpers build a valid checkpoint that decodes (the cases below ch
   CHECK(decode_checkpoint<float>(with_section("OPTM", optm_body(0.0, 0)), "f").optimizer.lr == 0.0);
 }
 
+// A checkpoint of LocalSgd/DiLoCo: two replicas of the valid checkpoint's parameters, with their optimizer states and a
+// kept copy.
+CheckpointData<float> valid_local_data() {
+  auto c = valid_data();
+  LocalRoundsState<float> l{
+      .kind = "DiLoCo", .replicas = 2, .steps = 5, .syncs = 1, .names = {"w", "b"}, .numels = {6, 2}};
+  for (int r = 0; r < 2; ++r) {
+    l.values.push_back({std::vector<float>(6, float(r)), std::vector<float>(2, float(r))});
+    l.states.push_back(c.optimizer);
+  }
+  l.kept = {std::vector<float>(6, 0.5f), std::vector<float>(2, 0.5f)};
+  c.local = l;
+  return c;
+}
+
+// A LOCL body for one parameter 'w' of `numel` values and `replicas` replicas (their values and states left out).
+std::string locl_body(std::int64_t numel, std::uint32_t replicas) {
+  detail::ByteWriter s;
+  s.put_string("LocalSgd");
+  s.put(std::int64_t{4});
+  s.put(std::int64_t{3});
+  s.put(std::int64_t{0});
+  s.put(std::uint32_t{1});
+  s.put_string("w");
+  s.put(numel);
+  s.put(replicas);
+  return s.bytes();
+}
+
+TEST_CASE("LOCL: every replica's parameters and optimizer state and the kept copy round-trip; bad counts are refused") {
+  auto const c = valid_local_data();
+  CHECK(decode_checkpoint<float>(encode_checkpoint(c), "f").local == c.local);
+  CHECK(!decode_checkpoint<float>(encode_checkpoint(valid_data()), "f").local);
+  auto with_locl = [&](std::string const& body) {
+    auto secs = split(encode_checkpoint(c));
+    for (auto& sec : secs)
+      if (sec.tag == "LOCL") sec.body = body;
+    return assemble(secs);
+  };
+  CHECK(decode_error(with_locl(locl_body(std::int64_t{1} << 40, 1))) ==
+        "checkpoint f.ckpt: section LOCL: replica 0's 'w' values: 1099511627776 × 4 bytes announced, but only 0 bytes "
+        "remain");
+  CHECK(contains(decode_error(with_locl(locl_body(2, 0xFFFFFFFFu))), "section LOCL: the number of replicas"));
+  CHECK(decode_error(with_locl(locl_body(2, 0))) ==
+        "checkpoint f.ckpt: section LOCL: the local rounds hold no replica");
+  CHECK(contains(decode_error(with_locl(locl_body(-1, 1))), "section LOCL: the size of 'w'"));
+}
+
 TEST_CASE("PARM: a parameter declaring 2^40 values in a few bytes is refused before anything is allocated") {
   auto const msg = decode_error(with_section("PARM", tensors_body(1, {1 << 20, 1 << 20}, 3)));
   CHECK(msg ==

@@ -10,14 +10,13 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <span>
 #include <type_traits>
 #include <vector>
 
+#include "ddp/bucket/exact_quantum.hpp"
 #include "ddp/bucket/outcome.hpp"
 #include "ddp/bucket/plan.hpp"
 #include "ddp/comm/communicator.hpp"
@@ -52,7 +51,7 @@ class ExactReducer {
     unready_ = np;
     had_.assign(np, 0);
     // |q| <= 2^bits for each of V terms, so the sum stays within int64: V * 2^bits <= 2^62.
-    bits_ = 62 - static_cast<int>(std::bit_width(static_cast<std::uint64_t>(micro_batches_ - 1)));
+    bits_ = detail::exact_bits(micro_batches_);
     outcome_.missing_somewhere.assign(np, 0);
     outcome_.present_somewhere.assign(np, 0);
     outcome_.non_finite.assign(np, 0);
@@ -187,40 +186,23 @@ class ExactReducer {
   void abandon() noexcept {}
 
  private:
-  // Exponent of the smallest quantum used for an all-zero parameter (keeps 2^shift finite in double).
-  static constexpr std::int64_t kFloorExponent = -200;
+  static constexpr std::int64_t kFloorExponent = detail::kExactFloorExponent;
 
-  // Running max of each parameter's exponent (words_[p]) and its non-finite flag (words_[np + p]). The largest
-  // magnitude is found on the bit patterns (IEEE magnitudes order like unsigned integers, and NaN and Inf sit
-  // above every finite value): one vectorised integer max per parameter.
+  // Running max of each parameter's exponent (words_[p]) and its non-finite flag (words_[np + p]).
   void note_magnitudes(T const* grads) {
-    using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-    constexpr Bits kMagnitude = ~Bits(0) >> 1;
-    constexpr Bits kInfinity = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
     std::size_t const np = arena_->count();
     for (std::size_t p = 0; p < np; ++p) {
       auto const& e = arena_->entries()[p];
-      T const* g = grads + e.offset;
-      Bits top = 0;
-      for (std::int64_t i = 0; i < e.numel; ++i) top = std::max(top, std::bit_cast<Bits>(g[i]) & kMagnitude);
-      bool const finite = top < kInfinity;
-      int exp = static_cast<int>(kFloorExponent);
-      if (finite && top != 0) std::frexp(static_cast<double>(std::bit_cast<T>(top)), &exp);  // max < 2^exp
-      words_[p] = std::max<std::int64_t>(words_[p], std::max<std::int64_t>(exp, kFloorExponent));
-      words_[np + p] = std::max<std::int64_t>(words_[np + p], finite ? 0 : 1);
+      auto const m = detail::exact_magnitude(grads + e.offset, e.numel);
+      words_[p] = std::max(words_[p], m.exponent);
+      words_[np + p] = std::max<std::int64_t>(words_[np + p], m.finite ? 0 : 1);
     }
   }
 
   // Quantum of parameter p: 2^-shift; every |gradient| < 2^e maps to |q| <= 2^bits_.
   int shift(std::size_t p) const noexcept { return bits_ - static_cast<int>(words_[p]); }
 
-  // Round to nearest (ties away from zero), branch-free so the loops vectorise. x * scale is exact (scale is a
-  // power of two, far from overflow); adding ±0.5 is exact below 2^52 for T's significand, and above it x is
-  // already an integer that the addition leaves unchanged.
-  static std::int64_t quantize(T g, double scale) noexcept {
-    double const x = static_cast<double>(g) * scale;
-    return static_cast<std::int64_t>(x + std::copysign(0.5, x));
-  }
+  static std::int64_t quantize(T g, double scale) noexcept { return detail::exact_quantize(g, scale); }
 
   C* comm_;
   BucketPlan plan_;

@@ -25,6 +25,8 @@ enum class Capability : std::uint8_t {
   kNeedsWholeGradients = 16,  // reads every averaged gradient between backward and the step (clipping, loss scaling)
   kLocalRounds = 32,          // decides before each round whether it is local: nothing travels and each rank keeps
                               // its own gradients (LocalSgd, DiLoCo: parallel/local_sgd.hpp)
+  kVirtualReplicas = 64,      // with kLocalRounds: trains virtual replicas, a fixed number whatever the world size,
+                              // averaged exactly (deterministic mode's local SGD: parallel/local_rounds.hpp)
 };
 
 // A set of capabilities: {Capability::kUpdatesInBackward} | Capability::kShardsState.
@@ -68,13 +70,16 @@ struct JoinRound {
 //    later buckets may still be in flight;
 //  - local_round() (kLocalRounds): at every forward, whether the step it belongs to is local (the same answer for
 //    every micro-batch of a step, and on every rank). A local step opens no round: no collective, buffers stay, and
-//    the rank's gradients are the sum over its own micro-batches.
+//    the rank's gradients are the sum over its own micro-batches;
+//  - on_local_forward(index) (kLocalRounds): in a local step, before the forward of the rank's micro-batch `index`
+//    with gradients enabled (a training forward; evaluation under NoGradGuard does not call it).
 class DdpHook {
  public:
   virtual HookTraits traits() const = 0;
   virtual JoinRound on_round() { return {}; }
   virtual void on_bucket_reduced(std::int64_t /*begin*/, std::int64_t /*end*/) {}
   virtual bool local_round() const { return false; }
+  virtual void on_local_forward(std::int64_t /*index*/) {}
 
  protected:
   virtual ~DdpHook() = default;
@@ -106,6 +111,9 @@ class HookList {
   DdpHook* update() const noexcept { return update_; }
   // Whether the coming step is local (a kLocalRounds hook says so).
   bool local_round() const { return local_ && local_->local_round(); }
+  void local_forward(std::int64_t index) const {
+    if (local_) local_->on_local_forward(index);
+  }
 
  private:
   void sync() noexcept {

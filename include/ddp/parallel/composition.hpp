@@ -61,7 +61,8 @@ inline constexpr CompositionRule kCompositionRules[] = {
     {"whole-owner", "attach", "clipping or loss scaling under OwnerReduce (the gradients are never whole)"},
     {"local-alone", "attach",
      "local rounds (LocalSgd, DiLoCo) with ddp::join, ZeRO, OwnerReduce, an update in backward or other local rounds"},
-    {"local-exact", "attach", "local rounds in deterministic mode (an exact local SGD needs virtual replicas)"},
+    {"local-exact", "attach",
+     "local rounds in deterministic mode without virtual replicas, or virtual replicas outside deterministic mode"},
 };
 
 namespace detail {
@@ -120,10 +121,18 @@ inline std::optional<std::string> composition_refusal(Composition const& c) {
                  clash ? clash->name : d.reduction,
                  " (ddp::join, ZeroRedundancyOptimizer, OwnerReduce, an update in backward or a second local-round "
                  "hook). Build it over a plain optimizer and an averaging reduction");
-    if (d.world_size_invariant)  // local-exact
+    bool const virtual_replicas = local->caps.has(Capability::kVirtualReplicas);
+    if (d.world_size_invariant && !virtual_replicas)  // local-exact
       return cat(local->name, ": deterministic mode (", d.reduction,
-                 ") keeps a step's result the same at every world size, but local steps depend on each rank's share; "
-                 "an exact local SGD needs virtual replicas, which ddp does not have yet. Use AverageAllReduce");
+                 ") keeps a step's result the same at every world size, but one replica per rank depends on each "
+                 "rank's share; declare virtual replicas (replicas = R, a multiple of the world size), or use "
+                 "AverageAllReduce");
+    if (!d.world_size_invariant && virtual_replicas)  // local-exact
+      return cat(local->name,
+                 ": virtual replicas are exact through deterministic mode's micro-batches and exact sums, "
+                 "and this DDP reduces with ",
+                 d.reduction,
+                 ": build it with ExactSum and MicroBatches (DeterministicDataParallel), or drop replicas");
   }
   if (h.caps.has(Capability::kReducesGradients)) {
     if (other(Capability::kReducesGradients))  // one-owner

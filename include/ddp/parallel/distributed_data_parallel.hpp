@@ -194,6 +194,7 @@ class DistributedDataParallel : detail::HookSite {
     bool const local = hooks_.local_round();  // a local step (LocalSgd, DiLoCo): no round, buffers stay
     bool const sync = grad_enabled() && no_sync_depth_ == 0 && !local;
     if (local && index == 0) round_->local_step();
+    if (local && grad_enabled()) hooks_.local_forward(index);  // virtual replicas switch between micro-batches
     if (sync && index == 0)
       open_round(key);
     else if (sync && (!open_ || open_->micro_batch != index))

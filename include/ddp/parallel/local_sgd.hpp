@@ -4,50 +4,42 @@
 //   LocalSgd<optim::SGD, Comm> opt(ddp, {.optimizer = {.lr = 0.1}, .local = {.period = 8, .warmup_steps = 100}});
 //   DiLoCo<optim::AdamW, Comm> opt(ddp, {.optimizer = {.lr = 1e-3}, .outer = {.period = 50}});
 // They attach to the DDP as local-round hooks (attachment.hpp, Capability::kLocalRounds): in a local step the DDP
-// opens no round, nothing travels, and each rank's optimizer steps its own replica on its own mean gradient.
+// opens no round, nothing travels, and each replica's optimizer steps it on its own mean gradient.
 //  - LocalSgd (Lin et al. 2020, "Don't use large mini-batches, use local SGD"; PyTorch's PostLocalSGDOptimizer with
 //    its post_localSGD_hook): the first warmup_steps steps are ordinary DDP steps (post-local SGD), then every step
-//    is local and every period-th step ends with the parameters averaged across ranks (and, with
+//    is local and every period-th step ends with the parameters averaged across replicas (and, with
 //    average_optimizer_state, the optimizer's buffers: momentum, Adam's moments, which PyTorch never averages).
 //  - DiLoCo (Douillard et al. 2023): every step is local; every period-th step ends with an outer step. The
-//    parameters' change since the last outer step, averaged across ranks (the pseudo-gradient: kept - current), is
+//    parameters' change since the last outer step, averaged across replicas (the pseudo-gradient: kept - current), is
 //    applied to the kept copy of the synced parameters by SGD with Nesterov momentum (outer_lr 0.7 and momentum 0.9,
-//    the paper's), and every replica restarts from the result. The inner optimizer's state stays each rank's own.
+//    the paper's), and every replica restarts from the result. The inner optimizer's state stays each replica's own.
 //    DiLoCoOptions::wire sends the pseudo-gradient as bfloat16 or float16 (half the bytes; CompressedAllReduce's cast).
-// The averages are all-reduces (kAvg) of the arena's bucket slices, tagged "average", in plan order: they show up in
-// Recording traces as their own collectives; a local step launches none. After an average every rank holds the same
-// parameters (bitwise: the backend's all-reduce is the same on every rank); buffers (BatchNorm's statistics) are then
+// Replicas (local_rounds.hpp): one per rank by default; in deterministic mode the job declares R virtual replicas
+// (`replicas`), a rank runs R / world of them, the averages are exact, and the weights are bitwise the same at every
+// world size dividing R. The averages are all-reduces of the arena's bucket slices, tagged "average", in plan order:
+// they show up in Recording traces as their own collectives and on the timeline's communication lane; a local step
+// launches none. After an average every replica holds the same parameters; buffers (BatchNorm's statistics) are then
 // rank 0's, as a DDP round would make them.
 // Composition (composition.hpp, rules local-alone and local-exact): refused with ddp::join, ZeRO, OwnerReduce, an
-// update in backward (OverlappedOptimizer) or a second local-round hook, and in deterministic mode (an exact local
-// SGD needs virtual replicas). Non-finite checks (DdpOptions::non_finite) run in the synchronous steps only.
-// Checkpoints refuse them for now (checkpoint_refusal). Not copyable or movable (the DDP points at it while attached).
-// One thread per rank.
+// update in backward (OverlappedOptimizer) or a second local-round hook; in deterministic mode only with virtual
+// replicas, and virtual replicas only there. Non-finite checks (DdpOptions::non_finite) run in the synchronous steps
+// only. Checkpoints (save_checkpoint) keep every replica, its optimizer state and DiLoCo's outer state
+// (LocalRoundsState). Not copyable or movable (the DDP points at it while attached). One thread per rank.
 #pragma once
 
 #include <algorithm>
-#include <concepts>
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <span>
 #include <string>
-#include <string_view>
-#include <type_traits>
 #include <vector>
 
-#include "ddp/bucket/plan.hpp"
 #include "ddp/comm/communicator.hpp"
-#include "ddp/comm/host_collectives.hpp"
 #include "ddp/error.hpp"
-#include "ddp/nn/parameter_arena.hpp"
 #include "ddp/optim/optimizer.hpp"
-#include "ddp/parallel/attachment.hpp"
-#include "ddp/parallel/composition.hpp"
-#include "ddp/parallel/overlapped_update.hpp"
-#include "ddp/parallel/replicas.hpp"
+#include "ddp/parallel/local_rounds.hpp"
 #include "ddp/tensor/half.hpp"
 #include "ddp/tensor/kernels.hpp"
-#include "ddp/trace/timeline.hpp"
 
 namespace ddp {
 
@@ -55,6 +47,7 @@ struct LocalSgdOptions {
   std::int64_t period = 8;               // H: steps between two parameter averages (>= 1)
   std::int64_t warmup_steps = 0;         // W: ordinary DDP steps first (post-local SGD); 0: local from the start
   bool average_optimizer_state = false;  // also average the optimizer's buffers at each average
+  std::int64_t replicas = 0;             // virtual replicas (deterministic mode; local_rounds.hpp); 0: one per rank
 };
 
 // How DiLoCo's pseudo-gradient travels: as the parameters' type, or cast to a 16-bit float (scaled by 1/world, summed,
@@ -66,142 +59,8 @@ struct DiLoCoOptions {
   double outer_lr = 0.7;        // the outer SGD's learning rate
   double outer_momentum = 0.9;  // its Nesterov momentum (0: plain SGD)
   PseudoGradient wire = PseudoGradient::kFloat;
+  std::int64_t replicas = 0;  // virtual replicas (deterministic mode; local_rounds.hpp); 0: one per rank
 };
-
-namespace detail {
-inline void check_period(std::int64_t period, char const* who) {
-  if (period < 1) throw ArgumentError(cat(who, ": period must be at least 1 step, got ", period));
-}
-
-// What LocalSgd and DiLoCo share: the inner optimizer over the DDP's arena, the step count, the attachment that makes
-// the DDP's steps local, and the bucket-wise average of a tensor laid out like the arena.
-template <optim::Optimizer O, Communicator C>
-class LocalRounds : public DdpHook {
- public:
-  using value_type = typename O::value_type;
-  using space = typename O::space;
-  using T = value_type;
-  using S = space;
-
-  template <class D>
-  LocalRounds(D& ddp, typename O::options_type const& o, std::string name)
-      : arena_(&ddp.parameters()),
-        plan_(&ddp.plan()),
-        comm_(&ddp.comm()),
-        per_rank_(ddp.micro_batches_per_rank()),
-        timeline_(ddp.options().timeline),
-        inner_(ddp.parameters(), o),
-        name_(std::move(name)) {
-    static_assert(std::same_as<typename D::space, S> && std::same_as<std::remove_cvref_t<decltype(ddp.comm())>, C>,
-                  "LocalSgd / DiLoCo<O, C>: build it from a DistributedDataParallel over communicator C whose "
-                  "parameters are O's tensors");
-    static_assert(!std::constructible_from<O, D&, typename O::options_type const&>,
-                  "LocalSgd / DiLoCo: the inner optimizer must be a plain one over the parameters (SGD, Adam, AdamW), "
-                  "not one built from the DDP (ZeroRedundancyOptimizer, OverlappedOptimizer)");
-    if (ddp.options().broadcast_buffers && comm_->world_size() > 1)
-      sync_buffers_ = [&ddp] { detail::broadcast_buffers(ddp.comm(), ddp.module(), 0); };
-    attach_ = [&ddp](DdpHook& h) { return ddp.attach(h); };
-  }
-  LocalRounds(LocalRounds const&) = delete;
-  LocalRounds& operator=(LocalRounds const&) = delete;
-
-  static std::string name() { return O::name(); }
-  void zero_grad() { inner_.zero_grad(); }
-  double lr() const noexcept { return inner_.lr(); }
-  void set_lr(double lr) { inner_.set_lr(lr); }
-  O& optimizer() noexcept { return inner_; }
-  O const& optimizer() const noexcept { return inner_; }
-  // The inner optimizer's state (checkpoints refuse these optimizers: checkpoint_refusal).
-  optim::OptimizerState<T> state() const { return inner_.state(); }
-  void load_state(optim::OptimizerState<T> const& st) { inner_.load_state(st); }
-  // Steps taken (synchronous and local).
-  std::int64_t steps() const noexcept { return steps_; }
-  // Averages taken (LocalSgd) or outer steps (DiLoCo), and the bytes one rank sent in them.
-  std::int64_t syncs() const noexcept { return syncs_; }
-  std::int64_t bytes_sent() const noexcept { return bytes_; }
-  // What was composed, for logs.
-  std::string describe() const {
-    std::string what;
-    if constexpr (requires { inner_.describe(); })
-      what = inner_.describe();
-    else
-      what = O::name();
-    return cat_describe(what);
-  }
-  HookTraits traits() const override { return {.name = name_, .caps = Capability::kLocalRounds}; }
-  // save_checkpoint and load_checkpoint refuse it with this (train/checkpoint.hpp).
-  static constexpr std::string_view checkpoint_refusal =
-      "checkpoint: LocalSgd and DiLoCo are not checkpointed yet: between averages each rank's replica and inner "
-      "optimizer state differ, and DiLoCo keeps the synced weights and the outer momentum besides; a file holds one "
-      "rank's";
-
- protected:
-  ~LocalRounds() override = default;
-  virtual std::string cat_describe(std::string const& inner) const = 0;
-  void attach() { attachment_ = attach_(*this); }
-
-  // The inner step on this rank's own mean gradient: the DDP left the sum over its micro-batches.
-  void local_step() {
-    auto& arena = *arena_;
-    std::int64_t const per_rank = per_rank_;
-    if (per_rank > 1)
-      for (std::size_t i = 0; i < arena.count(); ++i)
-        if (arena.has_grad(i)) {
-          auto const& e = arena.entries()[i];
-          Kernels<S>::axpby(e.numel, T(1) / T(per_rank), arena.grads().data() + e.offset, T(0),
-                            arena.grads().data() + e.offset);
-        }
-    inner_.step();
-  }
-
-  // fn(b, lo, n) for each bucket b: its parameters are arena elements [lo, lo + n) (the gaps between buckets hold
-  // no parameter).
-  template <class Fn>
-  void for_each_bucket(Fn&& fn) const {
-    auto const& buckets = plan_->buckets;
-    for (std::size_t b = 0; b < buckets.size(); ++b)
-      fn(b, arena_->entries()[buckets[b].params.front()].offset, buckets[b].numel);
-  }
-
-  // Replaces `x` (laid out like the arena's values) by its average over the ranks, bucket by bucket, in T or (H a
-  // 16-bit float) through a buffer of H: x / world cast, summed, cast back. Each bucket is a span on the timeline's
-  // communication lane (DdpOptions::timeline).
-  // `buffer`: room for the arena's values in H (unused when H is T).
-  template <class H = T>
-  void average(T* x, H* buffer = nullptr) {
-    for_each_bucket([&](std::size_t b, std::int64_t lo, std::int64_t n) {
-      auto const t0 = Timeline::clock::now();
-      CollectiveTag const tag{"average", static_cast<std::int64_t>(b)};
-      if constexpr (std::same_as<H, T>) {
-        comm_->all_reduce(SpaceSpan<T, S>(x + lo, static_cast<std::size_t>(n)), ReduceOp::kAvg, tag);
-      } else {
-        H* const h = buffer + lo;
-        Kernels<S>::cast(n, 1.0f / static_cast<float>(comm_->world_size()), x + lo, h);
-        comm_->all_reduce(SpaceSpan<H, S>(h, static_cast<std::size_t>(n)), ReduceOp::kSum, tag);
-        Kernels<S>::cast(n, 1.0f, h, x + lo);
-      }
-      std::int64_t const bytes = n * static_cast<std::int64_t>(sizeof(H));
-      if (timeline_)
-        timeline_->add(detail::cat("average bucket ", b, " (", bytes, " bytes)"), "comm", t0, Timeline::clock::now(),
-                       Timeline::kComm);
-      bytes_ += bytes;
-    });
-  }
-  T* values() const noexcept { return arena_->values().data(); }
-
-  nn::ParameterArena<T, S>* arena_;
-  BucketPlan const* plan_;
-  C* comm_;
-  std::int64_t per_rank_;
-  Timeline* timeline_;
-  std::function<void()> sync_buffers_;  // rank 0's buffers everywhere (empty: nothing to do)
-  std::function<Attachment(DdpHook&)> attach_;
-  O inner_;
-  std::string name_;
-  std::int64_t steps_ = 0, syncs_ = 0, bytes_ = 0;
-  Attachment attachment_;
-};
-}  // namespace detail
 
 // Local SGD and post-local SGD (see the top of this file), over a DistributedDataParallel on communicator C.
 template <optim::Optimizer O, Communicator C>
@@ -216,11 +75,10 @@ class LocalSgd final : public detail::LocalRounds<O, C> {
   };
 
   template <class D>
-  LocalSgd(D& ddp, options_type const& o) : Base(ddp, o.optimizer, "LocalSgd"), opts_(o.local) {
+  LocalSgd(D& ddp, options_type const& o) : Base(ddp, o.optimizer, o.local.replicas, "LocalSgd"), opts_(o.local) {
     detail::check_period(opts_.period, "LocalSgd");
     if (opts_.warmup_steps < 0)
       throw ArgumentError(detail::cat("LocalSgd: warmup_steps must be >= 0, got ", opts_.warmup_steps));
-    this->attach();
   }
 
   static constexpr char const* kSyncName = "parameter averages";
@@ -233,17 +91,21 @@ class LocalSgd final : public detail::LocalRounds<O, C> {
 
   void step() {
     if (!local_round()) {  // a synchronous DDP step: the gradients are the global mean
-      this->inner_.step();
-      ++this->steps_;
+      this->inner_.front().step();
+      if (++this->steps_ == opts_.warmup_steps) this->fan_out();
       return;
     }
     this->local_step();
     ++this->steps_;
-    if ((this->steps_ - opts_.warmup_steps) % opts_.period != 0) return;
-    this->average(this->values());
-    if (opts_.average_optimizer_state) average_state();
-    if (this->sync_buffers_) this->sync_buffers_();
-    ++this->syncs_;
+    bool const sync = (this->steps_ - opts_.warmup_steps) % opts_.period == 0;
+    if (sync) {
+      auto const xs = this->replica_pointers();
+      this->average(std::span<T* const>(xs));
+      if (opts_.average_optimizer_state) this->average_state();
+      ++this->syncs_;
+    }
+    this->rest();
+    if (sync && this->sync_buffers_) this->sync_buffers_();
   }
 
  private:
@@ -252,17 +114,6 @@ class LocalSgd final : public detail::LocalRounds<O, C> {
         inner, "; local SGD: ", opts_.warmup_steps > 0 ? detail::cat(opts_.warmup_steps, " DDP steps, then ") : "",
         "parameters averaged every ", opts_.period, " steps",
         opts_.average_optimizer_state ? " with the optimizer's state" : "");
-  }
-
-  // Each parameter's buffers averaged (one all-reduce per parameter and buffer, rank order the backend's).
-  void average_state() {
-    auto st = this->inner_.state();
-    for (auto& p : st.parameters)
-      for (auto& buf : p.buffers) {
-        host_all_reduce(*this->comm_, std::span<T>(buf), ReduceOp::kAvg, CollectiveTag{"average.state"});
-        this->bytes_ += static_cast<std::int64_t>(buf.size() * sizeof(T));
-      }
-    this->inner_.load_state(st);
   }
 
   LocalSgdOptions opts_;
@@ -283,15 +134,19 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
   };
 
   template <class D>
-  DiLoCo(D& ddp, options_type const& o) : Base(ddp, o.optimizer, "DiLoCo"), opts_(o.outer) {
+  DiLoCo(D& ddp, options_type const& o) : Base(ddp, o.optimizer, o.outer.replicas, "DiLoCo"), opts_(o.outer) {
     detail::check_period(opts_.period, "DiLoCo");
     if (!(opts_.outer_lr > 0))
       throw ArgumentError(detail::cat("DiLoCo: outer_lr must be positive, got ", opts_.outer_lr));
     if (!(opts_.outer_momentum >= 0 && opts_.outer_momentum < 1))
       throw ArgumentError(detail::cat("DiLoCo: outer_momentum must be in [0, 1), got ", opts_.outer_momentum));
+    if (this->replicas_ > 0 && opts_.wire != PseudoGradient::kFloat)
+      throw ArgumentError(
+          "DiLoCo: virtual replicas average the pseudo-gradient exactly, in int64 sums of the parameters' type; a "
+          "16-bit pseudo-gradient would round it on the way: drop wire (or replicas)");
     std::int64_t const n = this->arena_->values().numel();
     kept_ = Tensor<T, S>(Shape{n});
-    delta_ = Tensor<T, S>(Shape{n});
+    for (std::int64_t k = 0; k < this->local_; ++k) deltas_.emplace_back(Shape{n});
     if (opts_.outer_momentum > 0) momentum_ = Tensor<T, S>(Shape{n});
     if (opts_.wire != PseudoGradient::kFloat) {
       if constexpr (HalfCommunicator<C>) {
@@ -308,7 +163,6 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
     this->for_each_bucket([&](std::size_t, std::int64_t lo, std::int64_t k) {  // rank 0's on every rank (DDP)
       Kernels<S>::copy(k, this->values() + lo, kept_.data() + lo);
     });
-    this->attach();
   }
 
   static constexpr char const* kSyncName = "outer steps";
@@ -321,6 +175,7 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
     this->local_step();
     ++this->steps_;
     if (this->steps_ % opts_.period == 0) outer_step();
+    this->rest();
   }
 
  private:
@@ -332,22 +187,29 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
                                                              : "");
   }
 
-  // delta = kept - x, averaged; m = mu m + delta; kept -= lr (delta + mu m) (PyTorch's SGD with nesterov=True);
-  // x = kept. Element-wise over each bucket's slice (the gaps between buckets are not parameters).
+  // Per replica delta = kept - x; the deltas averaged; m = mu m + delta; kept -= lr (delta + mu m) (PyTorch's SGD with
+  // nesterov=True); every replica = kept. Element-wise over each bucket's slice (the gaps between buckets are not
+  // parameters).
   void outer_step() {
-    T* const x = this->values();
-    this->for_each_bucket([&](std::size_t, std::int64_t lo, std::int64_t n) {
-      Kernels<S>::add(n, T(1), kept_.data() + lo, T(-1), x + lo, delta_.data() + lo);
-    });
+    auto const xs = this->replica_pointers();
+    std::vector<T*> ds;
+    for (std::size_t k = 0; k < xs.size(); ++k) {
+      T* const d = deltas_[k].data();
+      this->for_each_bucket([&](std::size_t, std::int64_t lo, std::int64_t n) {
+        Kernels<S>::add(n, T(1), kept_.data() + lo, T(-1), xs[k] + lo, d + lo);
+      });
+      ds.push_back(d);
+    }
+    std::span<T* const> const deltas(ds);
     if (opts_.wire == PseudoGradient::kBf16)
-      this->average(delta_.data(), bf16_.get());
+      this->average(deltas, bf16_.get());
     else if (opts_.wire == PseudoGradient::kFp16)
-      this->average(delta_.data(), fp16_.get());
+      this->average(deltas, fp16_.get());
     else
-      this->average(delta_.data());
+      this->average(deltas);
     T const mu = static_cast<T>(opts_.outer_momentum), lr = static_cast<T>(opts_.outer_lr);
     this->for_each_bucket([&](std::size_t, std::int64_t lo, std::int64_t n) {
-      T* const d = delta_.data() + lo;
+      T* const d = ds.front() + lo;
       if (mu > T(0)) {
         if (this->syncs_ == 0)  // the first step: the buffer is the gradient (PyTorch's)
           Kernels<S>::copy(n, d, momentum_.data() + lo);
@@ -356,14 +218,53 @@ class DiLoCo final : public detail::LocalRounds<O, C> {
         Kernels<S>::axpby(n, mu, momentum_.data() + lo, T(1), d);  // Nesterov: delta + mu m
       }
       Kernels<S>::axpby(n, -lr, d, T(1), kept_.data() + lo);
-      Kernels<S>::copy(n, kept_.data() + lo, x + lo);
+      for (T* const x : xs) Kernels<S>::copy(n, kept_.data() + lo, x + lo);
     });
     ++this->syncs_;
   }
 
+  // Checkpoints: the kept copy and the outer momentum, per parameter (LocalRoundsState::kept, momentum).
+  void save_extra(LocalRoundsState<T>& st) const override {
+    st.kept = per_parameter(kept_);
+    if (momentum_.defined()) st.momentum = per_parameter(momentum_);
+  }
+  void check_extra(LocalRoundsState<T> const& st) const override {
+    std::size_t const np = this->arena_->count();
+    if (st.kept.size() != np)
+      throw ArgumentError(detail::cat("it holds a kept copy of ", st.kept.size(), " parameters for ", np));
+    if (momentum_.defined() && st.syncs > 0 && st.momentum.size() != np)
+      throw ArgumentError(detail::cat("it holds the outer momentum of ", st.momentum.size(), " parameters for ", np,
+                                      " (written with another outer_momentum?)"));
+    for (std::size_t i = 0; i < np; ++i) {
+      auto const numel = static_cast<std::size_t>(this->arena_->entries()[i].numel);
+      if (st.kept[i].size() != numel || (i < st.momentum.size() && st.momentum[i].size() != numel))
+        throw ArgumentError(detail::cat("its outer state of '", this->arena_->entries()[i].name, "' has ",
+                                        st.kept[i].size(), " values for ", numel));
+    }
+  }
+  void load_extra(LocalRoundsState<T> const& st) override {
+    from_parameters(st.kept, kept_);
+    if (momentum_.defined() && !st.momentum.empty()) from_parameters(st.momentum, momentum_);
+  }
+  std::vector<std::vector<T>> per_parameter(Tensor<T, S> const& t) const {
+    std::vector<std::vector<T>> out;
+    for (auto const& e : this->arena_->entries()) {
+      auto& v = out.emplace_back(static_cast<std::size_t>(e.numel));
+      Kernels<S>::to_host(e.numel, t.data() + e.offset, v.data());
+    }
+    return out;
+  }
+  void from_parameters(std::vector<std::vector<T>> const& v, Tensor<T, S>& t) {
+    for (std::size_t i = 0; i < this->arena_->count(); ++i) {
+      auto const& e = this->arena_->entries()[i];
+      Kernels<S>::from_host(e.numel, v[i].data(), t.data() + e.offset);
+    }
+  }
+
   DiLoCoOptions opts_;
-  Tensor<T, S> kept_, delta_, momentum_;  // laid out like the arena's values
-  std::shared_ptr<bfloat16[]> bf16_;      // the pseudo-gradient on a 16-bit wire (DiLoCoOptions::wire)
+  Tensor<T, S> kept_, momentum_;      // laid out like the arena's values
+  std::vector<Tensor<T, S>> deltas_;  // one pseudo-gradient per replica of the rank
+  std::shared_ptr<bfloat16[]> bf16_;  // the pseudo-gradient on a 16-bit wire (DiLoCoOptions::wire)
   std::shared_ptr<float16[]> fp16_;
 };
 

@@ -295,14 +295,15 @@ struct RankOf {
 
 namespace detail {
 
-// An optimizer whose state() does not capture it (static checkpoint_refusal says why: LocalSgd, DiLoCo) is refused
-// with that message, the same on every rank.
-template <class O>
-void refuse_uncheckpointable() {
-  if constexpr (requires { O::checkpoint_refusal; }) throw ArgumentError(std::string(O::checkpoint_refusal));
-}
+// An optimizer that keeps replicas besides the model (LocalSgd, DiLoCo: parallel/local_rounds.hpp): local_state()
+// gathers them (collective), check_local_state() and load_local_state() take them back.
+template <class O, class T>
+concept LocalRoundsOptimizer = requires(O& o, O const& co, LocalRoundsState<T> const& st) {
+  { co.local_state() } -> std::same_as<LocalRoundsState<T>>;
+  co.check_local_state(st);
+  o.load_local_state(st);
+};
 
-// The model's distinct parameters (a shared one once, under its first name), frozen ones included.
 template <nn::Model M>
 auto distinct_parameters(M const& model) {
   auto ps = model.named_parameters();
@@ -575,12 +576,13 @@ template <Communicator C, nn::Model M, class O, class T = typename M::value_type
 requires CheckpointableOptimizer<O, T>
 void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model, O const& opt, TrainPosition const& pos,
                      std::string_view extra, RoundState<T> const& round) {
-  detail::refuse_uncheckpointable<O>();  // on every rank, before any collective
   auto generators = detail::gather_generators(comm, model);
   auto wire = detail::gather_wire(comm, round.wire);
   auto epoch_loss = detail::gather_epoch_loss(comm, round.epoch_loss);
   std::optional<optim::OptimizerState<T>> full;  // a sharded optimizer's pieces, put together (collective)
   if constexpr (requires { opt.consolidated_state(); }) full = opt.consolidated_state();
+  std::optional<LocalRoundsState<T>> local;  // every replica's, gathered (collective)
+  if constexpr (detail::LocalRoundsOptimizer<O, T>) local = opt.local_state();
   std::string message;
   auto const kind = comm.rank() != 0 ? detail::Failure::kNone
                                      : detail::run_classified(
@@ -591,6 +593,7 @@ void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model,
                                              c.loss_scale = round.loss_scale;
                                              c.wire = std::move(wire);
                                              c.epoch_loss = std::move(epoch_loss);
+                                             c.local = std::move(local);
                                              write_checkpoint_file(path, c);
                                            },
                                            message);
@@ -619,7 +622,6 @@ template <Communicator C, nn::Model M, class O, class T = typename M::value_type
 requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm,
                                                                      M& model, O& opt, std::string* extra = nullptr,
                                                                      RoundState<T>* round = nullptr) {
-  detail::refuse_uncheckpointable<O>();
   std::string const file = path.string();
   std::string text;
   auto kind = detail::Failure::kNone;
@@ -645,6 +647,18 @@ requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesy
       [&] {
         c = decode_checkpoint<T>(text, file);
         check_checkpoint_fits(c, model, opt, file);
+        if constexpr (detail::LocalRoundsOptimizer<O, T>) {
+          auto const err = [&](auto const&... what) {
+            return ArgumentError(
+                ddp::detail::cat("checkpoint ", file, " does not fit this run's local rounds: ", what...));
+          };
+          if (!c.local) throw err("it holds no local rounds (written without LocalSgd or DiLoCo)");
+          try {
+            opt.check_local_state(*c.local);
+          } catch (ArgumentError const& e) {
+            throw err(e.what());
+          }
+        }
         if (round)
           detail::check_wire_fits(c.wire, round->wire, [&](auto const&... what) {
             return ArgumentError(ddp::detail::cat("checkpoint ", file, " does not fit this run: ", what...));
@@ -653,6 +667,7 @@ requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesy
       message);
   detail::agree_or_throw(comm, kind, message);
   restore_checkpoint(c, model, opt, RankOf{comm.rank(), comm.world_size()});
+  if constexpr (detail::LocalRoundsOptimizer<O, T>) opt.load_local_state(*c.local);
   if (extra) *extra = std::move(c.extra);
   if (round) {
     round->loss_scale = c.loss_scale;
