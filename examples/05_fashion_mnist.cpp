@@ -117,11 +117,9 @@ std::optional<Config> parse(int argc, char** argv) {
   c.reduction =
       examples::reduction_choice(f, c.backend == examples::Backend::kThreads ? c.world_size : 0, c.global_batch);
   c.local = examples::local_choice(f, c.reduction);
-  if (c.local.on() && (c.device == "cuda" || f.is_set("checkpoint") || f.is_set("resume")))
+  if (c.local.on() && c.device == "cuda")
     throw ArgumentError(detail::cat("fashion_mnist: ", c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
-                                    c.device == "cuda" ? " runs on host tensors in this program; drop --device cuda"
-                                                       : " with --checkpoint or --resume: checkpoints do not hold the "
-                                                         "period's position or DiLoCo's kept weights yet; drop one"));
+                                    " runs on host tensors in this program; drop --device cuda"));
   if (c.device == "cuda" && c.reduction.zero == 2)
     throw ArgumentError(
         "fashion_mnist: --zero 2 releases the gradient pages outside each rank's slices, which needs host memory; "

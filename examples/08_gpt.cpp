@@ -112,12 +112,9 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
   c.reduction = reduction_choice(f, c.launch.backend == Backend::kThreads ? c.launch.world_size : 0, c.global_batch);
   c.grad_accum = f.at_least("grad-accum", 1);
   c.local = local_choice(f, c.reduction);
-  if (c.local.on() && (c.grad_accum > 1 || f.is_set("checkpoint") || f.is_set("resume")))
-    throw ArgumentError(detail::cat("gpt: ", c.local.local_sgd > 0 ? "--local-sgd" : "--diloco", " with ",
-                                    c.grad_accum > 1 ? "--grad-accum: local steps take one pass per step here"
-                                                     : "--checkpoint or --resume: checkpoints do not hold the "
-                                                       "period's position or DiLoCo's kept weights yet",
-                                    "; drop one"));
+  if (c.local.on() && c.grad_accum > 1)
+    throw ArgumentError(detail::cat("gpt: ", c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
+                                    " with --grad-accum: local steps take one pass per step here; drop one"));
   if (c.grad_accum > 1 && (c.reduction.deterministic || c.reduction.comm_hook != "none"))
     throw ArgumentError(
         detail::cat("gpt: --grad-accum with ",

@@ -247,8 +247,9 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
     }
   }
   if (cfg.reduction.deterministic)
-    std::printf("weights: %s (FNV-1a 64 of the final parameters; the same for every world size dividing %lld)\n",
-                weights_digest(net.seq).c_str(), static_cast<long long>(cfg.reduction.micro_batches));
+    std::printf("weights: %s (FNV-1a 64 of the final parameters%s; the same for every world size dividing %lld)\n",
+                weights_digest(net.seq).c_str(), cfg.local.replicas > 0 ? ", replica 0's" : "",
+                static_cast<long long>(cfg.local.replicas > 0 ? cfg.local.replicas : cfg.reduction.micro_batches));
   std::fflush(stdout);
 }
 
@@ -295,23 +296,37 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         opts, {.bucketer = bucketer, .reduction = reduction, .batching = batching});
     train(t, net, timeline, cfg, train_set, test_set);
   };
-  // --local-sgd, --diloco: the optimizer under LocalSgd or DiLoCo, on the default reduction (host tensors).
+  if (cfg.reduction.deterministic)  // one counter stream per dropout layer, the same on every rank: masks are
+    for (std::size_t k = 0; k < net.dropouts.size(); ++k)  // keyed by the sample
+      net.dropouts[k].generator().seed(static_cast<std::uint64_t>(cfg.seed), examples::mix(k + 1));
+  // --local-sgd, --diloco: the optimizer under LocalSgd or DiLoCo (host tensors), on the default reduction, or with
+  // --deterministic and --replicas on deterministic mode's (virtual replicas).
   auto go_local = [&]<optim::Optimizer O>(std::type_identity<O>, typename O::options_type const& o) {
     auto const train_with = [&]<class Opt>(std::type_identity<Opt>, typename Opt::options_type const& lo) {
-      basic_trainer<nn::AnySequential<float, S>, Comm, Opt> t(net.seq, comm, lo, opts, {.bucketer = bucketer});
-      train(t, net, timeline, cfg, train_set, test_set);
+      if (cfg.reduction.deterministic) {
+        basic_trainer<nn::AnySequential<float, S>, Comm, Opt, SizeCapped, ExactSum, MicroBatches> t(
+            net.seq, comm, lo, opts,
+            {.bucketer = bucketer, .reduction = {}, .batching = {.count = cfg.reduction.micro_batches}});
+        train(t, net, timeline, cfg, train_set, test_set);
+      } else {
+        basic_trainer<nn::AnySequential<float, S>, Comm, Opt> t(net.seq, comm, lo, opts, {.bucketer = bucketer});
+        train(t, net, timeline, cfg, train_set, test_set);
+      }
     };
     auto const& l = cfg.local;
     if (l.local_sgd > 0)
-      train_with(
-          std::type_identity<LocalSgd<O, Comm>>{},
-          {.optimizer = o,
-           .local = {.period = l.local_sgd, .warmup_steps = l.warmup, .average_optimizer_state = l.average_state}});
+      train_with(std::type_identity<LocalSgd<O, Comm>>{}, {.optimizer = o,
+                                                           .local = {.period = l.local_sgd,
+                                                                     .warmup_steps = l.warmup,
+                                                                     .average_optimizer_state = l.average_state,
+                                                                     .replicas = l.replicas}});
     else
-      train_with(
-          std::type_identity<DiLoCo<O, Comm>>{},
-          {.optimizer = o,
-           .outer = {.period = l.diloco, .outer_lr = l.outer_lr, .outer_momentum = l.outer_momentum, .wire = l.wire}});
+      train_with(std::type_identity<DiLoCo<O, Comm>>{}, {.optimizer = o,
+                                                         .outer = {.period = l.diloco,
+                                                                   .outer_lr = l.outer_lr,
+                                                                   .outer_momentum = l.outer_momentum,
+                                                                   .wire = l.wire,
+                                                                   .replicas = l.replicas}});
   };
   if constexpr (std::same_as<S, HostSpace>) {
     if (cfg.local.on()) {
@@ -324,9 +339,6 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
       return;
     }
   }
-  if (cfg.reduction.deterministic)  // one counter stream per dropout layer, the same on every rank: masks are
-    for (std::size_t k = 0; k < net.dropouts.size(); ++k)  // keyed by the sample
-      net.dropouts[k].generator().seed(static_cast<std::uint64_t>(cfg.seed), examples::mix(k + 1));
   // The device build instantiates the default composition only (parse() rejects the others with --device cuda).
   with_reduction<std::same_as<S, HostSpace>>(cfg.reduction, [&](auto reduction, auto batching) {
     if (cfg.optimizer == "adamw")

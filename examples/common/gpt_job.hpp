@@ -317,8 +317,9 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
                 (cfg.out_dir / "losses.svg").string().c_str());
   }
   if (cfg.reduction.deterministic)
-    std::printf("weights: %s (FNV-1a 64 of the final parameters; the same for every world size dividing %lld)\n",
-                weights_digest(t.ddp().module()).c_str(), static_cast<long long>(cfg.reduction.micro_batches));
+    std::printf("weights: %s (FNV-1a 64 of the final parameters%s; the same for every world size dividing %lld)\n",
+                weights_digest(t.ddp().module()).c_str(), cfg.local.replicas > 0 ? ", replica 0's" : "",
+                static_cast<long long>(cfg.local.replicas > 0 ? cfg.local.replicas : cfg.reduction.micro_batches));
   if (cfg.sample_tokens > 0) {
     auto const& vocab = corpus.vocab();
     std::vector<std::int32_t> context = vocab.encode("\n");
@@ -366,22 +367,33 @@ void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus) {
         opts, {.reduction = reduction, .batching = batching});
     train(t, timeline, c, corpus);
   };
-  // --local-sgd, --diloco: AdamW under LocalSgd or DiLoCo on the default reduction.
+  // --local-sgd, --diloco: AdamW under LocalSgd or DiLoCo, on the default reduction, or with --deterministic and
+  // --replicas on deterministic mode's (virtual replicas).
   auto go_local = [&]<class Opt>(std::type_identity<Opt>, typename Opt::options_type const& o) {
-    basic_trainer<nn::Gpt, Comm, Opt> t(model, comm, o, opts);
-    train(t, timeline, c, corpus);
+    if (cfg.reduction.deterministic) {
+      basic_trainer<nn::Gpt, Comm, Opt, SizeCapped, ExactSum, MicroBatches> t(
+          model, comm, o, opts, {.reduction = {}, .batching = {.count = cfg.reduction.micro_batches}});
+      train(t, timeline, c, corpus);
+    } else {
+      basic_trainer<nn::Gpt, Comm, Opt> t(model, comm, o, opts);
+      train(t, timeline, c, corpus);
+    }
   };
   auto const& l = cfg.local;
   if (l.local_sgd > 0)
-    return go_local(
-        std::type_identity<LocalSgd<optim::AdamW, Comm>>{},
-        {.optimizer = adamw,
-         .local = {.period = l.local_sgd, .warmup_steps = l.warmup, .average_optimizer_state = l.average_state}});
+    return go_local(std::type_identity<LocalSgd<optim::AdamW, Comm>>{},
+                    {.optimizer = adamw,
+                     .local = {.period = l.local_sgd,
+                               .warmup_steps = l.warmup,
+                               .average_optimizer_state = l.average_state,
+                               .replicas = l.replicas}});
   if (l.diloco > 0)
-    return go_local(
-        std::type_identity<DiLoCo<optim::AdamW, Comm>>{},
-        {.optimizer = adamw,
-         .outer = {.period = l.diloco, .outer_lr = l.outer_lr, .outer_momentum = l.outer_momentum, .wire = l.wire}});
+    return go_local(std::type_identity<DiLoCo<optim::AdamW, Comm>>{}, {.optimizer = adamw,
+                                                                       .outer = {.period = l.diloco,
+                                                                                 .outer_lr = l.outer_lr,
+                                                                                 .outer_momentum = l.outer_momentum,
+                                                                                 .wire = l.wire,
+                                                                                 .replicas = l.replicas}});
   // --grad-accum: each rank's share in micro-steps whose gradients add up locally, reduced once per step.
   if (cfg.grad_accum > 1) return go(AverageAllReduce{}, MicroBatches{.count = cfg.grad_accum * comm.world_size()});
   with_reduction<true>(cfg.reduction, go);

@@ -1,7 +1,8 @@
 // The main job's spelling of training with less communication (parallel/local_sgd.hpp): --local-sgd H with
 // --local-sgd-warmup W and --average-optimizer-state (LocalSgd: post-local SGD), or --diloco H with --outer-lr,
-// --outer-momentum and --comm-hook bf16|fp16 for its pseudo-gradient (DiLoCo); their checks against the other flags, and the line that compares the bytes sent with
-// DDP's.
+// --outer-momentum and --comm-hook bf16|fp16 for its pseudo-gradient (DiLoCo), --replicas R with --deterministic
+// (virtual replicas: the same weights at every world size dividing R); their checks against the other flags, and the
+// line that compares the bytes sent with DDP's.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,7 @@ struct LocalChoice {
   double outer_lr = 0.7;                         // --outer-lr
   double outer_momentum = 0.9;                   // --outer-momentum
   PseudoGradient wire = PseudoGradient::kFloat;  // --comm-hook bf16|fp16 with --diloco
+  std::int64_t replicas = 0;                     // --replicas R: virtual replicas (with --deterministic)
   bool on() const noexcept { return local_sgd > 0 || diloco > 0; }
 };
 
@@ -37,7 +39,10 @@ inline Flags& add_local_flags(Flags& f) {
            "DiLoCo: H local steps of the optimizer, then an outer Nesterov step on the averaged parameter change "
            "(0: off)")
       .add("outer-lr", "0.7", "with --diloco: the outer SGD's learning rate")
-      .add("outer-momentum", "0.9", "with --diloco: the outer SGD's Nesterov momentum, in [0, 1)");
+      .add("outer-momentum", "0.9", "with --diloco: the outer SGD's Nesterov momentum, in [0, 1)")
+      .add("replicas", "0",
+           "with --local-sgd or --diloco and --deterministic: R virtual replicas, R / world size on each rank, "
+           "averaged exactly (the same weights at every world size dividing R)");
 }
 
 // Reads the flags; ArgumentError for a combination that cannot work (the composition rules refuse the same at run
@@ -48,7 +53,8 @@ inline LocalChoice local_choice(Flags const& f, ReductionChoice const& r) {
                 .average_state = f.boolean("average-optimizer-state"),
                 .diloco = f.at_least("diloco", 0),
                 .outer_lr = f.real("outer-lr"),
-                .outer_momentum = f.real("outer-momentum")};
+                .outer_momentum = f.real("outer-momentum"),
+                .replicas = f.at_least("replicas", 0)};
   std::string const p = f.program();
   if (c.local_sgd > 0 && c.diloco > 0) throw ArgumentError(p + ": --local-sgd and --diloco: choose one");
   if (c.local_sgd == 0 && (f.is_set("local-sgd-warmup") || f.is_set("average-optimizer-state")))
@@ -58,12 +64,17 @@ inline LocalChoice local_choice(Flags const& f, ReductionChoice const& r) {
   if (!(c.outer_lr > 0)) throw ArgumentError(detail::cat(p, ": --outer-lr must be positive, got ", f.str("outer-lr")));
   if (!(c.outer_momentum >= 0 && c.outer_momentum < 1))
     throw ArgumentError(detail::cat(p, ": --outer-momentum must be in [0, 1), got ", f.str("outer-momentum")));
+  if (c.replicas > 0 && !(c.on() && r.deterministic))
+    throw ArgumentError(p + ": --replicas is for --local-sgd or --diloco with --deterministic");
   if (!c.on()) return c;
   std::string const what = c.local_sgd > 0 ? "--local-sgd" : "--diloco";
-  if (r.deterministic)
+  if (r.deterministic && c.replicas == 0)
     throw ArgumentError(p + ": " + what +
-                        " with --deterministic: local steps depend on each rank's share, so an exact run needs "
-                        "virtual replicas, which this build does not have; drop one of them");
+                        " with --deterministic: local steps depend on each rank's share, so an exact run trains a "
+                        "fixed number of virtual replicas: add --replicas R (a multiple of the world size)");
+  if (c.replicas > 0 && r.micro_batches % c.replicas != 0)
+    throw ArgumentError(detail::cat(p, ": --replicas ", c.replicas, " needs --micro-batches (", r.micro_batches,
+                                    ") to be a multiple of it: each replica takes whole micro-batches"));
   bool const half_hook = r.comm_hook == "bf16" || r.comm_hook == "fp16";
   if (r.zero != 0 || r.update != UpdateAt::kStep || (r.comm_hook != "none" && !(c.diloco > 0 && half_hook)))
     throw ArgumentError(p + ": " + what +

@@ -128,6 +128,16 @@ auto on_ranks(int n, F f) {
   return out;
 }
 
+TEST_CASE("Virtual replicas: the README's form, two of the four replicas on each of two ranks") {
+  spawn(2, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 16, 4, 5);
+    DeterministicDataParallel<test::Mlp, ThreadsBackend> ddp(model, comm, {}, {.batching = {.count = 8}});
+    DiLoCo<optim::AdamW, ThreadsBackend> opt(ddp, {.optimizer = {.lr = 1e-3}, .outer = {.period = 50, .replicas = 4}});
+    CHECK(opt.local_replicas() == 2);
+    CHECK(opt.describe().find("4 virtual replicas (2 on this rank), averaged exactly") != std::string::npos);
+  });
+}
+
 TEST_CASE("Virtual replicas: the replicas trained by hand, at 1, 2 and 4 ranks") {
   for (bool diloco : {false, true})
     for (int n : {1, 2, 4}) spawn(n, [&](ThreadsBackend& comm) { test::virtual_replicas_match_hand(comm, diloco); });

@@ -195,6 +195,7 @@ std::string locl_body(std::int64_t numel, std::uint32_t replicas) {
   s.put(std::int64_t{4});
   s.put(std::int64_t{3});
   s.put(std::int64_t{0});
+  s.put(std::int64_t{0});
   s.put(std::uint32_t{1});
   s.put_string("w");
   s.put(numel);

@@ -58,6 +58,13 @@ class ExactReducer {
   }
 
   BucketPlan const& plan() const noexcept { return plan_; }
+  // What this rank sends in a round: the exponent words and the int64 sums (nothing on one rank).
+  std::int64_t wire_bytes() const noexcept {
+    if (comm_->world_size() == 1) return 0;
+    std::int64_t elements = static_cast<std::int64_t>(words_.size());
+    for (auto const& b : plan_.buckets) elements += b.numel;
+    return elements * static_cast<std::int64_t>(sizeof(std::int64_t));
+  }
 
   // Starts a round: no micro-batch seen yet.
   void begin() {

@@ -28,14 +28,14 @@ namespace ddp::detail {
 // elements, sent in chunks (each one all-reduce of whole tensors; the gaps between chunks are not averaged).
 struct ExactLayout {
   struct Part {
-    std::string name;
+    std::string name{};
     std::int64_t offset = 0, numel = 0;
   };
   struct Chunk {
     std::int64_t offset = 0, numel = 0;
   };
-  std::vector<Part> tensors;
-  std::vector<Chunk> chunks;
+  std::vector<Part> tensors{};
+  std::vector<Chunk> chunks{};
   std::int64_t extent = 0;
 };
 

@@ -160,7 +160,7 @@ class LocalRounds : public DdpHook {
   // Checkpoints (train/checkpoint.hpp). Collective: every replica's parameters and inner optimizer state, from the
   // rank that runs it, on every rank.
   LocalRoundsState<T> local_state() const {
-    LocalRoundsState<T> st{.kind = name_, .replicas = replicas_, .steps = steps_, .syncs = syncs_};
+    LocalRoundsState<T> st{.kind = name_, .replicas = replicas_, .steps = steps_, .syncs = syncs_, .bytes = bytes_};
     for (auto const& e : arena_->entries()) {
       st.names.push_back(e.name);
       st.numels.push_back(e.numel);
@@ -247,6 +247,7 @@ class LocalRounds : public DdpHook {
     }
     steps_ = st.steps;
     syncs_ = st.syncs;
+    bytes_ = st.bytes;  // one rank's bytes per average do not depend on the world size (the whole buckets travel)
     next_ = 0;
     current_ = 0;
     load_extra(st);

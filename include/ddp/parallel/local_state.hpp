@@ -15,16 +15,17 @@ namespace ddp {
 
 template <class T>
 struct LocalRoundsState {
-  std::string kind;                  // the policy's name: "LocalSgd" or "DiLoCo"
-  std::int64_t replicas = 0;         // the virtual replicas declared; 0: one replica per rank (the file's world size)
-  std::int64_t steps = 0;            // steps taken (synchronous and local)
-  std::int64_t syncs = 0;            // averages (LocalSgd) or outer steps (DiLoCo) taken
-  std::vector<std::string> names;    // the parameters, in the order of each replica's values
-  std::vector<std::int64_t> numels;  // their sizes
-  std::vector<std::vector<std::vector<T>>> values;  // [replica][parameter]: each replica's parameters
-  std::vector<optim::OptimizerState<T>> states;     // [replica]: its inner optimizer's state
-  std::vector<std::vector<T>> kept;                 // DiLoCo: [parameter] the synced copy; empty otherwise
-  std::vector<std::vector<T>> momentum;             // DiLoCo: [parameter] the outer momentum; empty if none yet
+  std::string kind{};                  // the policy's name: "LocalSgd" or "DiLoCo"
+  std::int64_t replicas = 0;           // the virtual replicas declared; 0: one replica per rank (the file's world size)
+  std::int64_t steps = 0;              // steps taken (synchronous and local)
+  std::int64_t syncs = 0;              // averages (LocalSgd) or outer steps (DiLoCo) taken
+  std::int64_t bytes = 0;              // the bytes rank 0 sent in them
+  std::vector<std::string> names{};    // the parameters, in the order of each replica's values
+  std::vector<std::int64_t> numels{};  // their sizes
+  std::vector<std::vector<std::vector<T>>> values{};  // [replica][parameter]: each replica's parameters
+  std::vector<optim::OptimizerState<T>> states{};     // [replica]: its inner optimizer's state
+  std::vector<std::vector<T>> kept{};                 // DiLoCo: [parameter] the synced copy; empty otherwise
+  std::vector<std::vector<T>> momentum{};             // DiLoCo: [parameter] the outer momentum; empty if none yet
   friend bool operator==(LocalRoundsState const&, LocalRoundsState const&) = default;
 };
 

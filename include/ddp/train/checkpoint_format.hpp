@@ -53,7 +53,7 @@ static_assert(std::endian::native == std::endian::little,
 //           f64 loss sum, f64 exact total, i64 exact count) (EpochLoss). Files written before 2026-12 have LOSS
 //           instead, the same with an f64 step loss sum and an i64 step count first (read, those two dropped)
 //     LOCL  optional: LocalSgd's or DiLoCo's replicas (LocalRoundsState): string kind, i64 replicas, i64 steps,
-//           i64 syncs, u32 p, p × (string name, i64 numel), u32 r, r × (p value arrays, optimizer state as OPTM's),
+//           i64 syncs, i64 bytes, u32 p, p × (string name, i64 numel), u32 r, r × (p value arrays, optimizer state as OPTM's),
 //           u32 k (0 or p) and k value arrays (DiLoCo's kept copy), u32 m (0 or p) and m arrays (its momentum)
 //   tensors: u32 n, n × (string name, shape, numel elements); shape: u32 rank, rank × i64 dims;
 //   strings: u32 length + bytes. Unknown sections are skipped (a reader of version 2 ignores additions).
@@ -331,7 +331,7 @@ void put_optimizer_state(ByteWriter& s, optim::OptimizerState<T> const& o) {
   }
 }
 
-// LOCL's body (LocalRoundsState): string kind, i64 replicas, i64 steps, i64 syncs, u32 p, p × (string name,
+// LOCL's body (LocalRoundsState): string kind, i64 replicas, i64 steps, i64 syncs, i64 bytes, u32 p, p × (string name,
 // i64 numel), u32 r, r × (the p parameters' values, optimizer state as in OPTM), u32 k (0 or p) and the kept copy's
 // p value arrays, u32 m (0 or p) and the outer momentum's.
 template <class T>
@@ -340,6 +340,7 @@ void put_local_state(ByteWriter& s, LocalRoundsState<T> const& l) {
   s.put(l.replicas);
   s.put(l.steps);
   s.put(l.syncs);
+  s.put(l.bytes);
   s.put(static_cast<std::uint32_t>(l.names.size()));
   for (std::size_t i = 0; i < l.names.size(); ++i) {
     s.put_string(l.names[i]);
@@ -573,6 +574,7 @@ LocalRoundsState<T> get_local_state(ByteReader& s) {
   l.replicas = checked_count(s, "replicas", s.get<std::int64_t>(), kCheckpointMaxRanks);
   l.steps = checked_count(s, "steps", s.get<std::int64_t>());
   l.syncs = checked_count(s, "syncs", s.get<std::int64_t>());
+  l.bytes = checked_count(s, "bytes", s.get<std::int64_t>());
   auto const np = s.get<std::uint32_t>();
   s.need_elements(np, 12, "the local rounds' parameter count");  // a name length and a numel each
   for (std::uint32_t i = 0; i < np; ++i) {
