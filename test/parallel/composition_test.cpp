@@ -181,6 +181,18 @@ TEST_CASE("composition rule local-alone: local rounds with a hook that takes rou
       OverlappedOptimizer<optim::SGD> opt(ddp, {.optimizer = {.lr = 0.1}});
       CHECK(raised([&] { DiLoCo<optim::SGD, ThreadsBackend> diloco(ddp, {.optimizer = {.lr = 0.1}}); }) == want);
     }
+    {  // with loss scaling (basic_trainer's reader of whole gradients); clipping goes through the local rounds
+      HookTraits const s{.name = "loss_scaling", .caps = Capability::kNeedsWholeGradients};
+      Plain ddp(model, comm);
+      std::string const want = refusal({.ddp = ddp.composition(), .attached = std::span(&l, 1), .attaching = &s});
+      REQUIRE(want.find("does not compose with loss_scaling") != std::string::npos);
+      using Trainer = basic_trainer<test::Mlp, ThreadsBackend, Local>;
+      auto own = test::make_mlp(8, 16, 4, 5), other = test::make_mlp(8, 16, 4, 5);
+      CHECK(raised([&] {
+              Trainer t(own, comm, {}, {.global_batch = 8, .loss_scaling = optim::GradScalerOptions{}});
+            }) == want);
+      Trainer clipped(other, comm, {}, {.global_batch = 8, .clip_grad_norm = 1.0});  // composes
+    }
     {  // under OwnerReduce
       Owner ddp(model, comm);
       std::string const want = refusal({.ddp = ddp.composition(), .attaching = &l});

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -177,6 +178,32 @@ TEST_CASE("Virtual replicas: a checkpoint taken mid-period at 2 ranks resumes at
           }) == whole);
     std::filesystem::remove(file);
   }
+}
+
+TEST_CASE(
+    "Virtual replicas in basic_trainer: each replica's mean gradient clipped before its step, the same bits at 1, 2, "
+    "4") {
+  auto const data = test::make_data(64, 8, 4, 61);
+  TensorDataset<float> const set(data.x, data.y);
+  auto run = [&](int n, std::optional<double> clip) {
+    return on_ranks(n, [&](ThreadsBackend& comm) {
+      auto model = test::make_mlp(8, 16, 4, 5);
+      using Opt = DiLoCo<optim::SGD, ThreadsBackend>;
+      basic_trainer<test::Mlp, ThreadsBackend, Opt, SizeCapped, ExactSum, MicroBatches> t(
+          model, comm, {.optimizer = {.lr = 0.5}, .outer = {.period = 3, .replicas = 4}},
+          {.global_batch = 16, .clip_grad_norm = clip}, {.batching = {.count = 8}});
+      for (std::int64_t e = 0; e < 2; ++e)
+        t.fit_epoch(set, EpochStart{.epoch = e}, [](auto const& out, auto const& b) { return mse_loss(out, b.y); });
+      if (clip) REQUIRE(t.last_grad_norm() > *clip);  // it did clip (a replica's norm, before clipping)
+      return t.ddp().module().named_parameters().empty() ? std::vector<float>{}
+                                                         : t.optimizer().local_state().values.front().front();
+    });
+  };
+  auto const clipped = run(1, 0.01), unclipped = run(1, std::nullopt);
+  REQUIRE(!clipped.empty());
+  CHECK(clipped != unclipped);
+  CHECK(run(2, 0.01) == clipped);
+  CHECK(run(4, 0.01) == clipped);
 }
 
 TEST_CASE("LocalSgd and DiLoCo: a checkpoint keeps every rank's replica and resumes bitwise at the same world size") {

@@ -38,7 +38,8 @@ expect "--diloco with --deterministic" --diloco 4 --deterministic
 expect "drop --zero, --overlap-update and --comm-hook" --local-sgd 4 --zero 1
 expect "drop --zero, --overlap-update and --comm-hook" --local-sgd 4 --comm-hook bf16
 expect "(--diloco takes --comm-hook bf16 or fp16" --diloco 4 --comm-hook powersgd
-expect "checkpoints do not hold the period's position" --local-sgd 4 --checkpoint x.ckpt
+expect "--replicas is for --local-sgd or --diloco with --deterministic" --replicas 4
+expect "add --replicas R" --local-sgd 4 --deterministic
 expect "--calibration-cache is for --bucket-cap-mb auto" --calibration-cache /tmp/cal.txt
 expect "--bucket-cap-mb auto profiles host tensors" --bucket-cap-mb auto --deterministic true
 expect "flag --epochs needs a value" --epochs

@@ -1,7 +1,8 @@
 #!/bin/bash
 # usage: gpt_deterministic.sh BINARY: the GPT job with --deterministic prints the same weights digest at world sizes
 # 1, 2 and 4 (threads) and under mpirun -n 2, with ZeRO-1, with dropout and without (the fused attention); a run
-# stopped at world size 2 and resumed at world size 4 ends with the uninterrupted run's digest.
+# stopped at world size 2 and resumed at world size 4 ends with the uninterrupted run's digest; DiLoCo over 4 virtual
+# replicas the same.
 set -euo pipefail
 bin="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/gptdet"
@@ -32,4 +33,14 @@ got=$(digest "$bin" "${common[@]}" --world-size 4 --resume "$dir/ckpt")
 ref0=$(digest "$bin" "${common[@]}" --dropout 0 --world-size 1)
 got=$(digest "$bin" "${common[@]}" --dropout 0 --world-size 4)
 [[ "$ref0" =~ ^[0-9a-f]{16}$ && "$got" == "$ref0" ]] || fail "no dropout: world size 4 weights $got, world size 1: $ref0"
-echo "PASS: every digest is $ref (dropout 0.1) and $ref0 (no dropout)"
+# DiLoCo over 4 virtual replicas (--replicas 4): the same digest at world sizes 1 and 4, and across a resume from 2
+# ranks at 4 after step 5 (mid-period: outer steps after 3, 6, 9, 12).
+local=("${common[@]}" --diloco 3 --replicas 4)
+refl=$(digest "$bin" "${local[@]}" --world-size 1)
+[[ "$refl" =~ ^[0-9a-f]{16}$ && "$refl" != "$ref" ]] || fail "--diloco --replicas 4: weights $refl (DDP's: $ref)"
+got=$(digest "$bin" "${local[@]}" --world-size 4)
+[[ "$got" == "$refl" ]] || fail "--diloco --replicas 4 at world size 4: weights $got, world size 1: $refl"
+digest "$bin" "${local[@]}" --world-size 2 --max-steps 5 --checkpoint "$dir/local.ckpt" >/dev/null
+got=$(digest "$bin" "${local[@]}" --world-size 4 --resume "$dir/local.ckpt")
+[[ "$got" == "$refl" ]] || fail "--diloco --replicas 4 stopped at 2 ranks, resumed at 4: weights $got, uninterrupted: $refl"
+echo "PASS: every digest is $ref (dropout 0.1), $ref0 (no dropout) and $refl (DiLoCo, 4 virtual replicas)"

@@ -32,7 +32,7 @@ expect 1 "$dir/empty.txt: the file is empty" --data "$dir/empty.txt"
 printf 'abc' >"$dir/tiny.txt"
 expect 1 "tiny.txt" --data "$dir/tiny.txt"
 expect 2 "gpt: --local-sgd with --grad-accum" --local-sgd 4 --grad-accum 2
-expect 2 "gpt: --diloco with --checkpoint or --resume" --diloco 4 --checkpoint "$dir/x.ckpt"
+expect 2 "gpt: --replicas is for --local-sgd or --diloco with --deterministic" --diloco 4 --replicas 2
 expect 2 "--local-sgd and --diloco: choose one" --local-sgd 4 --diloco 4
 # A checkpoint, then resumes that do not fit it.
 timeout 60 "$bin" "${small[@]}" --iters 3 --checkpoint "$dir/ckpt" >/dev/null 2>&1 || fail "could not write a checkpoint"

@@ -60,7 +60,8 @@ inline constexpr CompositionRule kCompositionRules[] = {
      "clipping or loss scaling with an optimizer that updates each bucket in backward (OverlappedOptimizer)"},
     {"whole-owner", "attach", "clipping or loss scaling under OwnerReduce (the gradients are never whole)"},
     {"local-alone", "attach",
-     "local rounds (LocalSgd, DiLoCo) with ddp::join, ZeRO, OwnerReduce, an update in backward or other local rounds"},
+     "local rounds (LocalSgd, DiLoCo) with ddp::join, ZeRO, OwnerReduce, an update in backward, loss scaling or other "
+     "local rounds"},
     {"local-exact", "attach",
      "local rounds in deterministic mode without virtual replicas, or virtual replicas outside deterministic mode"},
 };
@@ -110,17 +111,19 @@ inline std::optional<std::string> composition_refusal(Composition const& c) {
                                     Capability::kReducesGradients | Capability::kShardsState | Capability::kLocalRounds;
   HookTraits const* const local = h.caps.has(Capability::kLocalRounds) ? &h : other(Capability::kLocalRounds);
   if (local) {
-    // The other side: an attached hook that takes rounds (the local one attaching), or the hook attaching.
-    HookTraits const* const clash = local == &h                    ? detail::find_any(c.attached, round_takers)
-                                    : h.caps.has_any(round_takers) ? &h
-                                                                   : nullptr;
+    // The other side: an attached hook that takes rounds or reads whole averaged gradients (the local one attaching),
+    // or the hook attaching. Clipping goes through the local rounds instead (before_inner_step: basic_trainer).
+    Capabilities const clashing = round_takers | Capability::kNeedsWholeGradients;
+    HookTraits const* const clash = local == &h                ? detail::find_any(c.attached, clashing)
+                                    : h.caps.has_any(clashing) ? &h
+                                                               : nullptr;
     if (clash || !d.reduces_gradients)  // local-alone
       return cat(local->name,
                  " runs local steps in which nothing is reduced, so it takes the DDP's rounds alone; it "
                  "does not compose with ",
                  clash ? clash->name : d.reduction,
-                 " (ddp::join, ZeroRedundancyOptimizer, OwnerReduce, an update in backward or a second local-round "
-                 "hook). Build it over a plain optimizer and an averaging reduction");
+                 " (ddp::join, ZeroRedundancyOptimizer, OwnerReduce, an update in backward, loss scaling or a second "
+                 "local-round hook). Build it over a plain optimizer and an averaging reduction");
     bool const virtual_replicas = local->caps.has(Capability::kVirtualReplicas);
     if (d.world_size_invariant && !virtual_replicas)  // local-exact
       return cat(local->name, ": deterministic mode (", d.reduction,

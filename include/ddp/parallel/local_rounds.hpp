@@ -118,6 +118,10 @@ class LocalRounds : public DdpHook {
   void load_state(optim::OptimizerState<T> const& st) {
     for (auto& o : inner_) o.load_state(st);
   }
+  // `fn` runs before every inner optimizer step, on the gradients it is about to take: a replica's mean gradient in a
+  // local step, the averaged one in a synchronous step (LocalSgd's warm-up). basic_trainer's clip_grad_norm goes
+  // there (clipping the arena before step() would see only the last replica's, not yet divided).
+  void before_inner_step(std::function<void()> fn) { before_inner_ = std::move(fn); }
   // The virtual replicas declared (0: one per rank), and how many this rank runs.
   std::int64_t replicas() const noexcept { return replicas_; }
   std::int64_t local_replicas() const noexcept { return local_; }
@@ -400,6 +404,7 @@ class LocalRounds : public DdpHook {
   std::int64_t per_replica_ = 1;        // micro-batches of each (virtual replicas)
   std::deque<O> inner_;                 // one inner optimizer per replica of the rank
   std::function<void()> sync_buffers_;  // rank 0's buffers everywhere (empty: nothing to do)
+  std::function<void()> before_inner_;  // before_inner_step()
   std::int64_t steps_ = 0, syncs_ = 0, bytes_ = 0;
 
  private:
@@ -415,6 +420,7 @@ class LocalRounds : public DdpHook {
           Kernels<S>::axpby(e.numel, T(1) / T(m), arena.grads().data() + e.offset, T(0),
                             arena.grads().data() + e.offset);
         }
+    if (before_inner_) before_inner_();
     inner_[static_cast<std::size_t>(current_)].step();
     if (local_ > 1) copy_values(values(), stores_[static_cast<std::size_t>(current_)].data());
   }

@@ -91,6 +91,7 @@ class LocalSgd final : public detail::LocalRounds<O, C> {
 
   void step() {
     if (!local_round()) {  // a synchronous DDP step: the gradients are the global mean
+      if (this->before_inner_) this->before_inner_();
       this->inner_.front().step();
       if (++this->steps_ == opts_.warmup_steps) this->fan_out();
       return;

@@ -144,8 +144,14 @@ class basic_trainer {
         opt_(detail::make_optimizer<O>(ddp_, opt)) {
     // Both read the whole averaged gradients before the step: attached as such, they are refused where the
     // composition cannot give them (composition.hpp).
-    if (opts_.clip_grad_norm || opts_.loss_scaling) {
-      reader_.name = opts_.clip_grad_norm ? "clip_grad_norm" : "loss_scaling";
+    // Local rounds (LocalSgd, DiLoCo) clip each replica's mean gradient before its inner step instead.
+    if constexpr (kClipsInside) {
+      if (opts_.clip_grad_norm)
+        opt_.before_inner_step(
+            [this] { last_grad_norm_ = double(nn::clip_grad_norm(ddp_.parameters(), *opts_.clip_grad_norm)); });
+    }
+    if ((opts_.clip_grad_norm && !kClipsInside) || opts_.loss_scaling) {
+      reader_.name = opts_.loss_scaling ? "loss_scaling" : "clip_grad_norm";
       reading_ = ddp_.attach(reader_);
     }
     if (opts_.loss_scaling) scaler_.emplace(ddp_.parameters(), *opts_.loss_scaling);
@@ -323,13 +329,17 @@ class basic_trainer {
     }
     Timeline::Scope span(opts_.ddp.timeline, "optimizer step", "step", Timeline::kCompute);
     auto const clip = [&] {
-      if (opts_.clip_grad_norm) last_grad_norm_ = double(nn::clip_grad_norm(ddp_.parameters(), *opts_.clip_grad_norm));
+      if (opts_.clip_grad_norm && !kClipsInside)
+        last_grad_norm_ = double(nn::clip_grad_norm(ddp_.parameters(), *opts_.clip_grad_norm));
     };
     if (scaler_) return scaler_->step(opt_, clip);
     clip();
     opt_.step();
     return true;
   }
+
+  // Whether the optimizer clips inside its own steps (local rounds: before_inner_step).
+  static constexpr bool kClipsInside = requires(O & o) { o.before_inner_step(std::function<void()>{}); };
 
   static TrainerOptions const& checked(TrainerOptions const& o) {
     if constexpr (invariant) {
