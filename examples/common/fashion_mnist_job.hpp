@@ -319,7 +319,8 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
                                                            .local = {.period = l.local_sgd,
                                                                      .warmup_steps = l.warmup,
                                                                      .average_optimizer_state = l.average_state,
-                                                                     .replicas = l.replicas}});
+                                                                     .replicas = l.replicas,
+                                                                     .node_period = l.node_period}});
     else
       train_with(std::type_identity<DiLoCo<O, Comm>>{}, {.optimizer = o,
                                                          .outer = {.period = l.diloco,

@@ -386,7 +386,8 @@ void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus) {
                      .local = {.period = l.local_sgd,
                                .warmup_steps = l.warmup,
                                .average_optimizer_state = l.average_state,
-                               .replicas = l.replicas}});
+                               .replicas = l.replicas,
+                               .node_period = l.node_period}});
   if (l.diloco > 0)
     return go_local(std::type_identity<DiLoCo<optim::AdamW, Comm>>{}, {.optimizer = adamw,
                                                                        .outer = {.period = l.diloco,

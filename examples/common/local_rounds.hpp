@@ -25,6 +25,7 @@ struct LocalChoice {
   double outer_momentum = 0.9;                   // --outer-momentum
   PseudoGradient wire = PseudoGradient::kFloat;  // --comm-hook bf16|fp16 with --diloco
   std::int64_t replicas = 0;                     // --replicas R: virtual replicas (with --deterministic)
+  std::int64_t node_period = 0;                  // --node-average K: hierarchical local SGD
   bool on() const noexcept { return local_sgd > 0 || diloco > 0; }
 };
 
@@ -35,6 +36,9 @@ inline Flags& add_local_flags(Flags& f) {
            "LocalSgd)")
       .add("local-sgd-warmup", "0", "with --local-sgd: ordinary DDP steps first (post-local SGD)")
       .add("average-optimizer-state", "false", "with --local-sgd: also average the optimizer's buffers")
+      .add("node-average", "0",
+           "with --local-sgd H: also average within each node every K steps, K < H (hierarchical; a node: MPI's "
+           "ranks that share memory, or the threads backend's process)")
       .add("diloco", "0",
            "DiLoCo: H local steps of the optimizer, then an outer Nesterov step on the averaged parameter change "
            "(0: off)")
@@ -54,11 +58,15 @@ inline LocalChoice local_choice(Flags const& f, ReductionChoice const& r) {
                 .diloco = f.at_least("diloco", 0),
                 .outer_lr = f.real("outer-lr"),
                 .outer_momentum = f.real("outer-momentum"),
-                .replicas = f.at_least("replicas", 0)};
+                .replicas = f.at_least("replicas", 0),
+                .node_period = f.at_least("node-average", 0)};
   std::string const p = f.program();
   if (c.local_sgd > 0 && c.diloco > 0) throw ArgumentError(p + ": --local-sgd and --diloco: choose one");
   if (c.local_sgd == 0 && (f.is_set("local-sgd-warmup") || f.is_set("average-optimizer-state")))
     throw ArgumentError(p + ": --local-sgd-warmup and --average-optimizer-state are for --local-sgd H");
+  if (c.node_period > 0 && (c.local_sgd == 0 || c.node_period >= c.local_sgd))
+    throw ArgumentError(detail::cat(p, ": --node-average K is for --local-sgd H with K < H (got K = ", c.node_period,
+                                    c.local_sgd > 0 ? detail::cat(", H = ", c.local_sgd) : std::string(), ")"));
   if (c.diloco == 0 && (f.is_set("outer-lr") || f.is_set("outer-momentum")))
     throw ArgumentError(p + ": --outer-lr and --outer-momentum are for --diloco H");
   if (!(c.outer_lr > 0)) throw ArgumentError(detail::cat(p, ": --outer-lr must be positive, got ", f.str("outer-lr")));
@@ -100,6 +108,10 @@ void print_local_bytes(Opt const& opt, std::int64_t ddp_bytes) {
       per_local > 0 ? double(ddp_bytes) / per_local : 0.0, static_cast<long long>(ddp_bytes),
       static_cast<long long>(steps), static_cast<long long>(sync_steps), overall,
       overall > 0 ? double(ddp_bytes) / overall : 0.0);
+  if constexpr (requires { opt.node_syncs(); })
+    if (opt.node_syncs() > 0)
+      std::printf("within nodes: %lld averages, %.0f bytes a local step (over each node's own links)\n",
+                  static_cast<long long>(opt.node_syncs()), double(opt.node_bytes_sent()) / double(local));
 }
 
 }  // namespace ddp::examples

@@ -94,6 +94,8 @@ void ddp_suite(C& comm, HalfSum sum) {
     ddp::test::virtual_replicas_match_hand(comm, true);
   }
   ddp::test::diloco_matches_replicas(comm, 3, 7);
+  // Hierarchical local SGD over the backend's own nodes (one host: every average is over all ranks).
+  if constexpr (ddp::NodeCommunicator<C>) ddp::test::local_sgd_hierarchical(comm);
   if (comm.rank() == 0)
     std::printf("ddp %s tests passed on %d ranks (equivalence %.3g, %.3g; no_sync %.3g)\n",
                 std::string(C::backend_name).c_str(), comm.world_size(), eq, eq_small, ns);

@@ -324,4 +324,66 @@ void virtual_replicas_match_hand(C& comm, bool diloco) {
            detail::cat("rank ", comm.rank(), "'s gathered replicas differ from rank ", k, "'s"));
 }
 
+// Hierarchical local SGD (LocalSgdOptions::node_period) over a communicator with node groups: every 2 steps the
+// replicas are averaged within each node, every 6 over all ranks. Against replicas trained by hand (each averaged
+// with its node's, in rank order); after a node average the ranks of a node hold the same bits, and the nodes
+// (when there are several) differ until the next average over all ranks.
+template <NodeCommunicator C>
+void local_sgd_hierarchical(C& comm) {
+  int const n = comm.world_size(), r = comm.rank(), per_node = comm.ranks_per_node();
+  expect(n % per_node == 0, "the nodes should be equal");
+  std::int64_t const local = 4;
+  int const steps = 8;
+  Data const data = make_data(local * n * steps, 8, 4, 67);
+  optim::SgdOptions const o{.lr = 0.05, .momentum = 0.9};
+  auto model = make_mlp(8, 16, 4, 5);
+  DistributedDataParallel<Mlp, C> ddp(model, comm, {},
+                                      {.bucketer = SizeCapped{{.cap_bytes = 256, .first_cap_bytes = 128}}});
+  LocalSgd<optim::SGD, C> opt(ddp, {.optimizer = o, .local = {.period = 6, .node_period = 2}});
+  HandReplicas hand(n, o);
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    backward(mse_loss(ddp(Var(rows(data.x, (s * n + r) * local, local))), rows(data.y, (s * n + r) * local, local)));
+    opt.step();
+    hand.step(data, s, local);
+    bool const global = (s + 1) % 6 == 0, node = !global && (s + 1) % 2 == 0;
+    if (global) hand.set_all(hand.mean());
+    if (node)
+      for (int first = 0; first < n; first += per_node) {
+        std::vector<float> m(weights(hand.arenas[0]).size(), 0.0f);
+        for (int k = first; k < first + per_node; ++k) {
+          auto const w = weights(hand.arenas[static_cast<std::size_t>(k)]);
+          for (std::size_t i = 0; i < m.size(); ++i) m[i] += w[i];
+        }
+        for (auto& v : m) v /= static_cast<float>(per_node);
+        for (int k = first; k < first + per_node; ++k) {
+          std::size_t at = 0;
+          for (auto const& e : hand.arenas[static_cast<std::size_t>(k)].entries()) {
+            std::copy(m.begin() + static_cast<std::ptrdiff_t>(at),
+                      m.begin() + static_cast<std::ptrdiff_t>(at + e.numel), e.var.value().data());
+            at += static_cast<std::size_t>(e.numel);
+          }
+        }
+      }
+    auto const mine = weights(ddp.parameters());
+    auto const at = detail::cat("rank ", r, " of ", n, " (", per_node, " a node), step ", s + 1, ": ");
+    double const d = local_rel_diff(mine, weights(hand.arenas[static_cast<std::size_t>(r)]));
+    expect(d < 1e-6, detail::cat(at, "the weights are ", d, " from the hand-made replica"));
+    std::vector<float> all(mine.size() * static_cast<std::size_t>(n));
+    host_all_gather(comm, std::span<float const>(mine), std::span<float>(all));
+    auto const of = [&](int k) { return all.begin() + static_cast<std::ptrdiff_t>(k * mine.size()); };
+    int const first = r / per_node * per_node;
+    if (node || global)
+      for (int k = first; k < first + per_node; ++k)
+        expect(std::equal(mine.begin(), mine.end(), of(k)), at + "a rank of this node differs after an average");
+    if (node && per_node < n)
+      expect(!std::equal(mine.begin(), mine.end(), of((first + per_node) % n)),
+             at + "another node holds this node's average");
+  }
+  std::int64_t bytes = 0;
+  for (auto const& b : ddp.plan().buckets) bytes += b.numel * static_cast<std::int64_t>(sizeof(float));
+  expect(opt.syncs() == 1 && opt.node_syncs() == 3, "one average over all ranks (step 6), node averages at 2, 4, 8");
+  expect(opt.node_bytes_sent() == 3 * bytes && opt.bytes_sent() == bytes, "bytes of each level");
+}
+
 }  // namespace ddp::test

@@ -129,6 +129,25 @@ auto on_ranks(int n, F f) {
   return out;
 }
 
+TEST_CASE("Hierarchical local SGD: averages within nodes every 2 steps, over all ranks every 6") {
+  spawn(
+      4, [](ThreadsBackend& comm) { test::local_sgd_hierarchical(comm); }, ThreadsOptions{.ranks_per_node = 2});
+  spawn(4, [](ThreadsBackend& comm) { test::local_sgd_hierarchical(comm); });  // one node: every average is global
+  spawn(
+      2, [](ThreadsBackend& comm) { test::local_sgd_hierarchical(comm); }, ThreadsOptions{.ranks_per_node = 1});
+  CHECK_THROWS_WITH_AS(spawn(
+                           4, [](ThreadsBackend&) {}, ThreadsOptions{.ranks_per_node = 3}),
+                       "ThreadsOptions::ranks_per_node must be 0 or divide the world size (4), got 3", ArgumentError);
+  spawn(2, [](ThreadsBackend& comm) {
+    auto model = test::make_mlp(8, 16, 4, 5);
+    DistributedDataParallel<test::Mlp, ThreadsBackend> ddp(model, comm);
+    using L = LocalSgd<optim::SGD, ThreadsBackend>;
+    CHECK_THROWS_WITH_AS(L(ddp, {.local = {.period = 4, .node_period = 4}}),
+                         "LocalSgd: node_period must be in [1, period = 4) (0: no averages within nodes), got 4",
+                         ArgumentError);
+  });
+}
+
 TEST_CASE("Virtual replicas: the README's form, two of the four replicas on each of two ranks") {
   spawn(2, [](ThreadsBackend& comm) {
     auto model = test::make_mlp(8, 16, 4, 5);

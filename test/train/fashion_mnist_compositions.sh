@@ -1,7 +1,7 @@
 #!/bin/bash
 # usage: fashion_mnist_compositions.sh BINARY: the compositions users run, without --deterministic, on a slice of
 # Fashion-MNIST (threads, 2 ranks, MLP, 1 epoch): each comm hook (bf16, fp16, powersgd), ZeRO stages 1 and 2, the
-# overlapped update, a hook with ZeRO and the overlapped update together, local SGD and DiLoCo. Each trains (test
+# overlapped update, a hook with ZeRO and the overlapped update together, local SGD (also hierarchical) and DiLoCo. Each trains (test
 # accuracy over 60%) and names what it composed. Then PowerSGD (compressing from its third round) stopped mid-epoch and resumed ends
 # with the uninterrupted run's train loss, test loss and accuracy, digit for digit: its checkpoint carries PowerSGD's
 # state and the epoch's loss so far.
@@ -50,6 +50,10 @@ expect 'each bucket updated as its reduction lands'
 run --local-sgd 4 --local-sgd-warmup 8
 expect 'local SGD: 8 DDP steps, then parameters averaged every 4 steps'
 expect 'communication: [0-9]* bytes a local step (6 parameter averages in 24 local steps), 1/4.0 of DDP'
+# Hierarchical: averages within the node (the threads backend's process) every 2 steps between those every 8.
+run --local-sgd 8 --node-average 2
+expect 'parameters averaged every 8 steps and within each node every 2'
+expect '^within nodes: 12 averages, [0-9]* bytes a local step'
 # DiLoCo's outer step (lr 0.7) moves the synced weights 70% of the replicas' way: over 32 steps it learns slower
 # (62% here, plain DDP 75%), still far above chance (10%).
 min_acc=45 run --diloco 4

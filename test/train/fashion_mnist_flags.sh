@@ -40,6 +40,8 @@ expect "drop --zero, --overlap-update and --comm-hook" --local-sgd 4 --comm-hook
 expect "(--diloco takes --comm-hook bf16 or fp16" --diloco 4 --comm-hook powersgd
 expect "--replicas is for --local-sgd or --diloco with --deterministic" --replicas 4
 expect "add --replicas R" --local-sgd 4 --deterministic
+expect "--node-average K is for --local-sgd H with K < H (got K = 2)" --node-average 2
+expect "--node-average K is for --local-sgd H with K < H (got K = 4, H = 4)" --local-sgd 4 --node-average 4
 expect "--calibration-cache is for --bucket-cap-mb auto" --calibration-cache /tmp/cal.txt
 expect "--bucket-cap-mb auto profiles host tensors" --bucket-cap-mb auto --deterministic true
 expect "flag --epochs needs a value" --epochs

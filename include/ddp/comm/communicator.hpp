@@ -203,6 +203,17 @@ concept HalfCommunicator =
     AsyncCommunicator<C> && detail::CollectivesFor<C, bfloat16> && detail::CollectivesFor<C, float16> &&
     detail::AsyncCollectivesFor<C, bfloat16> && detail::AsyncCollectivesFor<C, float16>;
 
+// A Communicator whose ranks come in nodes, that all-reduces among the ranks of one node only: node_all_reduce(buf,
+// op, tag), host memory; ranks_per_node() (this rank's node). MpiBackend (MPI_COMM_TYPE_SHARED, or
+// MpiNodeOptions::ranks_per_node) and ThreadsBackend (one node, or ThreadsOptions::ranks_per_node) are; hierarchical
+// averaging needs it (LocalSgdOptions::node_period). Every rank calls node_all_reduce at once, each with its node.
+template <class C>
+concept NodeCommunicator = Communicator<C> && requires(C& c, std::span<float> f, std::span<double> d) {
+  { c.ranks_per_node() } -> std::convertible_to<int>;
+  c.node_all_reduce(f, ReduceOp::kAvg, CollectiveTag{});
+  c.node_all_reduce(d, ReduceOp::kAvg, CollectiveTag{});
+};
+
 // A Communicator whose ranks share one address space (ThreadsBackend: threads of one process), so a rank may read
 // and write another rank's buffers directly once it has their addresses (OwnerReduce, parallel/policies.hpp). The
 // collectives still order those accesses: what a rank wrote before a collective, its peers see after it.

@@ -388,6 +388,12 @@ class LocalRounds : public DdpHook {
     for (std::size_t k = 0; k < inner_.size(); ++k) inner_[k].load_state(states[replicas_ == 0 ? 0 : k]);
   }
 
+  // Bucket b's average as a span on the timeline's communication lane, from `began` to now.
+  void span(std::size_t b, std::int64_t bytes, Timeline::clock::time_point began, char const* what = "average") const {
+    if (timeline_)
+      timeline_->add(cat(what, " bucket ", b, " (", bytes, " bytes)"), "comm", began, Timeline::clock::now(),
+                     Timeline::kComm);
+  }
   T* values() const noexcept { return arena_->values().data(); }
   void copy_values(T const* from, T* to) const {
     for_each_bucket([&](std::size_t, std::int64_t lo, std::int64_t n) { Kernels<S>::copy(n, from + lo, to + lo); });
@@ -427,11 +433,6 @@ class LocalRounds : public DdpHook {
   void load_replica(std::int64_t k) {
     copy_values(stores_[static_cast<std::size_t>(k)].data(), values());
     current_ = k;
-  }
-  void span(std::size_t b, std::int64_t bytes, Timeline::clock::time_point began) const {
-    if (timeline_)
-      timeline_->add(cat("average bucket ", b, " (", bytes, " bytes)"), "comm", began, Timeline::clock::now(),
-                     Timeline::kComm);
   }
   // An optimizer state's numbers as two flat vectors (its per-parameter step counts, its buffers) and back.
   static void flatten_state(optim::OptimizerState<T> const& st, std::vector<std::int64_t>& counts,

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -40,6 +41,7 @@
 #include "ddp/parallel/local_rounds.hpp"
 #include "ddp/tensor/half.hpp"
 #include "ddp/tensor/kernels.hpp"
+#include "ddp/trace/timeline.hpp"
 
 namespace ddp {
 
@@ -48,6 +50,10 @@ struct LocalSgdOptions {
   std::int64_t warmup_steps = 0;         // W: ordinary DDP steps first (post-local SGD); 0: local from the start
   bool average_optimizer_state = false;  // also average the optimizer's buffers at each average
   std::int64_t replicas = 0;             // virtual replicas (deterministic mode; local_rounds.hpp); 0: one per rank
+  // Hierarchical local SGD: between the averages over all ranks, average within each node every node_period steps
+  // (1: every step; below period; 0: off). The node is the communicator's (NodeCommunicator: MpiBackend's ranks
+  // that share memory, ThreadsBackend's process, or their ranks_per_node option). Host tensors, one replica per rank.
+  std::int64_t node_period = 0;
 };
 
 // How DiLoCo's pseudo-gradient travels: as the parameters' type, or cast to a 16-bit float (scaled by 1/world, summed,
@@ -79,9 +85,26 @@ class LocalSgd final : public detail::LocalRounds<O, C> {
     detail::check_period(opts_.period, "LocalSgd");
     if (opts_.warmup_steps < 0)
       throw ArgumentError(detail::cat("LocalSgd: warmup_steps must be >= 0, got ", opts_.warmup_steps));
+    if (opts_.node_period != 0) {
+      if (opts_.node_period < 1 || opts_.node_period >= opts_.period)
+        throw ArgumentError(detail::cat("LocalSgd: node_period must be in [1, period = ", opts_.period,
+                                        ") (0: no averages within nodes), got ", opts_.node_period));
+      if (this->replicas_ > 0)
+        throw ArgumentError(
+            "LocalSgd: hierarchical averaging (node_period) follows the ranks' nodes, which change with the world "
+            "size, so it is not exact across world sizes: drop node_period or replicas");
+      if constexpr (!kHierarchical)
+        throw ArgumentError(
+            "LocalSgd: node_period averages within each node, which needs a backend with node groups "
+            "(NodeCommunicator: MpiBackend, ThreadsBackend) and host tensors");
+    }
   }
 
   static constexpr char const* kSyncName = "parameter averages";
+  // Averages within nodes taken (LocalSgdOptions::node_period), and the bytes one rank sent in them (bytes_sent() and
+  // syncs() count the averages over all ranks).
+  std::int64_t node_syncs() const noexcept { return node_syncs_; }
+  std::int64_t node_bytes_sent() const noexcept { return node_bytes_; }
   LocalSgdOptions const& local_options() const noexcept { return opts_; }
   // Steps taken as ordinary DDP steps (the warm-up's).
   std::int64_t sync_steps() const noexcept { return std::min(this->steps_, opts_.warmup_steps); }
@@ -104,20 +127,53 @@ class LocalSgd final : public detail::LocalRounds<O, C> {
       this->average(std::span<T* const>(xs));
       if (opts_.average_optimizer_state) this->average_state();
       ++this->syncs_;
+    } else if (opts_.node_period > 0 && (this->steps_ - opts_.warmup_steps) % opts_.node_period == 0) {
+      node_average();
     }
     this->rest();
     if (sync && this->sync_buffers_) this->sync_buffers_();
   }
 
  private:
+  using S = typename Base::S;
+  static constexpr bool kHierarchical = NodeCommunicator<C> && std::same_as<S, HostSpace>;
+
   std::string cat_describe(std::string const& inner) const override {
     return detail::cat(
         inner, "; local SGD: ", opts_.warmup_steps > 0 ? detail::cat(opts_.warmup_steps, " DDP steps, then ") : "",
         "parameters averaged every ", opts_.period, " steps",
+        opts_.node_period > 0 ? detail::cat(" and within each node every ", opts_.node_period) : "",
         opts_.average_optimizer_state ? " with the optimizer's state" : "");
   }
 
+  // Hierarchical: each bucket's parameters (and, with average_optimizer_state, the optimizer's buffers) averaged among
+  // this rank's node (node_all_reduce, tagged "average.node"), each bucket a span on the timeline.
+  void node_average() {
+    if constexpr (kHierarchical) {
+      T* const x = this->values();
+      this->for_each_bucket([&](std::size_t b, std::int64_t lo, std::int64_t n) {
+        auto const began = Timeline::clock::now();
+        this->comm_->node_all_reduce(std::span<T>(x + lo, static_cast<std::size_t>(n)), ReduceOp::kAvg,
+                                     CollectiveTag{"average.node", static_cast<std::int64_t>(b)});
+        std::int64_t const bytes = n * static_cast<std::int64_t>(sizeof(T));
+        this->span(b, bytes, began, "node average");
+        node_bytes_ += bytes;
+      });
+      if (opts_.average_optimizer_state) {
+        auto st = this->inner_.front().state();
+        for (auto& p : st.parameters)
+          for (auto& buf : p.buffers) {
+            this->comm_->node_all_reduce(std::span<T>(buf), ReduceOp::kAvg, CollectiveTag{"average.node.state"});
+            node_bytes_ += static_cast<std::int64_t>(buf.size() * sizeof(T));
+          }
+        this->inner_.front().load_state(st);
+      }
+      ++node_syncs_;
+    }
+  }
+
   LocalSgdOptions opts_;
+  std::int64_t node_syncs_ = 0, node_bytes_ = 0;
 };
 
 // DiLoCo (see the top of this file): an inner optimizer for `period` local steps, then an outer Nesterov step on

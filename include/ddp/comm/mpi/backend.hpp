@@ -12,6 +12,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -80,6 +81,7 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
       node_ = std::make_unique<detail::NodeAllReduce>(comm_, opts.node, *watch_, half_ops_);
     }
     gradient_storage_ = opts.node.gradient_storage;
+    ranks_per_node_ = opts.node.ranks_per_node;
   }
   MpiBackend(MpiBackend const&) = delete;
   MpiBackend& operator=(MpiBackend const&) = delete;
@@ -99,6 +101,7 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
     node_.reset();
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (!finalized && node_group_ != MPI_COMM_NULL) MPI_Comm_free(&node_group_);
     if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
@@ -144,6 +147,37 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
 
   // Waits for every async collective issued so far; rethrows the first error.
   void synchronize() { queue_.drain(); }
+
+  // Node groups (NodeCommunicator): this rank's node is MpiNodeOptions::ranks_per_node consecutive ranks, or else
+  // the ranks that share its memory (MPI_COMM_TYPE_SHARED). node_all_reduce all-reduces among them only, over a
+  // communicator of the node (made at the first call, collectively; MPICH moves it through shared memory), under
+  // the same deadline as every collective.
+  int ranks_per_node() const noexcept {
+    return ranks_per_node_ > 0 ? std::min(ranks_per_node_, n_) : session_->local_size();
+  }
+  template <class T>
+  void node_all_reduce(std::span<T> buf, ReduceOp op, CollectiveTag tag = {}) {
+    enter(CollectiveKind::kAllReduce, tag);
+    if (node_group_ == MPI_COMM_NULL) {
+      int const rc = ranks_per_node_ > 0
+                         ? MPI_Comm_split(comm_, rank_ / ranks_per_node_, rank_, &node_group_)
+                         : MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_group_);
+      check(rc, "MPI_Comm_split (node group)", tag);
+      MPI_Comm_set_errhandler(node_group_, MPI_ERRORS_RETURN);
+      MPI_Comm_size(node_group_, &node_n_);
+    }
+    auto const call = record(CollectiveKind::kAllReduce, buf.size(), dtype_of<T>, op, -1, tag);
+    std::size_t off = 0;
+    do {  // as in run_all_reduce
+      std::size_t const m = std::min(kMaxChunk, buf.size() - off);
+      run(call, "node all_reduce", tag, [&](MPI_Request* r) {
+        return MPI_Iallreduce(MPI_IN_PLACE, buf.data() + off, static_cast<int>(m), detail::mpi_type<T>(),
+                              half_ops_.op<T>(op), node_group_, r);
+      });
+      off += m;
+    } while (off < buf.size());
+    if (op == ReduceOp::kAvg) detail::average(buf.data(), buf.size(), node_n_);
+  }
 
  private:
   friend class detail::CollectiveFrontEnd<MpiBackend>;
@@ -342,6 +376,9 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int n_ = 1;
+  int ranks_per_node_ = 0;               // MpiNodeOptions::ranks_per_node
+  MPI_Comm node_group_ = MPI_COMM_NULL;  // node_all_reduce's communicator, made at its first call
+  int node_n_ = 1;
   std::uint64_t calls_ = 0;  // collectives issued (their sequence numbers); touched by one thread at a time
   std::atomic<bool> broken_{false};
   int unwinding_at_start_ = std::uncaught_exceptions();  // more in the destructor: destroyed by unwinding

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -71,6 +72,25 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   int world_size() const noexcept { return n_; }
   // The ranks sharing this rank's CPUs: all of them, threads of one process.
   int ranks_on_node() const noexcept { return n_; }
+
+  // Node groups (NodeCommunicator): every rank is one node unless ThreadsOptions::ranks_per_node cuts the group into
+  // consecutive nodes of that many ranks. node_all_reduce all-reduces among this rank's node only (all-gathered in
+  // process, then combined in rank order: every rank of the node gets the same bits).
+  int ranks_per_node() const noexcept {
+    int const k = group_->options().ranks_per_node;
+    return k > 0 ? k : n_;
+  }
+  template <class T>
+  void node_all_reduce(std::span<T> buf, ReduceOp op, CollectiveTag tag = {}) {
+    int const k = ranks_per_node();
+    if (k == n_) return this->all_reduce(buf, op, tag);
+    std::vector<T> all(buf.size() * static_cast<std::size_t>(n_));
+    this->all_gather(std::span<T const>(buf.data(), buf.size()), std::span<T>(all), tag);
+    std::vector<T const*> srcs;
+    for (int j = rank_ / k * k; j < rank_ / k * k + k; ++j) srcs.push_back(all.data() + j * buf.size());
+    T* const dst = buf.data();
+    detail::reduce_blocks(srcs.data(), k, &dst, 1, buf.size(), op);
+  }
 
   // The collectives (all_reduce, all_reduce_async, broadcast, all_gather, reduce_scatter, gather, scatter,
   // barrier) come from CollectiveFrontEnd; all_reduce_async queues on this rank's progress thread (no

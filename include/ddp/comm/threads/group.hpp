@@ -34,6 +34,10 @@ struct ThreadsOptions {
   // Async collectives in flight per rank before all_reduce_async blocks.
   std::size_t queue_capacity = 1024;
   TraceOptions trace{};
+  // Node groups (node_all_reduce: hierarchical averaging, LocalSgdOptions::node_period). 0: the ranks are one node
+  // (threads of one process). k > 0: consecutive groups of k ranks count as nodes, to study a cluster's layout in
+  // one process; k must divide the world size.
+  int ranks_per_node = 0;
 };
 
 namespace detail {
@@ -62,7 +66,7 @@ class ThreadsGroup {
  public:
   ThreadsGroup(int world_size, ThreadsOptions const& opts)
       : n_(checked_world_size(world_size)),
-        opts_(opts),
+        opts_(checked_nodes(opts, world_size)),
         deadlines_(resolve(opts.timeout, "threads")),
         slots_(new RankSlot[static_cast<std::size_t>(world_size)]),
         staging_bytes_((std::max<std::size_t>(opts.small_bytes, 64) + 63) / 64 * 64),
@@ -77,6 +81,12 @@ class ThreadsGroup {
   }
   ThreadsGroup(ThreadsGroup const&) = delete;
   ThreadsGroup& operator=(ThreadsGroup const&) = delete;
+  static ThreadsOptions const& checked_nodes(ThreadsOptions const& opts, int world_size) {
+    if (opts.ranks_per_node < 0 || (opts.ranks_per_node > 0 && world_size % opts.ranks_per_node != 0))
+      throw ArgumentError(cat("ThreadsOptions::ranks_per_node must be 0 or divide the world size (", world_size,
+                              "), got ", opts.ranks_per_node));
+    return opts;
+  }
   ~ThreadsGroup() { ::operator delete (staging_, std::align_val_t{64}); }
 
   int world_size() const noexcept { return n_; }
