@@ -13,9 +13,9 @@ int main(int argc, char** argv) {
     // once, as the threads backend does; across nodes (the namespace cluster) MPI_Allreduce adds pairwise.
     ddp::test::ddp_suite(comm, comm.ranks_on_node() == comm.world_size() ? ddp::test::HalfSum::kFloatOnce
                                                                          : ddp::test::HalfSum::kPairwise);
-    // Hierarchical local SGD with nodes of 2 ranks (MpiNodeOptions::ranks_per_node): node averages on their own
-    // communicator, averages over all ranks on the whole one.
-    if (comm.world_size() % 2 == 0) {
+    // Hierarchical local SGD with nodes of 2 ranks (MpiNodeOptions::ranks_per_node, whose groups must share memory):
+    // node averages on their own communicator, averages over all ranks on the whole one.
+    if (comm.world_size() % 2 == 0 && comm.ranks_on_node() % 2 == 0) {
       ddp::MpiBackend pairs(session, {.node = {.ranks_per_node = 2}});
       ddp::test::local_sgd_hierarchical(pairs);
     }
