@@ -70,6 +70,12 @@ TEST_CASE("a peer that leaves fails the others' collective with a CommError nami
                    messages[static_cast<std::size_t>(comm.rank())] = "no error";
                  } catch (ddp::CommError const& e) {
                    messages[static_cast<std::size_t>(comm.rank())] = e.what();
+                   // The same cause as data, on every rank: the rank that left, in its own words.
+                   CHECK(comm.peer_failures() == std::vector<ddp::PeerStatus>{{.rank = n - 1,
+                                                                               .state = ddp::PeerState::kLeft,
+                                                                               .seen_by = n - 1,
+                                                                               .seq = 2,
+                                                                               .reason = "its backend was destroyed"}});
                  }
                  // Broken from now on, with a message that says so.
                  CHECK_THROWS_WITH_AS(comm.barrier(), doctest::Contains("an earlier collective"), ddp::CommError);
@@ -106,6 +112,13 @@ TEST_CASE("a rank that stalls past the timeout is warned about at half of it, th
                  comm.all_reduce(v, ddp::ReduceOp::kSum);
                } catch (ddp::CommError const& e) {
                  messages[0] = e.what();
+                 auto const peers = comm.peer_failures();
+                 REQUIRE(peers.size() == 1);
+                 CHECK(peers[0] == ddp::PeerStatus{.rank = 1,
+                                                   .state = ddp::PeerState::kStalled,
+                                                   .seen_by = 0,
+                                                   .seq = 1,
+                                                   .reason = "not in this collective within the timeout of 1 s"});
                }
              },
              {.timeout = {.after = 1s, .on_stall = [&](std::string const& w) {

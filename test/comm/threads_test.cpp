@@ -108,6 +108,11 @@ TEST_CASE("a rank that throws mid-run fails every other rank's collectives, nami
             } catch (ddp::CommError const& e) {
               seen[static_cast<std::size_t>(c.rank())] = e.what();
               CHECK(e.rank() == 1);
+              auto const peers = c.peer_failures();  // the first cause first, as data
+              REQUIRE(!peers.empty());
+              CHECK(
+                  peers[0] ==
+                  ddp::PeerStatus{.rank = 1, .state = ddp::PeerState::kFailed, .seen_by = 1, .reason = "loss is NaN"});
               throw;
             }
           },
@@ -139,6 +144,14 @@ TEST_CASE("a collective that waits past the timeout names the operation and the 
           try {
             c.all_reduce(v, ddp::ReduceOp::kSum, {"bucket", 7});
           } catch (ddp::CommError const&) {
+            if (c.rank() != 2) {  // the rank that timed out noted the absent one as stalled
+              auto const peers = c.peer_failures();
+              REQUIRE(!peers.empty());
+              CHECK(peers[0].rank == 2);
+              CHECK(peers[0].state == ddp::PeerState::kStalled);
+              CHECK(peers[0].seq == 1);
+              CHECK(peers[0].reason == "did not arrive within 0.2 s");
+            }
             release.store(true);
             throw;
           }
@@ -232,7 +245,15 @@ TEST_CASE("a rank that returns early fails its peers at once instead of at the t
         [](ddp::ThreadsBackend& c) {
           if (c.rank() == 1) return;
           std::vector<float> v(4);
-          c.all_reduce(v, ddp::ReduceOp::kSum);
+          try {
+            c.all_reduce(v, ddp::ReduceOp::kSum);
+          } catch (ddp::CommError const&) {
+            CHECK(
+                c.peer_failures() ==
+                std::vector<ddp::PeerStatus>{
+                    {.rank = 1, .state = ddp::PeerState::kLeft, .seen_by = 1, .reason = "its backend was destroyed"}});
+            throw;
+          }
         },
         ddp::ThreadsOptions{.timeout = {.after = 60s}});
     FAIL("spawn returned normally");

@@ -17,10 +17,12 @@ sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	include/ddp/parallel/policies.hp
 ROWS
 )
 fail=0 checked=0
+# README lines are wrapped: compare with the README's whitespace folded to single spaces (read once; grep -q on a pipe
+# could end the writer with SIGPIPE, which pipefail would count as a miss).
+folded=$(tr '\n' ' ' <"$root/README.md" | tr -s ' ')
 while IFS=$'\t' read -r readme file text; do
   [ -n "$readme" ] || continue
-  # README lines are wrapped: compare with the README's whitespace folded to single spaces.
-  if ! tr '\n' ' ' <"$root/README.md" | tr -s ' ' | grep -qF -- "$readme"; then
+  if ! grep -qF -- "$readme" <<<"$folded"; then
     echo "README.md no longer says '$readme' (asserted by $file: '$text'): update both together" >&2
     fail=1
   fi

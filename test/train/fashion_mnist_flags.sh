@@ -1,6 +1,6 @@
 #!/bin/bash
 # usage: fashion_mnist_flags.sh BINARY: bad flags and values exit 2 with a message naming the problem.
-set -uo pipefail
+set -uo pipefail  # (checks read with here-strings: grep -q on a pipe may end the writer with SIGPIPE)
 bin="$1"
 fail() { echo "FAIL: $*"; exit 1; }
 expect() {  # expect REGEX ARGS...: exit status 2 and REGEX on stderr
@@ -8,7 +8,7 @@ expect() {  # expect REGEX ARGS...: exit status 2 and REGEX on stderr
   local err rc
   err=$(timeout 30 "$bin" "$@" 2>&1 >/dev/null); rc=$?
   [ "$rc" -eq 2 ] || fail "'$*' exited $rc, expected 2 (stderr: $err)"
-  echo "$err" | grep -qF -- "$want" || fail "'$*': stderr '$err' does not match '$want'"
+  grep -qF -- "$want" <<<"$err" || fail "'$*': stderr '$err' does not match '$want'"
   echo "ok: $* -> $err"
 }
 expect "unknown flag --bogus" --bogus 1
@@ -67,14 +67,14 @@ expect "--device cuda needs the CUDA build: bazel build //examples:fashion_mnist
 # A missing data directory is a clear error (exit 1), naming the directory and what to do.
 err=$(timeout 30 "$bin" --data-dir /nonexistent/fm 2>&1 >/dev/null); rc=$?
 [ "$rc" -eq 1 ] || fail "--data-dir /nonexistent/fm exited $rc, expected 1"
-echo "$err" | grep -qF "/nonexistent/fm does not exist" || fail "missing data dir message: $err"
+grep -qF "/nonexistent/fm does not exist" <<<"$err" || fail "missing data dir message: $err"
 echo "ok: --data-dir /nonexistent/fm -> $err"
 # --resume /dev/zero: refused at once (a run-time error, exit 1), naming the file and what it is; no endless read.
 err=$(timeout 30 "$bin" --limit-train 64 --limit-test 64 --resume /dev/zero 2>&1 >/dev/null); rc=$?
 [ "$rc" -eq 1 ] || fail "--resume /dev/zero exited $rc, expected 1 (stderr: $err)"
-echo "$err" | grep -qF "checkpoint /dev/zero is a character device, not a regular file" || fail "--resume /dev/zero: $err"
+grep -qF "checkpoint /dev/zero is a character device, not a regular file" <<<"$err" || fail "--resume /dev/zero: $err"
 echo "ok: --resume /dev/zero -> $err"
 out=$("$bin" --help) || fail "--help exited non-zero"
-echo "$out" | grep -q -- "--limit-train" || fail "--help does not list --limit-train"
-echo "$out" | grep -q -- "--comm-hook" || fail "--help does not list --comm-hook"
+grep -q -- "--limit-train" <<<"$out" || fail "--help does not list --limit-train"
+grep -q -- "--comm-hook" <<<"$out" || fail "--help does not list --comm-hook"
 echo PASS

@@ -11,7 +11,7 @@ expect() {  # expect CODE TEXT ARGS...: exit status CODE and TEXT (fixed string)
   local err rc
   err=$(timeout 60 "$bin" "$@" 2>&1 >/dev/null); rc=$?
   [ "$rc" -eq "$code" ] || fail "'$*' exited $rc, expected $code (stderr: $err)"
-  echo "$err" | grep -qF -- "$want" || fail "'$*': stderr '$err' does not contain '$want'"
+  grep -qF -- "$want" <<<"$err" || fail "'$*': stderr '$err' does not contain '$want'"
   echo "ok: $* -> $err"
 }
 small=(--n-layer 1 --n-head 2 --n-embd 32 --block-size 16 --batch-size 8 --warmup 2 --eval-interval 0 --sample 0)

@@ -38,6 +38,7 @@
 #include "ddp/comm/detail/front_end.hpp"
 #include "ddp/comm/detail/progress.hpp"
 #include "ddp/comm/detail/reduce.hpp"
+#include "ddp/comm/peer_status.hpp"
 #include "ddp/comm/rendezvous/rendezvous.hpp"
 #include "ddp/comm/trace.hpp"
 #include "ddp/comm/watch.hpp"
@@ -259,6 +260,10 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
 
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return n_; }
+  // The peers a failed collective of this backend was about (left: their backend destroyed; ended: the connection
+  // closed; stalled: not in the collective within the timeout), as the first rank to claim the cause posted them
+  // (ObservesPeers): the same on every rank whose collective failed for that cause. Empty until then.
+  std::vector<PeerStatus> peer_failures() const { return peers_.all(); }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   // For logs: "Gloo TCP over 4 ranks from 127.0.0.1, rendezvous at torchrun's agent store (TCP store ...)".
   std::string layout() const {
@@ -329,52 +334,66 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   std::string blame(std::string const& what, std::uint64_t seq) {
     try {
       std::string const key = detail::cat("gloo_failure/", seq);
-      if (store_->check({key})) {
+      auto const posted = [&] {  // the first cause, as a rank posted it: its statuses noted, its text returned
         auto const v = store_->get(key, timeout_);
-        return std::string(v.begin(), v.end());
-      }
+        auto [statuses, text] = detail::decode_cause(std::string_view(v.data(), v.size()));
+        peers_.note_all(statuses);
+        return text;
+      };
+      if (store_->check({key})) return posted();
       std::string who;
+      std::vector<PeerStatus> statuses;
+      auto const note = [&](int q, PeerState state, int seen_by, std::string reason) {
+        statuses.push_back({.rank = q, .state = state, .seen_by = seen_by, .seq = seq, .reason = std::move(reason)});
+      };
       std::vector<int> left;  // ranks whose backend ended (normally, or unwinding an error) during this collective
       for (int q = 0; q < n_; ++q)
         if (q != rank_ && store_->check({detail::cat("gloo_left/", q)})) left.push_back(q);
-      if (!left.empty())
+      if (!left.empty()) {
         who = detail::cat(detail::rank_list(left), " left (", left.size() == 1 ? "its" : "their",
                           " backend was destroyed while this rank was in a collective with it; seen by rank ", rank_,
                           ")");
+        for (int q : left) note(q, PeerState::kLeft, q, "its backend was destroyed");
+      }
       for (int q = 0; q < n_ && who.empty(); ++q) {  // else the peer Gloo names by its address
         auto const& end = peer_ends_[static_cast<std::size_t>(q)];
-        if (!end.empty() && what.find(end) != std::string::npos)
+        if (!end.empty() && what.find(end) != std::string::npos) {
           who = detail::cat("rank ", q, " ended (its connection closed; seen by rank ", rank_, ")");
+          note(q, PeerState::kEnded, rank_, "its connection closed");
+        }
       }
       if (who.empty()) {  // the end is not one Gloo named by a published address: ask who else saw a failure
         bool const timed_out = what.find("imed out") != std::string::npos;
         store_->set(detail::cat("gloo_failed/", seq, "/", rank_), {'1'});
         auto const grace = std::min<std::chrono::milliseconds>(timeout_ / 2, std::chrono::seconds(5));
         std::this_thread::sleep_for(grace);
-        if (store_->check({key})) {
-          auto const v = store_->get(key, timeout_);
-          return std::string(v.begin(), v.end());
-        }
+        if (store_->check({key})) return posted();
         std::vector<int> silent;
         for (int q = 0; q < n_; ++q)
           if (q != rank_ && !store_->check({detail::cat("gloo_failed/", seq, "/", q)})) silent.push_back(q);
-        if (!silent.empty())
+        if (!silent.empty()) {
           who = timed_out
                     ? detail::cat(detail::rank_list(silent), silent.size() == 1 ? " was" : " were",
                                   " not in this collective within the timeout of ", detail::seconds_text(timeout_),
                                   " (stalled, or issuing other collectives; seen by rank ", rank_, ")")
                     : detail::cat(detail::rank_list(silent), " ended",
                                   " (connection closed, no failure reported; seen by rank ", rank_, ")");
+          for (int q : silent)
+            if (timed_out)
+              note(q, PeerState::kStalled, rank_,
+                   detail::cat("not in this collective within the timeout of ", detail::seconds_text(timeout_)));
+            else
+              note(q, PeerState::kEnded, rank_, "connection closed, no failure reported");
+        }
       }
       if (who.empty()) return who;
       // One cause per collective: the first rank to claim it posts its own; a rank that loses the claim (it saw the
       // failure at the same moment) reports the winner's, as a later one would.
-      if (store_->add(detail::cat("gloo_failure_claim/", seq), 1) != 1) {
-        auto const v = store_->get(key, timeout_);
-        return std::string(v.begin(), v.end());
-      }
-      store_->set(key, std::vector<char>(who.begin(), who.end()));
+      if (store_->add(detail::cat("gloo_failure_claim/", seq), 1) != 1) return posted();
+      std::string const value = detail::encode_cause(statuses, who);
+      store_->set(key, std::vector<char>(value.begin(), value.end()));
       store_->add(detail::cat("gloo_failures/", seq), 1);  // answered: the set above reached the store
+      peers_.note_all(statuses);
       return who;
     } catch (Error const&) {  // the store is gone too (its host ended): Gloo's message alone
       return {};
@@ -541,6 +560,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   std::shared_ptr<Rendezvous> rendezvous_;  // the job's, when built from one (keeps rank 0's store server up)
   std::chrono::milliseconds timeout_{};
   std::string where_;
+  detail::PeerLog peers_;               // what blame() learned (peer_failures)
   std::vector<std::string> peer_ends_;  // [q]: rank q's end of its connection to this rank, as Gloo prints it
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::Context> context_;
@@ -553,5 +573,6 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
 
 static_assert(Communicator<GlooBackend>);
 static_assert(AsyncCommunicator<GlooBackend>);
+static_assert(ObservesPeers<GlooBackend>);
 
 }  // namespace ddp

@@ -391,5 +391,6 @@ class MpiBackend : public detail::CollectiveFrontEnd<MpiBackend> {
 
 static_assert(Communicator<MpiBackend>);
 static_assert(AsyncCommunicator<MpiBackend>);
+static_assert(NodeCommunicator<MpiBackend>);
 
 }  // namespace ddp

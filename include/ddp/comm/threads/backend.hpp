@@ -73,6 +73,14 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
   // The ranks sharing this rank's CPUs: all of them, threads of one process.
   int ranks_on_node() const noexcept { return n_; }
 
+  // The peers this rank knows to have left (their backend destroyed), stalled past the timeout or failed (thrown in
+  // spawn), the first cause first (ObservesPeers; the group's record, the same on every rank).
+  std::vector<PeerStatus> peer_failures() const {
+    auto all = group_->peers().all();
+    std::erase_if(all, [this](PeerStatus const& s) { return s.rank == rank_; });
+    return all;
+  }
+
   // Node groups (NodeCommunicator): every rank is one node unless ThreadsOptions::ranks_per_node cuts the group into
   // consecutive nodes of that many ranks. node_all_reduce all-reduces among this rank's node only (all-gathered in
   // process, then combined in rank order: every rank of the node gets the same bits).
@@ -300,6 +308,8 @@ class ThreadsBackend : public detail::CollectiveFrontEnd<ThreadsBackend> {
 
 static_assert(Communicator<ThreadsBackend>);
 static_assert(AsyncCommunicator<ThreadsBackend>);
+static_assert(ObservesPeers<ThreadsBackend>);
+static_assert(NodeCommunicator<ThreadsBackend>);
 
 // A fresh group of n in-process ranks; make one ThreadsBackend(group, r) per rank thread.
 inline std::shared_ptr<detail::ThreadsGroup> make_threads_group(int world_size, ThreadsOptions const& opts = {}) {

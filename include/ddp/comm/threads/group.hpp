@@ -16,6 +16,7 @@
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/detail/wait.hpp"
+#include "ddp/comm/peer_status.hpp"
 #include "ddp/comm/trace.hpp"
 #include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"
@@ -98,16 +99,15 @@ class ThreadsGroup {
   }
   std::size_t staging_bytes() const noexcept { return staging_bytes_; }
 
-  // Records the first failure and wakes every waiter; later calls keep the first cause.
+  // Rank `rank` failed with `what` (spawn: it threw): records it (PeerStatus kFailed) as the first failure, and
+  // wakes every waiter; later calls keep the first cause.
   void abort(int rank, std::string const& what) {
-    {
-      std::lock_guard lock(failure_mutex_);
-      if (failed_rank_.load(std::memory_order_relaxed) >= 0) return;
-      failure_ = what;
-      failed_rank_.store(rank, std::memory_order_seq_cst);
-    }
-    notifier_.notify_all();
+    peers_.note({.rank = rank, .state = PeerState::kFailed, .seen_by = rank, .reason = what});
+    fail(rank, what);
   }
+  // What the group has learned of ranks that left, stalled or failed (ThreadsBackend::peer_failures).
+  PeerLog const& peers() const noexcept { return peers_; }
+
   int failed_rank() const noexcept { return failed_rank_.load(std::memory_order_acquire); }
   std::string failure() const {
     std::lock_guard lock(failure_mutex_);
@@ -115,6 +115,10 @@ class ThreadsGroup {
   }
 
   void depart(int rank) noexcept {
+    try {
+      peers_.note({.rank = rank, .state = PeerState::kLeft, .seen_by = rank, .reason = "its backend was destroyed"});
+    } catch (...) {  // out of memory: the departure itself still counts
+    }
     slot(rank).departed.store(true, std::memory_order_seq_cst);
     notifier_.notify();
   }
@@ -152,6 +156,13 @@ class ThreadsGroup {
     }
     std::string const what =
         detail::cat("ddp threads: ", name(kind), " #", op, tag_suffix(tag), " on rank ", rank, " of ", n_);
+    if (gone.empty())  // the ranks that departed noted themselves (depart)
+      for (int k : missing(seq))
+        peers_.note({.rank = k,
+                     .state = PeerState::kStalled,
+                     .seen_by = rank,
+                     .seq = op,
+                     .reason = cat("did not arrive within ", seconds_text(deadlines_.timeout))});
     std::string const msg =
         !gone.empty()
             ? detail::cat(what, " cannot complete: ranks that will never arrive: ", gone,
@@ -159,7 +170,7 @@ class ThreadsGroup {
             : detail::cat(what, " timed out after ", seconds_text(deadlines_.timeout), ": ", rank_list(missing(seq)),
                           " did not arrive; raise the timeout (ThreadsOptions::timeout, $", kTimeoutEnvVar,
                           ") if they are just slow");
-    abort(rank, msg);
+    fail(rank, msg);
     throw CommError(msg, rank);
   }
 
@@ -169,6 +180,17 @@ class ThreadsGroup {
   }
 
  private:
+  // Records the first failure (for failure_error) and wakes every waiter; later calls keep the first cause.
+  void fail(int rank, std::string const& what) {
+    {
+      std::lock_guard lock(failure_mutex_);
+      if (failed_rank_.load(std::memory_order_relaxed) >= 0) return;
+      failure_ = what;
+      failed_rank_.store(rank, std::memory_order_seq_cst);
+    }
+    notifier_.notify_all();
+  }
+
   bool all_arrived(std::uint64_t seq) const noexcept {
     for (int k = 0; k < n_; ++k) {
       if (slots_[static_cast<std::size_t>(k)].arrived.load(std::memory_order_acquire) < seq) return false;
@@ -199,6 +221,7 @@ class ThreadsGroup {
   std::byte* staging_;
   alignas(64) std::atomic<int> failed_rank_{-1};
   mutable std::mutex failure_mutex_;
+  PeerLog peers_;
   std::string failure_;
   Notifier notifier_;
 };
