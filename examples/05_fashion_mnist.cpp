@@ -116,7 +116,7 @@ std::optional<Config> parse(int argc, char** argv) {
   c.max_steps = f.at_least("max-steps", 0);
   c.reduction =
       examples::reduction_choice(f, c.backend == examples::Backend::kThreads ? c.world_size : 0, c.global_batch);
-  c.local = examples::local_choice(f, c.reduction);
+  c.local = examples::local_choice(f, c.reduction, c.backend);
   if (c.local.on() && c.device == "cuda")
     throw ArgumentError(detail::cat("fashion_mnist: ", c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
                                     " runs on host tensors in this program; drop --device cuda"));

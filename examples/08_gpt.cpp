@@ -111,7 +111,7 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
   c.sample_seed = static_cast<std::uint64_t>(f.at_least("sample-seed", 0));
   c.reduction = reduction_choice(f, c.launch.backend == Backend::kThreads ? c.launch.world_size : 0, c.global_batch);
   c.grad_accum = f.at_least("grad-accum", 1);
-  c.local = local_choice(f, c.reduction);
+  c.local = local_choice(f, c.reduction, c.launch.backend);
   if (c.local.on() && c.grad_accum > 1)
     throw ArgumentError(detail::cat("gpt: ", c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
                                     " with --grad-accum: local steps take one pass per step here; drop one"));

@@ -12,6 +12,7 @@
 #include <ddp/ddp.hpp>
 
 #include "examples/common/flags.hpp"
+#include "examples/common/launch.hpp"
 #include "examples/common/reduction.hpp"
 
 namespace ddp::examples {
@@ -51,7 +52,7 @@ inline Flags& add_local_flags(Flags& f) {
 
 // Reads the flags; ArgumentError for a combination that cannot work (the composition rules refuse the same at run
 // time: this names the flags).
-inline LocalChoice local_choice(Flags const& f, ReductionChoice const& r) {
+inline LocalChoice local_choice(Flags const& f, ReductionChoice const& r, Backend backend) {
   LocalChoice c{.local_sgd = f.at_least("local-sgd", 0),
                 .warmup = f.at_least("local-sgd-warmup", 0),
                 .average_state = f.boolean("average-optimizer-state"),
@@ -67,6 +68,10 @@ inline LocalChoice local_choice(Flags const& f, ReductionChoice const& r) {
   if (c.node_period > 0 && (c.local_sgd == 0 || c.node_period >= c.local_sgd))
     throw ArgumentError(detail::cat(p, ": --node-average K is for --local-sgd H with K < H (got K = ", c.node_period,
                                     c.local_sgd > 0 ? detail::cat(", H = ", c.local_sgd) : std::string(), ")"));
+  if (c.node_period > 0 && backend == Backend::kGloo)
+    throw ArgumentError(p +
+                        ": --node-average averages within each node, and the Gloo backend has no node groups: "
+                        "use --backend threads or mpi");
   if (c.diloco == 0 && (f.is_set("outer-lr") || f.is_set("outer-momentum")))
     throw ArgumentError(p + ": --outer-lr and --outer-momentum are for --diloco H");
   if (!(c.outer_lr > 0)) throw ArgumentError(detail::cat(p, ": --outer-lr must be positive, got ", f.str("outer-lr")));

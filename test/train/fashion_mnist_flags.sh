@@ -42,6 +42,7 @@ expect "--replicas is for --local-sgd or --diloco with --deterministic" --replic
 expect "add --replicas R" --local-sgd 4 --deterministic
 expect "--node-average K is for --local-sgd H with K < H (got K = 2)" --node-average 2
 expect "--node-average K is for --local-sgd H with K < H (got K = 4, H = 4)" --local-sgd 4 --node-average 4
+expect "the Gloo backend has no node groups" --local-sgd 4 --node-average 2 --backend gloo
 expect "--calibration-cache is for --bucket-cap-mb auto" --calibration-cache /tmp/cal.txt
 expect "--bucket-cap-mb auto profiles host tensors" --bucket-cap-mb auto --deterministic true
 expect "flag --epochs needs a value" --epochs
