@@ -63,6 +63,19 @@ struct HandReplicas {
     for (auto& v : m) v /= static_cast<float>(arenas.size());
     return m;
   }
+  // DiLoCo's outer step by hand (lr 0.7, Nesterov momentum 0.9; the first step's buffer is the pseudo-gradient):
+  // `kept` moves by the replicas' mean change, and every replica restarts from it.
+  void outer_step(std::vector<float>& kept, std::vector<float>& momentum) {
+    std::vector<float> const m = mean();
+    std::vector<float> delta(kept.size());
+    for (std::size_t i = 0; i < kept.size(); ++i) delta[i] = kept[i] - m[i];  // the mean pseudo-gradient
+    if (momentum.empty())
+      momentum = delta;
+    else
+      for (std::size_t i = 0; i < kept.size(); ++i) momentum[i] = delta[i] + 0.9f * momentum[i];
+    for (std::size_t i = 0; i < kept.size(); ++i) kept[i] -= 0.7f * (delta[i] + 0.9f * momentum[i]);
+    set_all(kept);
+  }
   void set_all(std::vector<float> const& w) {
     for (auto& a : arenas) {
       std::size_t at = 0;
@@ -199,15 +212,7 @@ void diloco_matches_replicas(C& comm, std::int64_t period, int steps) {
     expect(labelled(rec.records(), "bucket") == 0, "DiLoCo launched a bucket all-reduce");
     expect((labelled(rec.records(), "average") > 0) == outer, "DiLoCo averaged outside an outer step");
     if (outer) {
-      std::vector<float> const mean = hand.mean();
-      std::vector<float> delta(kept.size());
-      for (std::size_t i = 0; i < kept.size(); ++i) delta[i] = kept[i] - mean[i];  // the mean pseudo-gradient
-      if (momentum.empty())
-        momentum = delta;
-      else
-        for (std::size_t i = 0; i < kept.size(); ++i) momentum[i] = delta[i] + 0.9f * momentum[i];
-      for (std::size_t i = 0; i < kept.size(); ++i) kept[i] -= 0.7f * (delta[i] + 0.9f * momentum[i]);
-      hand.set_all(kept);
+      hand.outer_step(kept, momentum);
     }
     double const d = local_rel_diff(weights(ddp.parameters()), weights(hand.arenas[static_cast<std::size_t>(r)]));
     expect(d < 2e-6, detail::cat("rank ", r, ", step ", s + 1, ": the weights are ", d, " from the hand-made ones"));
@@ -298,15 +303,7 @@ void virtual_replicas_match_hand(C& comm, bool diloco) {
       hand.set_all(hand.mean());
       continue;
     }
-    std::vector<float> const mean = hand.mean();
-    std::vector<float> delta(kept.size());
-    for (std::size_t i = 0; i < kept.size(); ++i) delta[i] = kept[i] - mean[i];
-    if (momentum.empty())
-      momentum = delta;
-    else
-      for (std::size_t i = 0; i < kept.size(); ++i) momentum[i] = delta[i] + 0.9f * momentum[i];
-    for (std::size_t i = 0; i < kept.size(); ++i) kept[i] -= 0.7f * (delta[i] + 0.9f * momentum[i]);
-    hand.set_all(kept);
+    hand.outer_step(kept, momentum);
   }
   std::vector<float> want;
   for (auto const& a : hand.arenas) {

@@ -2,8 +2,8 @@
 // peer left (it said it takes no further part, with its reason), ended (its process or connection ended
 // unannounced), stalled (it was absent from a collective past the deadline) or failed (it raised an error). The
 // backends that can go on without a peer (ThreadsBackend, GlooBackend) answer peer_failures(): every status they have
-// learned, the first cause first, the same whichever rank asks once the failure has reached it. Elastic training
-// (issue 60) decides membership from these, never by parsing an error's text; the messages stay as they are.
+// learned, the first cause first, the same whichever rank asks once the failure has reached it. Membership decisions
+// (elastic training) read these, never an error's text; the messages stay as they are.
 #pragma once
 
 #include <charconv>

@@ -283,11 +283,13 @@ class LocalRounds : public DdpHook {
 
   // After a synchronous step (the arena and the first optimizer hold the one model): every replica takes them.
   void fan_out() {
+    if (local_ == 1) return;
+    auto const first = inner_.front().state();
     for (std::int64_t k = 1; k < local_; ++k) {
       copy_values(values(), stores_[static_cast<std::size_t>(k)].data());
-      inner_[static_cast<std::size_t>(k)].load_state(inner_.front().state());
+      inner_[static_cast<std::size_t>(k)].load_state(first);
     }
-    if (local_ > 1) copy_values(values(), stores_.front().data());
+    copy_values(values(), stores_.front().data());
   }
 
   // Replica k's parameters, laid out like the arena's values (the arena itself when the rank runs one replica).
@@ -346,46 +348,51 @@ class LocalRounds : public DdpHook {
   // Every replica's inner optimizer buffers averaged: exactly with virtual replicas, else one kAvg all-reduce per
   // parameter and buffer.
   void average_state() {
+    if (replicas_ == 0) {
+      bytes_ += reduce_state(
+          [&](std::span<T> buf) { host_all_reduce(*comm_, buf, ReduceOp::kAvg, CollectiveTag{"average.state"}); });
+      return;
+    }
     std::vector<optim::OptimizerState<T>> states;
     for (auto const& o : inner_) states.push_back(o.state());
-    if (replicas_ == 0) {
-      for (auto& p : states.front().parameters)
-        for (auto& buf : p.buffers) {
-          host_all_reduce(*comm_, std::span<T>(buf), ReduceOp::kAvg, CollectiveTag{"average.state"});
-          bytes_ += static_cast<std::int64_t>(buf.size() * sizeof(T));
-        }
-    } else {
-      ExactLayout layout;
-      for (auto const& p : states.front().parameters)
-        for (std::size_t b = 0; b < p.buffers.size(); ++b) {
-          layout.tensors.push_back({.name = cat(p.name, " (optimizer ", states.front().buffer_names[b], ")"),
-                                    .offset = layout.extent,
-                                    .numel = static_cast<std::int64_t>(p.buffers[b].size())});
-          layout.extent += static_cast<std::int64_t>(p.buffers[b].size());
-        }
-      if (layout.extent == 0) return;
-      layout.chunks.push_back({0, layout.extent});
-      std::vector<std::vector<T>> flats;
-      std::vector<T*> xs;
-      for (auto const& st : states) {
-        auto& f = flats.emplace_back();
-        for (auto const& p : st.parameters)
-          for (auto const& buf : p.buffers) f.insert(f.end(), buf.begin(), buf.end());
-        xs.push_back(f.data());
+    ExactLayout layout;
+    for (auto const& p : states.front().parameters)
+      for (std::size_t b = 0; b < p.buffers.size(); ++b) {
+        layout.tensors.push_back({.name = cat(p.name, " (optimizer ", states.front().buffer_names[b], ")"),
+                                  .offset = layout.extent,
+                                  .numel = static_cast<std::int64_t>(p.buffers[b].size())});
+        layout.extent += static_cast<std::int64_t>(p.buffers[b].size());
       }
-      bytes_ += exact_average(*comm_, layout, std::span<T* const>(xs), replicas_, "average.state", name_,
-                              [](std::size_t, std::int64_t, Timeline::clock::time_point) {});
-      for (std::size_t k = 0; k < states.size(); ++k) {
-        std::size_t at = 0;
-        for (auto& p : states[k].parameters)
-          for (auto& buf : p.buffers) {
-            std::copy(flats[k].begin() + static_cast<std::ptrdiff_t>(at),
-                      flats[k].begin() + static_cast<std::ptrdiff_t>(at + buf.size()), buf.begin());
-            at += buf.size();
-          }
-      }
+    if (layout.extent == 0) return;
+    layout.chunks.push_back({0, layout.extent});
+    std::vector<std::vector<std::int64_t>> counts(states.size());
+    std::vector<std::vector<T>> flats(states.size());
+    std::vector<T*> xs;
+    for (std::size_t k = 0; k < states.size(); ++k) {
+      flatten_state(states[k], counts[k], flats[k]);
+      xs.push_back(flats[k].data());
     }
-    for (std::size_t k = 0; k < inner_.size(); ++k) inner_[k].load_state(states[replicas_ == 0 ? 0 : k]);
+    bytes_ += exact_average(*comm_, layout, std::span<T* const>(xs), replicas_, "average.state", name_,
+                            [](std::size_t, std::int64_t, Timeline::clock::time_point) {});
+    for (std::size_t k = 0; k < states.size(); ++k) {
+      unflatten_state(states[k], counts[k], flats[k]);
+      inner_[k].load_state(states[k]);
+    }
+  }
+
+  // The first replica's inner optimizer buffers, each passed to reduce(span) in place (an all-reduce), then loaded
+  // back; returns the bytes passed (one replica per rank: LocalSgd's averages of the state, over all ranks or a node).
+  template <class Reduce>
+  std::int64_t reduce_state(Reduce&& reduce) {
+    auto st = inner_.front().state();
+    std::int64_t bytes = 0;
+    for (auto& p : st.parameters)
+      for (auto& buf : p.buffers) {
+        reduce(std::span<T>(buf));
+        bytes += static_cast<std::int64_t>(buf.size() * sizeof(T));
+      }
+    inner_.front().load_state(st);
+    return bytes;
   }
 
   // Bucket b's average as a span on the timeline's communication lane, from `began` to now.

@@ -159,15 +159,10 @@ class LocalSgd final : public detail::LocalRounds<O, C> {
         this->span(b, bytes, began, "node average");
         node_bytes_ += bytes;
       });
-      if (opts_.average_optimizer_state) {
-        auto st = this->inner_.front().state();
-        for (auto& p : st.parameters)
-          for (auto& buf : p.buffers) {
-            this->comm_->node_all_reduce(std::span<T>(buf), ReduceOp::kAvg, CollectiveTag{"average.node.state"});
-            node_bytes_ += static_cast<std::int64_t>(buf.size() * sizeof(T));
-          }
-        this->inner_.front().load_state(st);
-      }
+      if (opts_.average_optimizer_state)
+        node_bytes_ += this->reduce_state([&](std::span<T> buf) {
+          this->comm_->node_all_reduce(buf, ReduceOp::kAvg, CollectiveTag{"average.node.state"});
+        });
       ++node_syncs_;
     }
   }
