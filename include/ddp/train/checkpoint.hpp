@@ -572,10 +572,14 @@ void restore_checkpoint(CheckpointData<T> const& c, M& model, O& opt, RankOf at 
 // A sharded optimizer (consolidated_state(): ZeroRedundancyOptimizer) first puts its pieces together on every
 // rank, so the file holds the whole state, by parameter name, and resumes at any world size, sharded or not.
 // `round`: this rank's RoundState (loss scale, wire state), kept too; every rank's wire values are gathered.
-template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
+namespace detail {
+
+// save_checkpoint with what rank 0 does with the captured checkpoint given: write(c) writes it (one file, or a
+// CheckpointSeries' next one). Collective; the outcome is agreed on.
+template <Communicator C, nn::Model M, class O, class W, class T = typename M::value_type>
 requires CheckpointableOptimizer<O, T>
-void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model, O const& opt, TrainPosition const& pos,
-                     std::string_view extra, RoundState<T> const& round) {
+void save_checkpoint_with(W const& write, C& comm, M const& model, O const& opt, TrainPosition const& pos,
+                          std::string_view extra, RoundState<T> const& round) {
   auto generators = detail::gather_generators(comm, model);
   auto wire = detail::gather_wire(comm, round.wire);
   auto epoch_loss = detail::gather_epoch_loss(comm, round.epoch_loss);
@@ -594,10 +598,20 @@ void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model,
                                              c.wire = std::move(wire);
                                              c.epoch_loss = std::move(epoch_loss);
                                              c.local = std::move(local);
-                                             write_checkpoint_file(path, c);
+                                             write(c);
                                            },
                                            message);
   detail::agree_or_throw(comm, kind, message);
+}
+
+}  // namespace detail
+
+template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
+requires CheckpointableOptimizer<O, T>
+void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model, O const& opt, TrainPosition const& pos,
+                     std::string_view extra, RoundState<T> const& round) {
+  detail::save_checkpoint_with([&](CheckpointData<T> const& c) { write_checkpoint_file(path, c); }, comm, model, opt,
+                               pos, extra, round);
 }
 template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
 requires CheckpointableOptimizer<O, T>
@@ -606,44 +620,18 @@ void save_checkpoint(std::filesystem::path const& path, C& comm, M const& model,
   save_checkpoint(path, comm, model, opt, pos, extra, RoundState<T>{});
 }
 
-// Collective (every rank calls it): rank 0 reads `path` and checks its container (truncation, magic,
-// version, checksums); the bytes or the error are broadcast; every rank then decodes them and checks that
-// they fit its model and optimizer (by name and shape, so any bucket plan and any world size); only when all
-// ranks agree are parameters, buffers, optimizer state and generators restored (generators only when the
-// world size is the one that wrote the file; see restore_checkpoint). Any failure throws the same error on
-// every rank (IoError for a bad file, ArgumentError for a model or optimizer mismatch), never a hang.
-// Returns the training position stored in the file; `extra`, when given, receives the bytes save_checkpoint
-// stored (empty if none).
-// `round`, when given: on entry this run's RoundState (its wire's kind and layout are checked against the file's:
-// the same kind in another layout is refused like a model mismatch); on return the file's loss scale (none if it
-// kept none) and wire state: this rank's values when the file was written at this world size, rank 0's otherwise
-// (round->wire_from says which), or an empty state when the file kept none for this run's kind of wire.
+namespace detail {
+
+// The second half of load_checkpoint, once every rank holds the file's bytes (`text`, whose container rank 0 has
+// checked): decode, check the fit on every rank, agree, restore. `file` names the file in errors.
 template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
-requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm,
-                                                                     M& model, O& opt, std::string* extra = nullptr,
-                                                                     RoundState<T>* round = nullptr) {
-  std::string const file = path.string();
-  std::string text;
-  auto kind = detail::Failure::kNone;
-  if (comm.rank() == 0) {
-    kind = detail::run_classified(
-        [&] {
-          text = detail::read_checkpoint_bytes(path);
-          (void)decode_checkpoint<T>(text, file);  // container checks once, before shipping the bytes
-        },
-        text);
-  }
-  if (comm.world_size() > 1) {
-    auto status = static_cast<std::int64_t>(kind);
-    detail::broadcast_outcome(comm, 0, status, text);
-    kind = static_cast<detail::Failure>(status);
-  }
-  if (kind != detail::Failure::kNone)
-    detail::throw_failure(
-        kind, comm.rank() == 0 ? text : ddp::detail::cat(text, " (read by rank 0; this is rank ", comm.rank(), ")"));
+requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint_bytes(std::string const& text,
+                                                                           std::string const& file, C& comm, M& model,
+                                                                           O& opt, std::string* extra,
+                                                                           RoundState<T>* round) {
   CheckpointData<T> c;
   std::string message;
-  kind = detail::run_classified(
+  auto kind = detail::run_classified(
       [&] {
         c = decode_checkpoint<T>(text, file);
         check_checkpoint_fits(c, model, opt, file);
@@ -682,6 +670,46 @@ requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesy
                        : WireState<T>{};
   }
   return c.position;
+}
+
+}  // namespace detail
+
+// Collective (every rank calls it): rank 0 reads `path` and checks its container (truncation, magic,
+// version, checksums); the bytes or the error are broadcast; every rank then decodes them and checks that
+// they fit its model and optimizer (by name and shape, so any bucket plan and any world size); only when all
+// ranks agree are parameters, buffers, optimizer state and generators restored (generators only when the
+// world size is the one that wrote the file; see restore_checkpoint). Any failure throws the same error on
+// every rank (IoError for a bad file, ArgumentError for a model or optimizer mismatch), never a hang.
+// Returns the training position stored in the file; `extra`, when given, receives the bytes save_checkpoint
+// stored (empty if none).
+// `round`, when given: on entry this run's RoundState (its wire's kind and layout are checked against the file's:
+// the same kind in another layout is refused like a model mismatch); on return the file's loss scale (none if it
+// kept none) and wire state: this rank's values when the file was written at this world size, rank 0's otherwise
+// (round->wire_from says which), or an empty state when the file kept none for this run's kind of wire.
+template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
+requires CheckpointableOptimizer<O, T> TrainPosition load_checkpoint(std::filesystem::path const& path, C& comm,
+                                                                     M& model, O& opt, std::string* extra = nullptr,
+                                                                     RoundState<T>* round = nullptr) {
+  std::string const file = path.string();
+  std::string text;
+  auto kind = detail::Failure::kNone;
+  if (comm.rank() == 0) {
+    kind = detail::run_classified(
+        [&] {
+          text = detail::read_checkpoint_bytes(path);
+          (void)decode_checkpoint<T>(text, file);  // container checks once, before shipping the bytes
+        },
+        text);
+  }
+  if (comm.world_size() > 1) {
+    auto status = static_cast<std::int64_t>(kind);
+    detail::broadcast_outcome(comm, 0, status, text);
+    kind = static_cast<detail::Failure>(status);
+  }
+  if (kind != detail::Failure::kNone)
+    detail::throw_failure(
+        kind, comm.rank() == 0 ? text : ddp::detail::cat(text, " (read by rank 0; this is rank ", comm.rank(), ")"));
+  return detail::load_checkpoint_bytes(text, file, comm, model, opt, extra, round);
 }
 
 }  // namespace ddp

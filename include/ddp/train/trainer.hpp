@@ -25,6 +25,7 @@
 #include "ddp/parallel/overlapped_update.hpp"
 #include "ddp/trace/timeline.hpp"
 #include "ddp/train/checkpoint.hpp"
+#include "ddp/train/checkpoint_series.hpp"
 #include "ddp/train/evaluate.hpp"
 #include "ddp/train/loss_meter.hpp"
 
@@ -220,10 +221,11 @@ class basic_trainer {
   // uninterrupted one bitwise at the same world size (at another, PowerSGD's error feedback starts at zero).
   // Called from a step hook (mid-epoch), it also keeps every rank's share of the epoch's train loss so far.
   void save_checkpoint(std::filesystem::path const& path, TrainPosition const& pos, std::string_view extra = {}) {
-    RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
-    if (scaler_) round.loss_scale = scaler_->state();
-    if (meter_) round.epoch_loss = meter_->snapshot(*comm_);
-    ddp::save_checkpoint(path, *comm_, ddp_.module(), opt_, pos, extra, round);
+    ddp::save_checkpoint(path, *comm_, ddp_.module(), opt_, pos, extra, round_state());
+  }
+  // The same into a CheckpointSeries: the newest of the last few (see resume_newest).
+  void save_checkpoint(CheckpointSeries const& series, TrainPosition const& pos, std::string_view extra = {}) {
+    ddp::save_checkpoint(series, *comm_, ddp_.module(), opt_, pos, extra, round_state());
   }
   // Collective: ddp::load_checkpoint (every failure on every rank), then the loss scale and the wire state where
   // the file holds them for this run's composition. Returns the stored position; `extra` receives the stored bytes.
@@ -233,10 +235,19 @@ class basic_trainer {
                                 EpochLoss* epoch_loss = nullptr) {
     RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
     TrainPosition const pos = ddp::load_checkpoint(path, *comm_, ddp_.module(), opt_, extra, &round);
-    if (epoch_loss) *epoch_loss = round.epoch_loss.value_or(EpochLoss{});
-    if (scaler_ && round.loss_scale) scaler_->load_state(*round.loss_scale);
-    if (!round.wire.kind.empty()) ddp_.load_wire_state(round.wire, round.wire_from);
+    apply_round_state(round, epoch_loss);
     return pos;
+  }
+  // Collective: ddp::load_newest_checkpoint, for a job that restarts (torchrun --max_restarts, a Slurm requeue, an
+  // mpirun relaunch) at whatever world size it now has: the newest usable file of `series` is loaded as
+  // load_checkpoint loads one, and named in the result with the newer ones it skipped; nothing is loaded, and nothing
+  // returned, when the series has no file yet.
+  std::optional<ResumedCheckpoint> resume_newest(CheckpointSeries const& series, std::string* extra = nullptr,
+                                                 EpochLoss* epoch_loss = nullptr) {
+    RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
+    auto r = ddp::load_newest_checkpoint(series, *comm_, ddp_.module(), opt_, extra, &round);
+    if (r) apply_round_state(round, epoch_loss);
+    return r;
   }
 
   // Batches per epoch (the most any rank has): what fit_epoch's steps_in_epoch will be.
@@ -275,6 +286,19 @@ class basic_trainer {
 
  private:
   static constexpr bool invariant = ddp_type::world_size_invariant;
+
+  // What the loop carries between steps, for save_checkpoint, and back from a loaded checkpoint.
+  RoundState<typename M::value_type> round_state() {
+    RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
+    if (scaler_) round.loss_scale = scaler_->state();
+    if (meter_) round.epoch_loss = meter_->snapshot(*comm_);
+    return round;
+  }
+  void apply_round_state(RoundState<typename M::value_type> const& round, EpochLoss* epoch_loss) {
+    if (epoch_loss) *epoch_loss = round.epoch_loss.value_or(EpochLoss{});
+    if (scaler_ && round.loss_scale) scaler_->load_state(*round.loss_scale);
+    if (!round.wire.kind.empty()) ddp_.load_wire_state(round.wire, round.wire_from);
+  }
 
   // This rank's samples of the epoch: DistributedSampler's (padded, or for a join), or for a world-size-invariant
   // reduction GlobalBatchSampler's contiguous shares of whole global batches.
