@@ -69,13 +69,11 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("checkpoint-every", "0",
            "also write the checkpoint every N optimizer steps, mid-epoch included (0: epoch ends only)")
       .add("max-steps", "0", "stop after this many optimizer steps in total (0: no limit), writing --checkpoint there")
-      .add("resume", "",
-           "resume from this checkpoint (weights, buffers, optimizer, schedule, epoch and step); the "
-           "world size and bucket cap may differ from the run that wrote it")
       .add("trace", "", "write a Chrome/Perfetto timeline per rank into this directory (trace_rank<r>.json)")
       .add("out", "", "write metrics.csv and metrics.svg (loss and accuracy per epoch) into this directory")
       .add("limit-train", "0", "use only the first N training images (0: all 60000)")
       .add("limit-test", "0", "use only the first N test images (0: all 10000)");
+  examples::add_resume_flags(f);
   examples::add_reduction_flags(f);
   examples::add_local_flags(f);
   if (!f.parse(argc, argv)) return std::nullopt;
@@ -112,7 +110,6 @@ std::optional<Config> parse(int argc, char** argv) {
   c.limit_train = f.at_least("limit-train", 0);
   c.limit_test = f.at_least("limit-test", 0);
   c.seed = f.at_least("seed", 0);
-  c.checkpoint_every = f.at_least("checkpoint-every", 0);
   c.max_steps = f.at_least("max-steps", 0);
   c.reduction =
       examples::reduction_choice(f, c.backend == examples::Backend::kThreads ? c.world_size : 0, c.global_batch);
@@ -156,13 +153,10 @@ std::optional<Config> parse(int argc, char** argv) {
     throw ArgumentError(detail::cat("fashion_mnist: --batch-size ", c.global_batch,
                                     " must be a multiple of --world-size ", c.world_size, " (it is the global batch)"));
   c.data_dir = user_path(f.str("data-dir"));
-  c.checkpoint = user_path(f.str("checkpoint"));
-  c.resume = user_path(f.str("resume"));
+  c.checkpoints = examples::checkpoint_flags(f);
   c.trace_dir = user_path(f.str("trace"));
   c.out_dir = user_path(f.str("out"));
   for (auto const* d : {&c.trace_dir, &c.out_dir}) make_directory(*d, "fashion_mnist");
-  if (!c.resume.empty() && !fs::exists(c.resume))
-    throw ArgumentError(detail::cat("fashion_mnist: --resume ", c.resume.string(), " does not exist"));
   return c;
 }
 

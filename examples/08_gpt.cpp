@@ -61,13 +61,13 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
       .add("checkpoint", "", "write a checkpoint to this file every --checkpoint-every steps and at the end")
       .add("checkpoint-every", "0", "steps between checkpoints (0: at the end only)")
       .add("max-steps", "0", "stop after this many steps in total (0: at --iters), writing --checkpoint there")
-      .add("resume", "", "resume from this checkpoint (the world size may differ from the run that wrote it)")
       .add("sample", "500", "characters to generate at the end (0: none)")
       .add("temperature", "0.8", "sampling temperature (> 0)")
       .add("top-k", "0", "sample among the k most likely characters only (0: all)")
       .add("sample-seed", "1", "seed of the sample's draws")
       .add("trace", "", "write a Chrome/Perfetto timeline per rank into this directory (trace_rank<r>.json)")
       .add("out", "", "write losses.csv and losses.svg (train and validation loss per evaluation) into this directory");
+  add_resume_flags(f);
   add_reduction_flags(f);
   add_local_flags(f);
   if (!f.parse(argc, argv)) return std::nullopt;
@@ -101,7 +101,6 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
   c.seed = f.at_least("seed", 0);
   c.eval_interval = f.at_least("eval-interval", 0);
   c.log_interval = f.at_least("log-interval", 1);
-  c.checkpoint_every = f.at_least("checkpoint-every", 0);
   c.max_steps = f.at_least("max-steps", 0);
   c.sample_tokens = f.at_least("sample", 0);
   c.temperature = f.real("temperature");
@@ -132,12 +131,9 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
         "gpt: --clip with --overlap-update: clipping needs every bucket's gradient before any parameter moves, and "
         "--overlap-update moves each bucket's as it lands; add --clip 0 or drop --overlap-update");
   c.data = f.str("data").empty() ? fs::path(default_data()) : user_path(f.str("data"));
-  c.checkpoint = user_path(f.str("checkpoint"));
-  c.resume = user_path(f.str("resume"));
+  c.checkpoints = examples::checkpoint_flags(f);
   c.trace_dir = user_path(f.str("trace"));
   c.out_dir = user_path(f.str("out"));
-  if (!c.resume.empty() && !fs::exists(c.resume))
-    throw ArgumentError(detail::cat("gpt: --resume ", c.resume.string(), " does not exist"));
   for (auto const* d : {&c.trace_dir, &c.out_dir}) make_directory(*d, "gpt");
   return c;
 }

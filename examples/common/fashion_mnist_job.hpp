@@ -24,6 +24,7 @@
 #include <ddp/train/progress.hpp>
 #include <ddp/train/svg_plot.hpp>
 
+#include "examples/common/checkpoints.hpp"
 #include "examples/common/launch.hpp"
 #include "examples/common/local_rounds.hpp"
 #include "examples/common/models.hpp"
@@ -45,15 +46,15 @@ struct Config {
   MpiNodeOptions node{};                   // --mpi-allreduce
   Precision precision = Precision::kFp32;  // --precision (device tensors)
   std::int64_t loss_every = 1;             // --loss-every
-  std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, checkpoint_every = 0,
-               max_steps = 0;
+  std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, max_steps = 0;
+  examples::CheckpointFlags checkpoints{};  // --checkpoint, --checkpoint-every, --keep-checkpoints, --resume
   examples::ReductionChoice reduction{};  // --deterministic, --micro-batches, --comm-hook
   examples::LocalChoice local{};          // --local-sgd, --diloco
   double lr = 1e-3, bucket_cap_mb = 25;
   std::optional<double> clip_grad_norm;  // --clip-grad-norm: nn::clip_grad_norm before each optimizer step
   bool auto_cap = false;                 // --bucket-cap-mb auto: tune_bucket_cap chooses it before training
   std::string calibration_cache;         // --calibration-cache
-  fs::path data_dir, checkpoint, resume, trace_dir, out_dir;
+  fs::path data_dir, trace_dir, out_dir;
 };
 
 // The header's note on --clip-grad-norm ("" when off).
@@ -115,16 +116,17 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
   MetricsLog log;          // rank 0's epochs so far; kept in the checkpoint so a resumed run's CSV and plot are whole
   EpochLoss resumed_loss;  // the interrupted epoch's train loss so far (a mid-epoch checkpoint's)
-  if (!cfg.resume.empty()) {
-    std::string history;
-    pos = resume_position(t.load_checkpoint(cfg.resume, &history, &resumed_loss), pos, cfg.resume.string());
+  std::string history;
+  if (auto const resumed = examples::resume_job(t, cfg.checkpoints, &history, &resumed_loss)) {
+    std::string const file = resumed->file.string();
+    pos = resume_position(resumed->position, pos, file);
     if (!history.empty()) {
-      auto const saved = MetricsLog::from_csv(history, cfg.resume.string() + " (metrics)");
+      auto const saved = MetricsLog::from_csv(history, file + " (metrics)");
       for (auto const& m : saved.epochs())
         if (m.epoch <= pos.epoch) log.add(m);
     }
     if (leader)
-      std::printf("resumed from %s: epoch %lld, step %lld (%lld optimizer steps so far)\n", cfg.resume.string().c_str(),
+      std::printf("resumed from %s: epoch %lld, step %lld (%lld optimizer steps so far)\n", file.c_str(),
                   static_cast<long long>(pos.epoch + 1), static_cast<long long>(pos.step),
                   static_cast<long long>(pos.global_step));
   }
@@ -138,7 +140,9 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
                          .global_batch = cfg.global_batch,
                          .seed = cfg.seed};
   };
-  auto save = [&](TrainPosition const& p) { t.save_checkpoint(cfg.checkpoint, p, log.csv()); };
+  std::optional<CheckpointSeries> series;
+  if (cfg.checkpoints.writes()) series.emplace(cfg.checkpoints.series());
+  auto save = [&](TrainPosition const& p) { t.save_checkpoint(*series, p, log.csv()); };
   auto const loss = [](Variable<float, S> const& out, auto const& b) { return cross_entropy(out, to_space<S>(b.y)); };
 
   Counts final_counts;
@@ -161,8 +165,8 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
             [&](StepPosition const& p, double l) {
               if (bar) bar->update(p.step, l);
               bool const stop = cfg.max_steps > 0 && p.global_step >= cfg.max_steps;
-              bool const periodic = cfg.checkpoint_every > 0 && p.global_step % cfg.checkpoint_every == 0;
-              if (!cfg.checkpoint.empty() && (periodic || stop) && p.step < p.steps_in_epoch)  // mid-epoch
+              bool const periodic = cfg.checkpoints.every > 0 && p.global_step % cfg.checkpoints.every == 0;
+              if (series && (periodic || stop) && p.step < p.steps_in_epoch)  // mid-epoch
                 save(at(p.epoch, p.step, p.global_step));
               return stop ? StepControl::kStop : StepControl::kContinue;
             }};
@@ -179,7 +183,7 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
         std::printf("stopped after %lld optimizer steps (--max-steps) at epoch %lld, step %lld%s%s\n",
                     static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1),
                     static_cast<long long>(r.end_step),
-                    cfg.checkpoint.empty() ? "" : "; checkpoint: ", cfg.checkpoint.string().c_str());
+                    series ? "; checkpoint: " : "", cfg.checkpoints.file.string().c_str());
       break;
     }
     final_counts = t.evaluate(test_set, 500);
@@ -203,10 +207,10 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
     }
     schedule.end_epoch(epoch + 1);
     pos = at(epoch + 1, 0, pos.global_step);
-    if (!cfg.checkpoint.empty()) {
+    if (series) {
       save(pos);
       if (leader)
-        std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoint.string().c_str(),
+        std::printf("checkpoint: %s (epoch %lld done)\n", cfg.checkpoints.file.string().c_str(),
                     static_cast<long long>(epoch + 1));
     }
     if (stopped && leader)

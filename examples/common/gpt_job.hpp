@@ -22,6 +22,7 @@
 #include <ddp/train/metrics_log.hpp>
 #include <ddp/train/svg_plot.hpp>
 
+#include "examples/common/checkpoints.hpp"
 #include "examples/common/launch.hpp"
 #include "examples/common/local_rounds.hpp"
 #include "examples/common/reduction.hpp"
@@ -38,14 +39,15 @@ struct Config {
   nn::GptConfig model{};
   std::int64_t iters = 2000, global_batch = 24, warmup = 100, eval_interval = 250, log_interval = 50, seed = 1337;
   std::int64_t grad_accum = 1;  // micro-steps per rank per step, accumulated locally (no_sync) and reduced once
-  std::int64_t checkpoint_every = 0, max_steps = 0;  // max_steps > 0: stop there (checkpointed), before --iters
+  std::int64_t max_steps = 0;  // max_steps > 0: stop there (checkpointed), before --iters
+  examples::CheckpointFlags checkpoints{};  // --checkpoint, --checkpoint-every, --keep-checkpoints, --resume
   double lr = 1e-3, min_lr = 1e-4, beta2 = 0.99, weight_decay = 0.1, clip = 1.0;
   examples::ReductionChoice reduction{};
   examples::LocalChoice local{};  // --local-sgd, --diloco
   std::int64_t sample_tokens = 500, top_k = 0;
   double temperature = 0.8;
   std::uint64_t sample_seed = 1;
-  fs::path data, checkpoint, resume, trace_dir, out_dir;
+  fs::path data, trace_dir, out_dir;
 };
 
 // Loss per sequence block, one row per eval point; kept in the checkpoint so a resumed run's CSV and plot are whole.
@@ -175,15 +177,18 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
   TrainPosition pos{.world_size = world, .global_batch = cfg.global_batch, .seed = cfg.seed};
   std::vector<LossRow> rows;
   EpochLoss resumed_loss;  // the interrupted epoch's train loss so far (a mid-epoch checkpoint's)
-  if (!cfg.resume.empty()) {
-    std::string extra;
-    pos = resume_position(t.load_checkpoint(cfg.resume, &extra, &resumed_loss), pos, cfg.resume.string());
-    rows = check_checkpoint_extra(extra, corpus.vocab(), cfg.resume.string());
+  std::string extra;
+  if (auto const resumed = examples::resume_job(t, cfg.checkpoints, &extra, &resumed_loss)) {
+    std::string const file = resumed->file.string();
+    pos = resume_position(resumed->position, pos, file);
+    rows = check_checkpoint_extra(extra, corpus.vocab(), file);
     if (leader)
-      std::printf("resumed from %s at iteration %lld\n", cfg.resume.string().c_str(),
+      std::printf("resumed from %s at iteration %lld\n", file.c_str(),
                   static_cast<long long>(pos.global_step));
   }
   schedule.restore(pos.global_step);
+  std::optional<CheckpointSeries> series;
+  if (cfg.checkpoints.writes()) series.emplace(cfg.checkpoints.series());
   auto save = [&](std::int64_t epoch, std::int64_t step, std::int64_t global_step) {
     TrainPosition const p{.epoch = epoch,
                           .step = step,
@@ -192,7 +197,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
                           .world_size = world,
                           .global_batch = cfg.global_batch,
                           .seed = cfg.seed};
-    t.save_checkpoint(cfg.checkpoint, p, checkpoint_extra(corpus.vocab(), rows));
+    t.save_checkpoint(*series, p, checkpoint_extra(corpus.vocab(), rows));
   };
   auto const loss = [](Var const& out, auto const& mb) { return nn::gpt_loss(out, mb.y); };
 
@@ -252,7 +257,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
               // The last step's evaluation comes before its checkpoint, so that a resumed run's rows are whole.
               if ((cfg.eval_interval > 0 && it % cfg.eval_interval == 0) || it >= cfg.iters) evaluate(it);
               bool const stop = it >= cfg.iters || (cfg.max_steps > 0 && it >= cfg.max_steps);
-              if (!cfg.checkpoint.empty() && (stop || (cfg.checkpoint_every > 0 && it % cfg.checkpoint_every == 0)))
+              if (series && (stop || (cfg.checkpoints.every > 0 && it % cfg.checkpoints.every == 0)))
                 save(p.epoch, p.step, it);
               return stop ? StepControl::kStop : StepControl::kContinue;
             }};
@@ -269,7 +274,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
   if (pos.global_step < cfg.iters) {  // --max-steps: the checkpoint has the position, the rest is for the resume
     if (leader) {
       std::printf("stopped after %lld iterations (--max-steps)%s%s\n", static_cast<long long>(pos.global_step),
-                  cfg.checkpoint.empty() ? "" : "; checkpoint: ", cfg.checkpoint.string().c_str());
+                  series ? "; checkpoint: " : "", cfg.checkpoints.file.string().c_str());
       if (cfg.reduction.deterministic) std::printf("weights: %s\n", weights_digest(t.ddp().module()).c_str());
       std::fflush(stdout);
     }
@@ -298,7 +303,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
         cfg.model.flops_per_token(T) / 1e6);
   }
   if constexpr (requires { opt.bytes_sent(); }) print_local_bytes(opt, t.ddp().wire_bytes());
-  if (!cfg.checkpoint.empty()) std::printf("checkpoint: %s\n", cfg.checkpoint.string().c_str());
+  if (series) std::printf("checkpoint: %s\n", cfg.checkpoints.file.string().c_str());
   if (!cfg.out_dir.empty() && !rows.empty()) {
     std::vector<double> xs;
     SvgPlot::Curve train{"train loss", "#1f77b4", {}}, val{"validation loss", "#ff7f0e", {}};

@@ -394,6 +394,36 @@ TEST_CASE("a store directory a finished job left is reused (a Slurm requeue); on
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a requeued job (SLURM_RESTART_COUNT) meets under its own attempt's keys, even while a process of the "
+          "attempt before still holds the directory") {
+  auto const dir = std::filesystem::temp_directory_path() / ("ddp_requeue2_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto slurm_env = [&](int r, std::string const& restarts) {
+    Env e{{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"},         {"SLURM_LOCALID", std::to_string(r)},
+          {"SLURM_NTASKS_PER_NODE", "2"},       {"SLURM_JOB_ID", "77"},        {"DDP_STORE_FILE", dir.string()}};
+    if (!restarts.empty()) e["SLURM_RESTART_COUNT"] = restarts;
+    return e;
+  };
+  // The first attempt's ranks are still alive (they hold the directory and their claims).
+  std::vector<ddp::Rendezvous> old(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] { old[r] = ddp::rendezvous({.timeout = 10s, .env = lookup(slurm_env(r, ""))}); });
+  for (auto& t : ranks) t.join();
+  // Without the requeue count, the new attempt cannot be told from a second job: refused.
+  for (auto const& e : meet({slurm_env(0, ""), slurm_env(1, "")}, 2s))
+    CHECK(e.find("two jobs share this store") != std::string::npos);
+  // With it (Slurm sets it from the first requeue on), the attempt meets under keys of its own.
+  for (auto const& m : meet({slurm_env(0, "1"), slurm_env(1, "1")}, 10s)) CHECK(m == "");
+  CHECK(std::filesystem::exists(dir / "ddp%2Fattempt_1%2Frank_1%2Fclaims"));
+  old.clear();
+  for (auto const& m : meet({slurm_env(0, "2"), slurm_env(1, "2")}, 10s)) CHECK(m == "");
+  CHECK_THROWS_WITH_AS(ddp::rendezvous({.timeout = 1s, .env = lookup(slurm_env(0, "x"))}),
+                       doctest::Contains("SLURM_RESTART_COUNT=\"x\" is not a count of requeues"),
+                       ddp::ArgumentError);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a store directory that cannot be written is named at once, not blamed on rank 0") {
   // /proc/1 is a directory no one can create files in, root included.
   CHECK_THROWS_WITH_AS(ddp::FileStore("/proc/1"), doctest::Contains("cannot write in the directory '/proc/1'"),

@@ -7,7 +7,10 @@
 //   file            DDP_STORE_FILE=<directory every rank sees> (Slurm's srun without MPI: ranks from SLURM_*):
 //                   a FileStore there. Give each job its own directory (e.g. with $SLURM_JOB_ID in it); a
 //                   directory a finished job left (a Slurm requeue) is cleared and reused, one a live job uses
-//                   is refused (FileStore's liveness locks).
+//                   is refused (FileStore's liveness locks). A requeued job (SLURM_RESTART_COUNT=k, set by Slurm
+//                   from the first requeue on) keeps its keys under ddp/attempt_<k>/, so that a process of the
+//                   attempt before that has not yet ended (its node slow to tear down, a lock manager that has not
+//                   yet learnt it is gone) cannot make the new attempt look like a second job.
 // Then every rank checks in: it claims its rank (a second claim means two jobs share one store: an error), says
 // its world size, and waits for every other rank. Each rank ends with the same verdict: all arrived with one
 // world size, or an error naming the ranks missing or disagreeing, within the timeout.
@@ -116,6 +119,13 @@ inline Rendezvous rendezvous(RendezvousOptions const& opt = {}) {
     if (dir->empty()) throw ArgumentError("rendezvous: DDP_STORE_FILE is set but empty; give it a shared directory");
     rv.method = "file";
     rv.store = std::make_shared<FileStore>(*dir, FileStoreOptions{.stale = StaleKeys::kClear});
+    if (auto const requeue = opt.env("SLURM_RESTART_COUNT"); requeue && !requeue->empty()) {
+      auto const k = detail::try_parse_env_int(*requeue);
+      if (!k || *k < 0)
+        throw ArgumentError(cat("rendezvous: SLURM_RESTART_COUNT=\"", *requeue,
+                                "\" is not a count of requeues (an integer, 0 or more)"));
+      prefix += cat("attempt_", *k, "/");
+    }
   } else if (addr || port) {
     if (!addr || addr->empty() || !port || port->empty())
       throw ArgumentError(cat("rendezvous: ", addr ? "MASTER_PORT" : "MASTER_ADDR", " is not set but ",
