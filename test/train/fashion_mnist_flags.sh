@@ -62,6 +62,9 @@ expect "--overlap-update must be true or false, got 'maybe'" --overlap-update ma
 expect "--powersgd-warmup must be at least 0, got -1" --comm-hook powersgd --powersgd-warmup -1
 expect "--comm-hook bf16 with --deterministic: its exact sums would depend on the world size" --comm-hook bf16 --deterministic true
 expect "does not exist" --resume /nonexistent/ckpt.bin
+expect "--resume auto resumes from the newest checkpoint of --checkpoint FILE, and there is no --checkpoint" --resume auto
+expect "--keep-checkpoints must be at least 1, got 0" --keep-checkpoints 0 --checkpoint /tmp/x
+expect "--checkpoint /tmp/ names a directory; give a file" --checkpoint /tmp/
 expect "unexpected argument 'extra'" extra
 expect "must be one of cpu|cuda, got 'tpu'" --device tpu
 expect "--device cuda needs the CUDA build: bazel build //examples:fashion_mnist_cuda" --device cuda

@@ -26,6 +26,8 @@ expect 2 "must be a multiple of --world-size 2 times --grad-accum 5" --grad-accu
 expect 2 "--backend must be one of threads|mpi|gloo" --backend nccl
 expect 2 "--clip with --overlap-update" --overlap-update
 expect 2 "--resume $dir/none does not exist" --resume "$dir/none"
+expect 2 "gpt: --resume auto resumes from the newest checkpoint of --checkpoint FILE" --resume auto
+expect 2 "--keep-checkpoints 5000 is more than 1000" --keep-checkpoints 5000
 expect 1 "$dir/missing.txt: cannot open: no such file" --data "$dir/missing.txt"
 : >"$dir/empty.txt"
 expect 1 "$dir/empty.txt: the file is empty" --data "$dir/empty.txt"
@@ -41,4 +43,10 @@ expect 1 "parameter 'wpe.weight' is (16, 32) in the file but (32, 32) in the mod
 # 65 characters, as many as tinyshakespeare's, but other ones: the shapes fit, the ids would not mean the same.
 awk 'BEGIN { srand(1); for (i = 0; i < 20000; i++) printf "%c", 33 + int(rand() * 65) }' >"$dir/other.txt"
 expect 1 "another vocabulary" "${small[@]}" --iters 4 --resume "$dir/ckpt" --data "$dir/other.txt"
+# --resume auto: another model's checkpoint is refused by name (not skipped, not written over); this model's resumes.
+expect 1 "parameter 'wte.weight' is (65, 32) in the file but (65, 64) in the model" "${small[@]}" --n-embd 64 --iters 4 --checkpoint "$dir/ckpt" --resume auto
+out=$(timeout 60 "$bin" "${small[@]}" --iters 4 --checkpoint "$dir/ckpt" --resume auto 2>&1) || fail "--resume auto failed: $out"
+grep -qF "resumed from $dir/ckpt at iteration 3" <<<"$out" || fail "--resume auto did not resume from $dir/ckpt: $out"
+[ -e "$dir/ckpt.1" ] || fail "--resume auto's next checkpoint did not keep the one before as $dir/ckpt.1"
+echo "ok: --resume auto resumed from $dir/ckpt at iteration 3 and kept it as ckpt.1"
 echo "PASS"
