@@ -55,8 +55,7 @@ inline CheckpointFlags checkpoint_flags(Flags const& f) {
   c.file = user_path(f.str("checkpoint"));
   c.every = f.at_least("checkpoint-every", 0);
   std::int64_t const keep = f.at_least("keep-checkpoints", 1);
-  if (keep > 1000)
-    throw ArgumentError(detail::cat(f.program(), ": --keep-checkpoints ", keep, " is more than 1000"));
+  if (keep > 1000) throw ArgumentError(detail::cat(f.program(), ": --keep-checkpoints ", keep, " is more than 1000"));
   c.keep = static_cast<int>(keep);
   std::string const resume = f.str("resume");
   if (resume == "auto") {
@@ -72,7 +71,8 @@ inline CheckpointFlags checkpoint_flags(Flags const& f) {
       throw ArgumentError(detail::cat(f.program(), ": --resume ", c.resume.string(), " does not exist"));
   }
   if (!c.file.empty() && c.file.filename().empty())
-    throw ArgumentError(detail::cat(f.program(), ": --checkpoint ", c.file.string(), " names a directory; give a file"));
+    throw ArgumentError(
+        detail::cat(f.program(), ": --checkpoint ", c.file.string(), " names a directory; give a file"));
   return c;
 }
 

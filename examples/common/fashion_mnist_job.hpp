@@ -48,8 +48,8 @@ struct Config {
   std::int64_t loss_every = 1;             // --loss-every
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, max_steps = 0;
   examples::CheckpointFlags checkpoints{};  // --checkpoint, --checkpoint-every, --keep-checkpoints, --resume
-  examples::ReductionChoice reduction{};  // --deterministic, --micro-batches, --comm-hook
-  examples::LocalChoice local{};          // --local-sgd, --diloco
+  examples::ReductionChoice reduction{};    // --deterministic, --micro-batches, --comm-hook
+  examples::LocalChoice local{};            // --local-sgd, --diloco
   double lr = 1e-3, bucket_cap_mb = 25;
   std::optional<double> clip_grad_norm;  // --clip-grad-norm: nn::clip_grad_norm before each optimizer step
   bool auto_cap = false;                 // --bucket-cap-mb auto: tune_bucket_cap chooses it before training
@@ -154,22 +154,22 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
       bar.emplace(epoch + 1, cfg.epochs, steps_per_epoch, cfg.global_batch,
                   ProgressOptions{.interactive = stdout_is_terminal()}, pos.step);
     double const lr = opt.lr();
-    StepHooks const hooks{
-        .before_step =
-            [&](StepPosition const& p) {
-              // Deterministic mode keys the masks by each sample's place in the global batch instead.
-              if (!cfg.reduction.deterministic) reseed_dropouts(net, cfg.seed, rank, p.epoch, p.step);
-              schedule.start_step(p.global_step);
-            },
-        .after_step =
-            [&](StepPosition const& p, double l) {
-              if (bar) bar->update(p.step, l);
-              bool const stop = cfg.max_steps > 0 && p.global_step >= cfg.max_steps;
-              bool const periodic = cfg.checkpoints.every > 0 && p.global_step % cfg.checkpoints.every == 0;
-              if (series && (periodic || stop) && p.step < p.steps_in_epoch)  // mid-epoch
-                save(at(p.epoch, p.step, p.global_step));
-              return stop ? StepControl::kStop : StepControl::kContinue;
-            }};
+    StepHooks const hooks{.before_step =
+                              [&](StepPosition const& p) {
+                                // Deterministic mode keys the masks by each sample's place in the global batch instead.
+                                if (!cfg.reduction.deterministic) reseed_dropouts(net, cfg.seed, rank, p.epoch, p.step);
+                                schedule.start_step(p.global_step);
+                              },
+                          .after_step =
+                              [&](StepPosition const& p, double l) {
+                                if (bar) bar->update(p.step, l);
+                                bool const stop = cfg.max_steps > 0 && p.global_step >= cfg.max_steps;
+                                bool const periodic =
+                                    cfg.checkpoints.every > 0 && p.global_step % cfg.checkpoints.every == 0;
+                                if (series && (periodic || stop) && p.step < p.steps_in_epoch)  // mid-epoch
+                                  save(at(p.epoch, p.step, p.global_step));
+                                return stop ? StepControl::kStop : StepControl::kContinue;
+                              }};
     EpochResult const r = t.fit_epoch(
         train_set,
         EpochStart{
@@ -182,8 +182,8 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
       if (leader)
         std::printf("stopped after %lld optimizer steps (--max-steps) at epoch %lld, step %lld%s%s\n",
                     static_cast<long long>(pos.global_step), static_cast<long long>(epoch + 1),
-                    static_cast<long long>(r.end_step),
-                    series ? "; checkpoint: " : "", cfg.checkpoints.file.string().c_str());
+                    static_cast<long long>(r.end_step), series ? "; checkpoint: " : "",
+                    cfg.checkpoints.file.string().c_str());
       break;
     }
     final_counts = t.evaluate(test_set, 500);

@@ -39,7 +39,7 @@ struct Config {
   nn::GptConfig model{};
   std::int64_t iters = 2000, global_batch = 24, warmup = 100, eval_interval = 250, log_interval = 50, seed = 1337;
   std::int64_t grad_accum = 1;  // micro-steps per rank per step, accumulated locally (no_sync) and reduced once
-  std::int64_t max_steps = 0;  // max_steps > 0: stop there (checkpointed), before --iters
+  std::int64_t max_steps = 0;   // max_steps > 0: stop there (checkpointed), before --iters
   examples::CheckpointFlags checkpoints{};  // --checkpoint, --checkpoint-every, --keep-checkpoints, --resume
   double lr = 1e-3, min_lr = 1e-4, beta2 = 0.99, weight_decay = 0.1, clip = 1.0;
   examples::ReductionChoice reduction{};
@@ -183,8 +183,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
     pos = resume_position(resumed->position, pos, file);
     rows = check_checkpoint_extra(extra, corpus.vocab(), file);
     if (leader)
-      std::printf("resumed from %s at iteration %lld\n", file.c_str(),
-                  static_cast<long long>(pos.global_step));
+      std::printf("resumed from %s at iteration %lld\n", file.c_str(), static_cast<long long>(pos.global_step));
   }
   schedule.restore(pos.global_step);
   std::optional<CheckpointSeries> series;
@@ -237,30 +236,31 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
   std::int64_t epoch = pos.epoch;
   bool done = pos.global_step >= cfg.iters;
   while (!done) {
-    StepHooks const hooks{
-        .before_step = [&](StepPosition const& p) { schedule.start_step(p.global_step); },
-        .after_step =
-            [&](StepPosition const& p, double l) {
-              interval_loss += l;
-              ++interval_steps;
-              std::int64_t const it = p.global_step;
-              if (it == first_step + kWarm) warm_at = Clock::now();
-              if (leader && (it % cfg.log_interval == 0 || it == cfg.iters)) {
-                double const secs = std::chrono::duration<double>(Clock::now() - run_start).count();
-                double const tps = double((it - first_step) * cfg.global_batch * T) / secs;
-                double const eta = secs / double(it - first_step) * double(cfg.iters - it);
-                std::printf("iter %5lld/%lld  loss %.4f  lr %.2e  %s tokens/s  ETA %d:%02d\n",
-                            static_cast<long long>(it), static_cast<long long>(cfg.iters), l, opt.lr(),
-                            thousands(static_cast<std::int64_t>(tps)).c_str(), int(eta) / 60, int(eta) % 60);
-                std::fflush(stdout);
-              }
-              // The last step's evaluation comes before its checkpoint, so that a resumed run's rows are whole.
-              if ((cfg.eval_interval > 0 && it % cfg.eval_interval == 0) || it >= cfg.iters) evaluate(it);
-              bool const stop = it >= cfg.iters || (cfg.max_steps > 0 && it >= cfg.max_steps);
-              if (series && (stop || (cfg.checkpoints.every > 0 && it % cfg.checkpoints.every == 0)))
-                save(p.epoch, p.step, it);
-              return stop ? StepControl::kStop : StepControl::kContinue;
-            }};
+    StepHooks const hooks{.before_step = [&](StepPosition const& p) { schedule.start_step(p.global_step); },
+                          .after_step =
+                              [&](StepPosition const& p, double l) {
+                                interval_loss += l;
+                                ++interval_steps;
+                                std::int64_t const it = p.global_step;
+                                if (it == first_step + kWarm) warm_at = Clock::now();
+                                if (leader && (it % cfg.log_interval == 0 || it == cfg.iters)) {
+                                  double const secs = std::chrono::duration<double>(Clock::now() - run_start).count();
+                                  double const tps = double((it - first_step) * cfg.global_batch * T) / secs;
+                                  double const eta = secs / double(it - first_step) * double(cfg.iters - it);
+                                  std::printf("iter %5lld/%lld  loss %.4f  lr %.2e  %s tokens/s  ETA %d:%02d\n",
+                                              static_cast<long long>(it), static_cast<long long>(cfg.iters), l,
+                                              opt.lr(), thousands(static_cast<std::int64_t>(tps)).c_str(),
+                                              int(eta) / 60, int(eta) % 60);
+                                  std::fflush(stdout);
+                                }
+                                // The last step's evaluation comes before its checkpoint, so that a resumed run's rows are whole.
+                                if ((cfg.eval_interval > 0 && it % cfg.eval_interval == 0) || it >= cfg.iters)
+                                  evaluate(it);
+                                bool const stop = it >= cfg.iters || (cfg.max_steps > 0 && it >= cfg.max_steps);
+                                if (series && (stop || (cfg.checkpoints.every > 0 && it % cfg.checkpoints.every == 0)))
+                                  save(p.epoch, p.step, it);
+                                return stop ? StepControl::kStop : StepControl::kContinue;
+                              }};
     EpochResult const r = t.fit_epoch(
         train_set,
         EpochStart{

@@ -394,13 +394,14 @@ TEST_CASE("a store directory a finished job left is reused (a Slurm requeue); on
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("a requeued job (SLURM_RESTART_COUNT) meets under its own attempt's keys, even while a process of the "
-          "attempt before still holds the directory") {
+TEST_CASE(
+    "a requeued job (SLURM_RESTART_COUNT) meets under its own attempt's keys, even while a process of the "
+    "attempt before still holds the directory") {
   auto const dir = std::filesystem::temp_directory_path() / ("ddp_requeue2_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   auto slurm_env = [&](int r, std::string const& restarts) {
-    Env e{{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"},         {"SLURM_LOCALID", std::to_string(r)},
-          {"SLURM_NTASKS_PER_NODE", "2"},       {"SLURM_JOB_ID", "77"},        {"DDP_STORE_FILE", dir.string()}};
+    Env e{{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"},  {"SLURM_LOCALID", std::to_string(r)},
+          {"SLURM_NTASKS_PER_NODE", "2"},      {"SLURM_JOB_ID", "77"}, {"DDP_STORE_FILE", dir.string()}};
     if (!restarts.empty()) e["SLURM_RESTART_COUNT"] = restarts;
     return e;
   };
@@ -419,8 +420,7 @@ TEST_CASE("a requeued job (SLURM_RESTART_COUNT) meets under its own attempt's ke
   old.clear();
   for (auto const& m : meet({slurm_env(0, "2"), slurm_env(1, "2")}, 10s)) CHECK(m == "");
   CHECK_THROWS_WITH_AS(ddp::rendezvous({.timeout = 1s, .env = lookup(slurm_env(0, "x"))}),
-                       doctest::Contains("SLURM_RESTART_COUNT=\"x\" is not a count of requeues"),
-                       ddp::ArgumentError);
+                       doctest::Contains("SLURM_RESTART_COUNT=\"x\" is not a count of requeues"), ddp::ArgumentError);
   std::filesystem::remove_all(dir);
 }
 
