@@ -26,6 +26,7 @@
 #include "ddp/trace/timeline.hpp"
 #include "ddp/train/checkpoint.hpp"
 #include "ddp/train/checkpoint_series.hpp"
+#include "ddp/train/elastic.hpp"
 #include "ddp/train/evaluate.hpp"
 #include "ddp/train/loss_meter.hpp"
 
@@ -248,6 +249,27 @@ class basic_trainer {
     auto r = ddp::load_newest_checkpoint(series, *comm_, ddp_.module(), opt_, extra, &round);
     if (r) apply_round_state(round, epoch_loss);
     return r;
+  }
+
+  // Elastic training (elastic_spawn, train/elastic.hpp). keep_state, from a before_step hook: a copy of the model,
+  // the optimizer state, the loss scale and the position at the start of step `p`, in memory (no collective).
+  // resume_kept, collective, at the start of the body: after a membership change, the state of the step the change
+  // interrupted, at the new world size; nothing in the first generation.
+  void keep_state(ElasticSession& session, StepPosition const& p) {
+    ddp::keep_state(session, ddp_.module(), opt_,
+                    TrainPosition{.epoch = p.epoch,
+                                  .step = p.step,
+                                  .global_step = p.global_step,
+                                  .world_size = comm_->world_size(),
+                                  .global_batch = global_batch(),
+                                  .seed = static_cast<std::int64_t>(opts_.seed)},
+                    scaler_ ? std::optional(scaler_->state()) : std::nullopt);
+  }
+  std::optional<TrainPosition> resume_kept(ElasticSession& session) {
+    RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
+    auto pos = ddp::resume_kept(session, *comm_, ddp_.module(), opt_, &round);
+    if (pos) apply_round_state(round, nullptr);
+    return pos;
   }
 
   // Batches per epoch (the most any rank has): what fit_epoch's steps_in_epoch will be.

@@ -1,0 +1,152 @@
+// ThreadsMembership: the generations of an elastic in-process job (elastic_spawn, train/elastic.hpp). Generation 0 is
+// a ThreadsGroup of n ranks. When a rank fails, its group fails (every survivor's collective throws, naming it);
+// each survivor then asks for the next generation (regroup), and the failed rank leaves (leave). The next generation
+// forms once every rank of the old one has asked or left, or at the regroup deadline without the ranks that did
+// neither (a rank stalled outside ddp): a fresh ThreadsGroup of the survivors, renumbered 0..k-1 in their old order.
+// Below the minimum world size, every survivor gets the same CommError instead. A rank left out that asks later is
+// told so, by name. Nothing here knows about training: what the survivors restore is train/elastic.hpp's.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/peer_status.hpp"
+#include "ddp/comm/threads/backend.hpp"
+#include "ddp/comm/watch.hpp"
+#include "ddp/error.hpp"
+
+namespace ddp::detail {
+
+class ThreadsMembership {
+  using Clock = std::chrono::steady_clock;
+
+ public:
+  // One generation's outcome, for the ranks that asked.
+  struct Formation {
+    std::shared_ptr<ThreadsGroup> group;  // the next generation's (null when the job could not go on)
+    std::vector<int> new_rank;            // per rank of the old generation: its rank in the new one, -1 if not in it
+    std::vector<PeerStatus> lost;         // the old generation's ranks not in the new one, with what the group knew
+    std::string error;                    // set when the job could not go on (below the minimum world size)
+    Clock::time_point first_ask{};        // when the first survivor asked (the failure's time, to within a collective)
+  };
+
+  ThreadsMembership(int world_size, ThreadsOptions opts, int min_world_size, std::chrono::milliseconds regroup_timeout)
+      : opts_(std::move(opts)), min_(min_world_size), timeout_(regroup_timeout) {
+    if (min_world_size < 1 || min_world_size > world_size)
+      throw ArgumentError(
+          cat("elastic: min_world_size must be in [1, ", world_size, "] (the world size), got ", min_world_size));
+    if (regroup_timeout.count() <= 0)
+      throw ArgumentError(cat("elastic: regroup_timeout must be positive, got ", regroup_timeout.count(), " ms"));
+    groups_.push_back(make_threads_group(world_size, opts_));
+    state_.assign(static_cast<std::size_t>(world_size), kActive);
+  }
+
+  std::shared_ptr<ThreadsGroup> group(std::uint64_t generation) const {
+    std::lock_guard lock(m_);
+    return groups_.at(generation);
+  }
+  std::uint64_t generation() const {
+    std::lock_guard lock(m_);
+    return groups_.size() - 1;
+  }
+  Formation formation(std::uint64_t generation) const {  // of generation + 1
+    std::lock_guard lock(m_);
+    return formed_.at(generation);
+  }
+
+  // Rank `rank` of `generation` takes no further part (it failed, or it finished).
+  void leave(std::uint64_t generation, int rank) {
+    std::lock_guard lock(m_);
+    if (generation + 1 != groups_.size()) return;  // that generation is over
+    state_[static_cast<std::size_t>(rank)] = kGone;
+    cv_.notify_all();
+  }
+
+  // A survivor of `generation` asks for the next one: returns its formation, this rank's place in it being
+  // new_rank[rank]. Throws CommError when the job cannot go on (every survivor the same), or when this rank was left
+  // out (it asked after the deadline).
+  Formation regroup(std::uint64_t generation, int rank) {
+    std::unique_lock lock(m_);
+    if (generation + 1 == groups_.size()) {
+      state_[static_cast<std::size_t>(rank)] = kAsking;
+      if (first_ask_ == Clock::time_point{}) first_ask_ = Clock::now();
+      cv_.notify_all();
+      auto const deadline = Clock::now() + timeout_;
+      auto const settled = [&] {
+        return generation + 1 != groups_.size() ||
+               std::none_of(state_.begin(), state_.end(), [](int s) { return s == kActive; });
+      };
+      cv_.wait_until(lock, deadline, settled);
+      if (generation + 1 == groups_.size()) form(generation);
+    }
+    Formation const& f = formed_.at(generation);
+    if (!f.error.empty()) throw CommError(f.error, rank);
+    if (f.new_rank[static_cast<std::size_t>(rank)] < 0)
+      throw CommError(
+          cat("ddp elastic: rank ", rank, " of generation ", generation, " was left out of generation ", generation + 1,
+              ": it did not ask to regroup within ", seconds_text(timeout_), " of the first survivor"),
+          rank);
+    return f;
+  }
+
+ private:
+  enum : int { kActive, kAsking, kGone };
+
+  void form(std::uint64_t generation) {  // holding m_
+    auto const& old = groups_.back();
+    Formation f;
+    f.first_ask = first_ask_;
+    f.new_rank.assign(state_.size(), -1);
+    int k = 0;
+    for (std::size_t r = 0; r < state_.size(); ++r)
+      if (state_[r] == kAsking) f.new_rank[r] = k++;
+    auto const known = old->peers().all();
+    for (std::size_t r = 0; r < state_.size(); ++r) {
+      if (f.new_rank[r] >= 0) continue;
+      auto const it =
+          std::find_if(known.begin(), known.end(), [&](PeerStatus const& s) { return s.rank == static_cast<int>(r); });
+      PeerStatus s = it != known.end()
+                         ? *it
+                         : PeerStatus{.rank = static_cast<int>(r),
+                                      .state = PeerState::kStalled,
+                                      .reason = cat("it did not ask to regroup within ", seconds_text(timeout_))};
+      f.lost.push_back(std::move(s));
+    }
+    if (k < min_) {
+      std::string who;
+      for (auto const& s : f.lost) who += cat(who.empty() ? "" : ", ", "rank ", s.rank, " (", s.reason, ")");
+      f.error = cat("ddp elastic: generation ", generation, " of world size ", state_.size(), " lost ", who, "; the ",
+                    k, " left are fewer than the minimum world size ", min_);
+    } else {
+      f.group = make_threads_group(k, opts_);
+    }
+    formed_.push_back(f);
+    if (f.group) {
+      groups_.push_back(f.group);
+      state_.assign(static_cast<std::size_t>(k), kActive);
+    } else {
+      groups_.push_back(nullptr);
+      state_.clear();
+    }
+    first_ask_ = {};
+    cv_.notify_all();
+  }
+
+  ThreadsOptions opts_;
+  int min_;
+  std::chrono::milliseconds timeout_;
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<ThreadsGroup>> groups_;  // per generation
+  std::vector<Formation> formed_;                      // per generation: how the next one formed
+  std::vector<int> state_;                             // the current generation's ranks
+  Clock::time_point first_ask_{};
+};
+
+}  // namespace ddp::detail

@@ -1,0 +1,167 @@
+// In-place shrink on threads (train/elastic.hpp): a rank that throws std::bad_alloc, or stalls past the deadline, is
+// dropped; the others go on at N-1 from the interrupted step's start, kept in memory, and end with bitwise the weights
+// of the run that never lost a rank (deterministic mode). Several losses in a row; below the minimum world size every
+// survivor gets the same error, naming what was lost.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <new>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ddp/ddp.hpp"
+#include "test/train/testing.hpp"
+
+using namespace ddp;
+using namespace std::chrono_literals;
+
+namespace elastic_test {
+
+using Model = decltype(test::make_blobs_model());
+using Trainer = basic_trainer<Model, ThreadsBackend, optim::AdamW, SizeCapped, ExactSum, MicroBatches>;
+
+inline Trainer make_trainer(Model& m, ThreadsBackend& comm) {
+  // 12 micro-batches of one sample: the same bits at 1, 2, 3, 4, 6 and 12 ranks. 103 samples: 8 steps an epoch.
+  return Trainer(m, comm, {.lr = 0.01}, {.seed = 3, .global_batch = 12}, {.batching = {.count = 12}});
+}
+
+inline std::vector<float> weights(Trainer& t) {
+  std::vector<float> v;
+  for (auto const& p : t.ddp().parameters().entries())
+    v.insert(v.end(), p.var.value().data(), p.var.value().data() + p.numel);
+  return v;
+}
+
+// Two epochs; before each step the state is kept, then `fault(first_rank, global_step)` may throw or stall. Every
+// rank that finishes writes its weights into `out[first_rank]`, and the steps its last generation ran into `ran`
+// (a resumption that started over would train every step again, and end with the same bits in deterministic mode).
+inline std::vector<std::int64_t> ran(4);
+template <class Fault>
+void train(ThreadsBackend& comm, ElasticSession& session, std::vector<std::vector<float>>& out, Fault const& fault) {
+  auto const data = test::blobs(103, 1);
+  Model m = test::make_blobs_model();
+  auto t = make_trainer(m, comm);
+  TrainPosition pos;
+  if (auto p = t.resume_kept(session)) pos = *p;
+  std::int64_t steps = 0;
+  for (std::int64_t e = pos.epoch; e < 2; ++e) {
+    auto const r =
+        t.fit_epoch(data, EpochStart{.epoch = e, .step = e == pos.epoch ? pos.step : 0, .global_step = pos.global_step},
+                    [](Var const& o, auto const& mb) { return cross_entropy(o, mb.y); },
+                    {.before_step =
+                         [&](StepPosition const& p) {
+                           t.keep_state(session, p);
+                           fault(session.first_rank(), p.global_step);
+                           ++steps;
+                         },
+                     .after_step = {}});
+    pos.global_step = r.global_step;
+  }
+  out[static_cast<std::size_t>(session.first_rank())] = weights(t);
+  ran[static_cast<std::size_t>(session.first_rank())] = steps;
+}
+
+inline std::vector<float> uninterrupted() {
+  std::vector<std::vector<float>> out(4);
+  auto const report =
+      elastic_spawn(4, [&](ThreadsBackend& comm, ElasticSession& s) { train(comm, s, out, [](int, std::int64_t) {}); });
+  CHECK(report.changes.empty());
+  CHECK(report.final_world_size == 4);
+  return out[0];
+}
+
+}  // namespace elastic_test
+
+TEST_CASE("elastic: a rank that throws std::bad_alloc at step 5 is dropped; 3 ranks go on from step 5, bitwise") {
+  using namespace elastic_test;
+  auto const whole = uninterrupted();
+  std::vector<std::vector<float>> out(4);
+  std::vector<std::string> lines;
+  auto const report = elastic_spawn(4,
+                                    [&](ThreadsBackend& comm, ElasticSession& s) {
+                                      train(comm, s, out, [](int first, std::int64_t step) {
+                                        if (first == 2 && step == 5) throw std::bad_alloc();
+                                      });
+                                    },
+                                    {.log = [&](std::string const& l) { lines.push_back(l); }});
+  REQUIRE(report.changes.size() == 1);
+  auto const& c = report.changes[0];
+  CHECK(c.generation == 1);
+  CHECK(c.from_world_size == 4);
+  CHECK(c.to_world_size == 3);
+  CHECK(c.step == 5);
+  REQUIRE(c.lost.size() == 1);
+  CHECK(c.lost[0].rank == 2);
+  CHECK(c.lost[0].state == PeerState::kFailed);
+  CHECK(c.lost[0].reason.find("bad_alloc") != std::string::npos);
+  REQUIRE(lines.size() == 1);
+  CAPTURE(lines[0]);
+  CHECK(lines[0].starts_with("ddp elastic: rank 2 lost at step 5 (it failed: "));
+  CHECK(lines[0].find("); continuing at world size 3 from step 5 after ") != std::string::npos);
+  CHECK(report.final_world_size == 3);
+  CHECK(out[2].empty());
+  for (int r : {0, 1, 3}) CHECK(out[static_cast<std::size_t>(r)] == whole);
+  CHECK(ran[0] == 16 - 5);  // generation 1 trained steps 5..15 only
+}
+
+TEST_CASE("elastic: two losses in a row, 4 -> 3 -> 2, and a rank stalled past the deadline, bitwise") {
+  using namespace elastic_test;
+  auto const whole = uninterrupted();
+  {
+    std::vector<std::vector<float>> out(4);
+    auto const report = elastic_spawn(4,
+                                      [&](ThreadsBackend& comm, ElasticSession& s) {
+                                        train(comm, s, out, [](int first, std::int64_t step) {
+                                          if ((first == 2 && step == 3) || (first == 0 && step == 10))
+                                            throw std::bad_alloc();
+                                        });
+                                      },
+                                      {.log = [](std::string const&) {}});
+    REQUIRE(report.changes.size() == 2);
+    CHECK(report.changes[0].step == 3);
+    CHECK(report.changes[0].lost[0].rank == 2);
+    CHECK(report.changes[1].step == 10);
+    CHECK(report.changes[1].from_world_size == 3);
+    CHECK(report.changes[1].lost[0].rank == 0);  // first rank 0 was rank 0 of generation 1 too
+    CHECK(report.final_world_size == 2);
+    CHECK(out[1] == whole);
+    CHECK(out[3] == whole);
+    CHECK(ran[1] == 16 - 10);
+  }
+  {  // Rank 1 sleeps through the collective deadline (0.3 s) and the regroup's (0.3 s): it is left out.
+    std::vector<std::vector<float>> out(4);
+    auto const report = elastic_spawn(
+        4,
+        [&](ThreadsBackend& comm, ElasticSession& s) {
+          train(comm, s, out, [&](int first, std::int64_t step) {
+            if (first == 1 && step == 4 && s.generation() == 0) std::this_thread::sleep_for(1500ms);
+          });
+        },
+        {.regroup_timeout = 300ms, .threads = {.timeout = {.after = 300ms}}, .log = [](std::string const&) {}});
+    REQUIRE(report.changes.size() == 1);
+    CHECK(report.changes[0].step == 4);
+    REQUIRE(report.changes[0].lost.size() == 1);
+    CHECK(report.changes[0].lost[0].rank == 1);
+    CHECK(report.changes[0].lost[0].state == PeerState::kStalled);
+    CHECK(out[1].empty());
+    for (int r : {0, 2, 3}) CHECK(out[static_cast<std::size_t>(r)] == whole);
+  }
+}
+
+TEST_CASE("elastic: below the minimum world size every survivor ends with the same error, naming the rank lost") {
+  using namespace elastic_test;
+  std::vector<std::vector<float>> out(2);
+  CHECK_THROWS_WITH_AS(elastic_spawn(2,
+                                     [&](ThreadsBackend& comm, ElasticSession& s) {
+                                       train(comm, s, out, [](int first, std::int64_t step) {
+                                         if (first == 1 && step == 2) throw std::bad_alloc();
+                                       });
+                                     },
+                                     {.min_world_size = 2}),
+                       doctest::Contains("lost rank 1 (std::bad_alloc"), CommError);
+  CHECK_THROWS_WITH_AS(elastic_spawn(2, [](ThreadsBackend&, ElasticSession&) {}, {.min_world_size = 3}),
+                       doctest::Contains("min_world_size must be in [1, 2]"), ArgumentError);
+}
