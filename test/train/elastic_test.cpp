@@ -4,6 +4,7 @@
 // survivor gets the same error, naming what was lost.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <new>
@@ -35,10 +36,11 @@ inline std::vector<float> weights(Trainer& t) {
   return v;
 }
 
-// Two epochs; before each step the state is kept, then `fault(first_rank, global_step)` may throw or stall. Every
+// Two epochs; before each step `fault(first_rank, global_step)` may throw or stall, then the state is kept and
+// joiners are admitted (elastic_step). Every
 // rank that finishes writes its weights into `out[first_rank]`, and the steps its last generation ran into `ran`
 // (a resumption that started over would train every step again, and end with the same bits in deterministic mode).
-inline std::vector<std::int64_t> ran(4);
+inline std::vector<std::int64_t> ran(5);
 template <class Fault>
 void train(ThreadsBackend& comm, ElasticSession& session, std::vector<std::vector<float>>& out, Fault const& fault) {
   auto const data = test::blobs(103, 1);
@@ -53,8 +55,8 @@ void train(ThreadsBackend& comm, ElasticSession& session, std::vector<std::vecto
                     [](Var const& o, auto const& mb) { return cross_entropy(o, mb.y); },
                     {.before_step =
                          [&](StepPosition const& p) {
-                           t.keep_state(session, p);
                            fault(session.first_rank(), p.global_step);
+                           t.elastic_step(session, p);
                            ++steps;
                          },
                      .after_step = {}});
@@ -164,4 +166,80 @@ TEST_CASE("elastic: below the minimum world size every survivor ends with the sa
                        doctest::Contains("lost rank 1 (std::bad_alloc"), CommError);
   CHECK_THROWS_WITH_AS(elastic_spawn(2, [](ThreadsBackend&, ElasticSession&) {}, {.min_world_size = 3}),
                        doctest::Contains("min_world_size must be in [1, 2]"), ArgumentError);
+}
+
+TEST_CASE("elastic: a rank added at a step boundary joins 3 -> 4, bitwise; then 4 -> 3 -> 2 -> 3") {
+  using namespace elastic_test;
+  auto const whole = uninterrupted();
+  {
+    std::vector<std::vector<float>> out(4);
+    std::atomic<bool> reached{false};
+    std::vector<std::string> lines;
+    ElasticThreads job(3,
+                       [&](ThreadsBackend& comm, ElasticSession& s) {
+                         train(comm, s, out, [&](int first, std::int64_t step) {
+                           if (first != 0 || step != 6 || s.generation() != 0) return;
+                           reached = true;  // hold step 6 until the joiner has asked: it is admitted exactly there
+                           while (s.joiners_waiting() == 0) std::this_thread::sleep_for(1ms);
+                         });
+                       },
+                       {.max_world_size = 4, .log = [&](std::string const& l) { lines.push_back(l); }});
+    while (!reached) std::this_thread::sleep_for(1ms);
+    CHECK(job.add_rank() == 3);
+    auto const report = job.wait();
+    REQUIRE(report.changes.size() == 1);
+    auto const& c = report.changes[0];
+    CHECK(c.from_world_size == 3);
+    CHECK(c.to_world_size == 4);
+    CHECK(c.lost.empty());
+    CHECK(c.joined == std::vector<int>{3});
+    CHECK(c.step == 6);
+    REQUIRE(lines.size() == 1);
+    CAPTURE(lines[0]);
+    CHECK(lines[0].starts_with("ddp elastic: rank 3 joined at step 6; continuing at world size 4 from step 6 after "));
+    CHECK(report.final_world_size == 4);
+    for (int r : {0, 1, 2, 3}) CHECK(out[static_cast<std::size_t>(r)] == whole);
+    CHECK(ran[3] == 16 - 6);  // the joiner trained from step 6 on
+  }
+  {
+    std::vector<std::vector<float>> out(5);
+    std::atomic<bool> reached{false};
+    ElasticThreads job(4,
+                       [&](ThreadsBackend& comm, ElasticSession& s) {
+                         train(comm, s, out, [&](int first, std::int64_t step) {
+                           if ((first == 2 && step == 3) || (first == 0 && step == 7)) throw std::bad_alloc();
+                           if (first == 1 && step == 10 && s.generation() == 2) {
+                             reached = true;
+                             while (s.joiners_waiting() == 0) std::this_thread::sleep_for(1ms);
+                           }
+                         });
+                       },
+                       {.max_world_size = 4, .log = [](std::string const&) {}});
+    while (!reached) std::this_thread::sleep_for(1ms);
+    CHECK(job.add_rank() == 4);
+    auto const report = job.wait();
+    REQUIRE(report.changes.size() == 3);
+    CHECK(report.changes[0].to_world_size == 3);
+    CHECK(report.changes[1].to_world_size == 2);
+    CHECK(report.changes[2].from_world_size == 2);
+    CHECK(report.changes[2].to_world_size == 3);
+    CHECK(report.changes[2].joined == std::vector<int>{2});
+    CHECK(report.changes[2].step == 10);
+    CHECK(report.final_world_size == 3);
+    for (int r : {1, 3, 4}) CHECK(out[static_cast<std::size_t>(r)] == whole);
+    CHECK(ran[4] == 16 - 10);
+  }
+}
+
+TEST_CASE("elastic: a rank that asks to join a job that ends first is told so, by name") {
+  using namespace elastic_test;
+  std::vector<std::vector<float>> out(4);
+  ElasticThreads job(2,
+                     [&](ThreadsBackend& comm, ElasticSession& s) { train(comm, s, out, [](int, std::int64_t) {}); });
+  (void)job.add_rank();            // no growth allowed (max_world_size 0: the starting 2): never admitted
+  auto const report = job.wait();  // the job itself finished
+  CHECK(report.final_world_size == 2);
+  REQUIRE(report.not_admitted.size() == 1);
+  CHECK(report.not_admitted[0].find("rank 2 asked to join, but the job ended before the next step boundary") !=
+        std::string::npos);
 }

@@ -31,8 +31,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -58,6 +60,9 @@ struct ElasticOptions {
   // How long survivors wait for each other to regroup; a rank that has neither failed nor asked by then (stalled
   // outside ddp's collectives) is left out.
   std::chrono::milliseconds regroup_timeout{std::chrono::seconds(30)};
+  // Ranks added with ElasticThreads::add_rank are admitted at the next step boundary up to this many (0: the starting
+  // world size, no growth; then the step boundary costs nothing).
+  int max_world_size = 0;
   ThreadsOptions threads{};
   // Each membership change, one line, on the new generation's rank 0 (default: printed to stdout).
   std::function<void(std::string const&)> log{};
@@ -68,6 +73,7 @@ struct MembershipChange {
   std::uint64_t generation = 0;  // the new generation (1 for the first change)
   int from_world_size = 0, to_world_size = 0;
   std::vector<PeerStatus> lost{};  // the old generation's ranks (its numbering) that are not in the new one, and why
+  std::vector<int> joined{};       // the new generation's ranks that joined it
   std::int64_t step = -1;          // the global step the new generation resumed at (-1: it started over)
   double seconds = 0;              // from the first survivor's regroup to the state restored
   std::string line{};              // what was logged
@@ -75,24 +81,33 @@ struct MembershipChange {
 
 struct ElasticReport {
   std::vector<MembershipChange> changes{};
+  std::vector<std::string> not_admitted{};  // ranks added that never joined (the job ended first), each with why
   int final_world_size = 0;
 };
 
 namespace detail {
 struct ElasticShared {
   ElasticShared(int world_size, ElasticOptions o)
-      : opts(std::move(o)), membership(world_size, opts.threads, opts.min_world_size, opts.regroup_timeout) {}
+      : opts(std::move(o)),
+        membership(world_size, opts.threads, opts.min_world_size,
+                   opts.max_world_size > 0 ? opts.max_world_size : world_size, opts.regroup_timeout) {}
   ElasticOptions opts;
   ThreadsMembership membership;
   std::mutex m;
   ElasticReport report;
 };
 
+// What the ranks throw, together, at a step boundary where they agreed to admit joiners: elastic_spawn's ranks then
+// ask for the next generation as survivors do.
+struct ElasticRegroup {};
+
 // Whether `e`, thrown on `rank`, is a peer's failure seen here (a CommError, the group knowing of another rank lost)
 // rather than this rank's own.
 inline bool peer_failure(std::exception_ptr const& e, ThreadsGroup const& group, int rank) {
   try {
     std::rethrow_exception(e);
+  } catch (ElasticRegroup const&) {
+    return true;
   } catch (CommError const&) {
     auto const known = group.peers().all();
     return std::any_of(known.begin(), known.end(), [&](PeerStatus const& s) { return s.rank != rank; });
@@ -122,6 +137,13 @@ class ElasticSession {
     return nullptr;
   }
 
+  // For admit_joiners: whether the job may grow past `world_size`, and how many ranks wait to join.
+  bool may_grow(int world_size) const noexcept {
+    int const max = shared_->opts.max_world_size;
+    return max > world_size;
+  }
+  std::int64_t joiners_waiting() const { return shared_->membership.waiting(); }
+
   // For resume_kept: this generation's change, recorded once by its rank 0.
   void note_resumed(int rank, std::int64_t step) {
     if (rank != 0 || generation_ == 0) return;
@@ -133,15 +155,23 @@ class ElasticSession {
         .lost = f.lost,
         .step = step,
         .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.first_ask).count()};
-    std::string who;
-    for (auto const& s : f.lost) who += detail::cat(who.empty() ? "" : ", ", "rank ", s.rank);
-    std::string why;
-    for (auto const& s : f.lost) why += detail::cat(why.empty() ? "" : "; ", describe_loss(s));
-    c.line = step >= 0
-                 ? detail::cat("ddp elastic: ", who, " lost at step ", step, " (", why, "); continuing at world size ",
-                               c.to_world_size, " from step ", step, " after ", seconds_text(c.seconds))
-                 : detail::cat("ddp elastic: ", who, " lost before any step (", why, "); starting over at world size ",
-                               c.to_world_size, " after ", seconds_text(c.seconds));
+    for (auto const& j : f.joined) c.joined.push_back(j.second);
+    std::string what;  // "rank 2 lost at step 5 (it failed: ...)", "rank 3 joined at step 8"
+    std::string const at = step >= 0 ? detail::cat(" at step ", step) : std::string(" before any step");
+    if (!f.lost.empty()) {
+      std::string who, why;
+      for (auto const& s : f.lost) who += detail::cat(who.empty() ? "" : ", ", "rank ", s.rank);
+      for (auto const& s : f.lost) why += detail::cat(why.empty() ? "" : "; ", describe_loss(s));
+      what = detail::cat(who, " lost", at, " (", why, ")");
+    }
+    if (!c.joined.empty()) {
+      std::string who;
+      for (int r : c.joined) who += detail::cat(who.empty() ? "" : ", ", "rank ", r);
+      what += detail::cat(what.empty() ? "" : "; ", who, " joined", f.lost.empty() ? at : std::string());
+    }
+    c.line = detail::cat("ddp elastic: ", what, "; continuing at world size ", c.to_world_size,
+                         step >= 0 ? detail::cat(" from step ", step) : std::string(" from the start"), " after ",
+                         seconds_text(c.seconds));
     if (shared_->opts.log)
       shared_->opts.log(c.line);
     else {
@@ -153,8 +183,7 @@ class ElasticSession {
   }
 
  private:
-  template <class F>
-  friend ElasticReport elastic_spawn(int, F&&, ElasticOptions const&);
+  friend class ElasticThreads;
 
   static std::string seconds_text(double s) {
     char buf[32];
@@ -211,8 +240,12 @@ requires CheckpointableOptimizer<O, T> std::optional<TrainPosition> resume_kept(
                                                                                 M& model, O& opt,
                                                                                 RoundState<T>* round = nullptr) {
   if (session.generation() == 0) return std::nullopt;
-  std::vector<std::int64_t> step{session.latest()};
+  // The earliest step every rank that holds a state has (a joiner holds none; the survivors come first, so rank 0
+  // holds one unless nobody does).
+  constexpr auto kNone = std::numeric_limits<std::int64_t>::max();
+  std::vector<std::int64_t> step{session.latest() >= 0 ? session.latest() : kNone};
   host_all_reduce(comm, std::span<std::int64_t>(step), ReduceOp::kMin, CollectiveTag{"elastic.step"});
+  if (step[0] == kNone) step[0] = -1;
   if (step[0] < 0) {
     session.note_resumed(comm.rank(), -1);
     return std::nullopt;
@@ -234,86 +267,171 @@ requires CheckpointableOptimizer<O, T> std::optional<TrainPosition> resume_kept(
   return pos;
 }
 
-// Runs fn(ThreadsBackend&, ElasticSession&) as ranks 0..n-1, each on its own thread, as spawn does; when a rank
-// fails, the survivors run fn again on a generation without it (see the top of this file). Returns the membership
-// changes and the final world size. Throws when the job cannot go on (fewer survivors than min_world_size: the
-// CommError naming what was lost), or a rank's own exception when every rank failed.
-template <class F>
-ElasticReport elastic_spawn(int world_size, F&& fn, ElasticOptions const& opts) {
-  auto shared = std::make_shared<detail::ElasticShared>(world_size, opts);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world_size));
-  std::vector<int> finished_in(static_cast<std::size_t>(world_size), -1);  // the world size it finished at
-  auto body = [&](int first_rank) {
+// Collective, at a step boundary (after keep_state): when ranks have asked to join (ElasticThreads::add_rank) and the
+// job may grow, every rank agrees on it here and leaves this generation together, for the next one with the joiners.
+// One all-reduce of a word when growth is possible (ElasticOptions::max_world_size above the world size), none
+// otherwise.
+template <Communicator C>
+void admit_joiners(ElasticSession& session, C& comm) {
+  if (!session.may_grow(comm.world_size())) return;
+  std::vector<std::int64_t> asked{session.joiners_waiting()};
+  host_all_reduce(comm, std::span<std::int64_t>(asked), ReduceOp::kMax, CollectiveTag{"elastic.join"});
+  if (asked[0] > 0) throw detail::ElasticRegroup{};
+}
+
+// An elastic job of in-process ranks: fn(ThreadsBackend&, ElasticSession&) runs as ranks 0..n-1, each on its own
+// thread, as spawn runs them; when a rank fails, the survivors run fn again on a generation without it, and add_rank
+// starts a thread that joins at the next step boundary (see the top of this file). wait() returns the membership
+// changes and the final world size.
+class ElasticThreads {
+ public:
+  using Body = std::function<void(ThreadsBackend&, ElasticSession&)>;
+
+  ElasticThreads(int world_size, Body fn, ElasticOptions const& opts = {})
+      : shared_(std::make_shared<detail::ElasticShared>(world_size, opts)), fn_(std::move(fn)) {
+    std::lock_guard lock(m_);
+    for (int r = 0; r < world_size; ++r) start(r, [this, r] { run(r, 0, r); });
+  }
+  ElasticThreads(ElasticThreads const&) = delete;
+  ElasticThreads& operator=(ElasticThreads const&) = delete;
+  ~ElasticThreads() {
+    try {
+      join_all();
+    } catch (...) {}
+  }
+
+  // Starts a new rank that asks to join; it is admitted at the next step boundary (admit_joiners) while the world
+  // size is below ElasticOptions::max_world_size. Returns its id (its ElasticSession::first_rank()).
+  int add_rank() {
+    std::lock_guard lock(m_);
+    int const id = static_cast<int>(threads_.size());
+    start(id, [this, id] {
+      try {
+        auto const [f, generation] = shared_->membership.join(id);
+        int rank = -1;
+        for (auto const& [who, at] : f.joined)
+          if (who == id) rank = at;
+        run(id, generation, rank);
+      } catch (std::exception const& e) {
+        std::lock_guard report_lock(shared_->m);
+        shared_->report.not_admitted.push_back(e.what());
+      }
+    });
+    return id;
+  }
+
+  // Waits for every rank's thread. Throws when the job could not go on (fewer ranks than min_world_size: the
+  // CommError naming what was lost), or a rank's own exception when no rank finished.
+  ElasticReport wait() {
+    join_all();
+    std::lock_guard lock(m_);
+    bool any_finished = false;
+    int at = 0;
+    for (int w : finished_in_)
+      if (w > 0) {
+        any_finished = true;
+        at = w;
+      }
+    if (!any_finished) {
+      for (auto const& e : errors_)  // the regroup's verdict first
+        if (e) try {
+            std::rethrow_exception(e);
+          } catch (CommError const& c) {
+            if (std::string_view(c.what()).starts_with("ddp elastic:")) throw;
+          } catch (...) {}
+      for (auto const& e : errors_)
+        if (e) std::rethrow_exception(e);
+    }
+    std::lock_guard report_lock(shared_->m);
+    shared_->report.final_world_size = at;
+    return shared_->report;
+  }
+
+ private:
+  template <class F>
+  void start(int id, F&& f) {  // holding m_
+    errors_.resize(static_cast<std::size_t>(id) + 1);
+    finished_in_.resize(static_cast<std::size_t>(id) + 1, -1);
+    threads_.emplace_back(std::forward<F>(f));
+  }
+  std::exception_ptr& error(int id) {
+    std::lock_guard lock(m_);
+    return errors_[static_cast<std::size_t>(id)];
+  }
+  void join_all() {
+    for (std::size_t k = 0;; ++k) {  // add_rank may add threads meanwhile
+      std::thread t;
+      {
+        std::lock_guard lock(m_);
+        if (k >= threads_.size()) return;
+        if (!threads_[k].joinable()) continue;
+        t = std::move(threads_[k]);
+      }
+      t.join();
+    }
+  }
+
+  // One rank's life from `generation` on, as `rank` of it.
+  void run(int id, std::uint64_t generation, int rank) {
     ElasticSession session;
-    session.shared_ = shared;
-    session.first_rank_ = first_rank;
-    int rank = first_rank;
-    auto& error = errors[static_cast<std::size_t>(first_rank)];
+    session.shared_ = shared_;
+    session.first_rank_ = id;
+    session.generation_ = generation;
     for (;;) {
       std::uint64_t const g = session.generation_;
-      auto group = shared->membership.group(g);
+      auto group = shared_->membership.group(g);
       bool survivor = false;
+      std::exception_ptr own;
       try {
         ThreadsBackend comm(group, rank);
         try {
-          fn(comm, session);
-          shared->membership.leave(g, rank);
-          finished_in[static_cast<std::size_t>(first_rank)] = group->world_size();
+          fn_(comm, session);
+          shared_->membership.leave(g, rank);
+          std::lock_guard lock(m_);
+          finished_in_[static_cast<std::size_t>(id)] = group->world_size();
           return;
         } catch (...) {  // before comm's destructor reports this rank as gone
           auto const e = std::current_exception();
           survivor = detail::peer_failure(e, *group, rank);
           if (!survivor) {
-            error = e;
+            own = e;
             group->abort(rank, detail::describe(e));
           }
         }
       } catch (...) {  // the backend could not be made
-        error = std::current_exception();
-        group->abort(rank, detail::describe(error));
+        own = std::current_exception();
+        group->abort(rank, detail::describe(own));
       }
       if (!survivor) {
-        shared->membership.leave(g, rank);
+        error(id) = own;
+        shared_->membership.leave(g, rank);
         return;
       }
       try {
-        auto const f = shared->membership.regroup(g, rank);
+        auto const f = shared_->membership.regroup(g, rank);
         rank = f.new_rank[static_cast<std::size_t>(rank)];
         session.generation_ = g + 1;
       } catch (...) {
-        error = std::current_exception();
+        error(id) = std::current_exception();
         return;
       }
     }
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(world_size - 1));
-  for (int r = 1; r < world_size; ++r) threads.emplace_back(body, r);
-  body(0);
-  for (auto& t : threads) t.join();
-  int finished = 0, at = 0;
-  for (int w : finished_in)
-    if (w > 0) {
-      ++finished;
-      at = w;
-    }
-  if (finished == 0) {  // nobody finished: the job could not go on; the regroup's error first, else the first cause
-    for (auto const& e : errors)
-      if (e) try {
-          std::rethrow_exception(e);
-        } catch (CommError const& c) {
-          if (std::string_view(c.what()).starts_with("ddp elastic:")) throw;
-        } catch (...) {}
-    for (auto const& e : errors)
-      if (e) std::rethrow_exception(e);
   }
-  std::lock_guard lock(shared->m);
-  shared->report.final_world_size = at;
-  return shared->report;
-}
+
+  std::shared_ptr<detail::ElasticShared> shared_;
+  Body fn_;
+  std::mutex m_;
+  // Per id (deques: add_rank grows them while threads hold references into them).
+  std::deque<std::thread> threads_;
+  std::deque<std::exception_ptr> errors_;
+  std::deque<int> finished_in_;  // the world size it finished at (-1: it did not)
+};
+
+// ElasticThreads(world_size, fn, opts).wait(): an elastic job without joiners.
 template <class F>
-ElasticReport elastic_spawn(int world_size, F&& fn) {
-  return elastic_spawn(world_size, std::forward<F>(fn), ElasticOptions{});
+ElasticReport elastic_spawn(int world_size, F&& fn, ElasticOptions const& opts = {}) {
+  ElasticThreads job(world_size, std::forward<F>(fn), opts);
+  return job.wait();
 }
 
 }  // namespace ddp

@@ -265,6 +265,12 @@ class basic_trainer {
                                   .seed = static_cast<std::int64_t>(opts_.seed)},
                     scaler_ ? std::optional(scaler_->state()) : std::nullopt);
   }
+  // Both step-boundary duties of an elastic body, from a before_step hook: keep_state, then admit_joiners (a
+  // collective when the job may grow).
+  void elastic_step(ElasticSession& session, StepPosition const& p) {
+    keep_state(session, p);
+    admit_joiners(session, *comm_);
+  }
   std::optional<TrainPosition> resume_kept(ElasticSession& session) {
     RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
     auto pos = ddp::resume_kept(session, *comm_, ddp_.module(), opt_, &round);

@@ -4,7 +4,10 @@
 // forms once every rank of the old one has asked or left, or at the regroup deadline without the ranks that did
 // neither (a rank stalled outside ddp): a fresh ThreadsGroup of the survivors, renumbered 0..k-1 in their old order.
 // Below the minimum world size, every survivor gets the same CommError instead. A rank left out that asks later is
-// told so, by name. Nothing here knows about training: what the survivors restore is train/elastic.hpp's.
+// told so, by name. Growth: a new rank asks to join (join); the ranks see it (waiting(), agreed on at a step
+// boundary), all ask for the next generation, and it forms with the joiners after the survivors, up to the maximum
+// world size; a joiner still waiting when the job ends is told so. Nothing here knows about training: what the ranks
+// restore is train/elastic.hpp's.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/comm/peer_status.hpp"
@@ -32,15 +36,19 @@ class ThreadsMembership {
     std::shared_ptr<ThreadsGroup> group;  // the next generation's (null when the job could not go on)
     std::vector<int> new_rank;            // per rank of the old generation: its rank in the new one, -1 if not in it
     std::vector<PeerStatus> lost;         // the old generation's ranks not in the new one, with what the group knew
-    std::string error;                    // set when the job could not go on (below the minimum world size)
-    Clock::time_point first_ask{};        // when the first survivor asked (the failure's time, to within a collective)
+    std::vector<std::pair<int, int>> joined{};  // (joiner id, its rank in the new generation)
+    std::string error;                          // set when the job could not go on (below the minimum world size)
+    Clock::time_point first_ask{};  // when the first survivor asked (the failure's time, to within a collective)
   };
 
-  ThreadsMembership(int world_size, ThreadsOptions opts, int min_world_size, std::chrono::milliseconds regroup_timeout)
-      : opts_(std::move(opts)), min_(min_world_size), timeout_(regroup_timeout) {
+  ThreadsMembership(int world_size, ThreadsOptions opts, int min_world_size, int max_world_size,
+                    std::chrono::milliseconds regroup_timeout)
+      : opts_(std::move(opts)), min_(min_world_size), max_(max_world_size), timeout_(regroup_timeout) {
     if (min_world_size < 1 || min_world_size > world_size)
       throw ArgumentError(
           cat("elastic: min_world_size must be in [1, ", world_size, "] (the world size), got ", min_world_size));
+    if (max_world_size < world_size)
+      throw ArgumentError(cat("elastic: max_world_size ", max_world_size, " is below the world size ", world_size));
     if (regroup_timeout.count() <= 0)
       throw ArgumentError(cat("elastic: regroup_timeout must be positive, got ", regroup_timeout.count(), " ms"));
     groups_.push_back(make_threads_group(world_size, opts_));
@@ -60,12 +68,44 @@ class ThreadsMembership {
     return formed_.at(generation);
   }
 
-  // Rank `rank` of `generation` takes no further part (it failed, or it finished).
+  // Rank `rank` of `generation` takes no further part (it failed, or it finished). When every rank has, the job is
+  // over: joiners still waiting are told.
   void leave(std::uint64_t generation, int rank) {
     std::lock_guard lock(m_);
     if (generation + 1 != groups_.size()) return;  // that generation is over
     state_[static_cast<std::size_t>(rank)] = kGone;
+    if (std::all_of(state_.begin(), state_.end(), [](int x) { return x == kGone; })) ended_ = true;
     cv_.notify_all();
+  }
+
+  // Joiners waiting to be admitted, when the job may still grow (0 otherwise): read by every rank at a step boundary
+  // and agreed on there (the ranks may read it at different moments).
+  int waiting() const {
+    std::lock_guard lock(m_);
+    return groups_.back() && groups_.back()->world_size() < max_ ? static_cast<int>(waiting_.size()) : 0;
+  }
+
+  // A new rank (`id`, unique in the job) asks to join: blocks until a generation admits it (returns its formation and
+  // generation; its rank is in `joined`), or throws CommError when the job ended first (or cannot go on).
+  std::pair<Formation, std::uint64_t> join(int id) {
+    std::unique_lock lock(m_);
+    waiting_.push_back(id);
+    cv_.notify_all();
+    std::size_t seen = formed_.size();
+    for (;;) {
+      cv_.wait(lock, [&] { return formed_.size() > seen || ended_; });
+      for (; seen < formed_.size(); ++seen) {
+        auto const& f = formed_[seen];
+        if (!f.error.empty()) throw CommError(f.error, id);
+        for (auto const& [who, at] : f.joined)
+          if (who == id) return {f, seen + 1};
+      }
+      if (ended_) {
+        std::erase(waiting_, id);
+        throw CommError(
+            cat("ddp elastic: rank ", id, " asked to join, but the job ended before the next step boundary"), id);
+      }
+    }
   }
 
   // A survivor of `generation` asks for the next one: returns its formation, this rank's place in it being
@@ -118,6 +158,11 @@ class ThreadsMembership {
                                       .reason = cat("it did not ask to regroup within ", seconds_text(timeout_))};
       f.lost.push_back(std::move(s));
     }
+    for (int id : waiting_) {
+      if (k >= max_) break;
+      f.joined.emplace_back(id, k++);
+    }
+    for (auto const& j : f.joined) std::erase(waiting_, j.first);
     if (k < min_) {
       std::string who;
       for (auto const& s : f.lost) who += cat(who.empty() ? "" : ", ", "rank ", s.rank, " (", s.reason, ")");
@@ -139,8 +184,10 @@ class ThreadsMembership {
   }
 
   ThreadsOptions opts_;
-  int min_;
+  int min_, max_;
   std::chrono::milliseconds timeout_;
+  std::vector<int> waiting_;  // joiners' ids, in the order they asked
+  bool ended_ = false;
   mutable std::mutex m_;
   std::condition_variable cv_;
   std::vector<std::shared_ptr<ThreadsGroup>> groups_;  // per generation
