@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# usage: readme_output_test.sh TOY FASHION_MNIST GPT: README.md's "Real output" blocks are what the programs print.
+# usage: readme_output_test.sh TOY FASHION_MNIST GPT ELASTIC: README.md's "Real output" blocks are what the programs
+# print.
 #  - 00_toy's block is its whole output, digit for digit (the toy is deterministic);
+#  - 10_elastic's block ("Elastic training") is its whole output, digests included, the seconds masked;
 #  - the main jobs' blocks (fashion_mnist, gpt) are runs of the full recipe, so a test cannot repeat them; a short run
 #    of each must print the same lines with only the numbers changed: every line of the README's block but progress
 #    lines ("...", "epoch 1/2  step", "iter   50/2000") and the GPT's sample text, with each number masked, must be
 #    a line of the short run, masked the same way. A renamed flag, a new header line or a reworded result fails it.
 set -euo pipefail
-toy="$1" fm="$2" gpt="$3"
+toy="$1" fm="$2" gpt="$3" elastic="$4"
 root="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-}"
 [ -f "$root/README.md" ] || root="$(cd "$(dirname "$0")/../.." && pwd)"
 readme="$root/README.md"
@@ -24,6 +26,14 @@ block 'Real output (`bazel run //examples:00_toy`)' >"$dir/toy.readme"
 if ! cmp -s "$dir/toy.readme" "$dir/toy.out"; then
   echo "README.md's 00_toy output differs from what it prints:" >&2
   diff "$dir/toy.readme" "$dir/toy.out" >&2 || true
+  fail=1
+fi
+
+block 'each change is one line:' | grep -v '^\$ ' | sed -E 's/after [0-9.]+ s/after # s/' >"$dir/elastic.readme"
+"$elastic" | sed -E 's/after [0-9.]+ s/after # s/' >"$dir/elastic.out"
+if ! cmp -s "$dir/elastic.readme" "$dir/elastic.out"; then
+  echo "README.md's 10_elastic output differs from what it prints (seconds masked):" >&2
+  diff "$dir/elastic.readme" "$dir/elastic.out" >&2 || true
   fail=1
 fi
 
@@ -55,4 +65,4 @@ timeout --kill-after=5 300 "$gpt" --iters 20 --eval-interval 10 --log-interval 1
   { cat "$dir/gpt.out"; exit 1; }
 compare gpt 'trains nanoGPT'"'"'s `shakespeare_char` CPU recipe' "$dir/gpt.out"
 [ "$fail" -eq 0 ] || exit 1
-echo "readme_output_test: 00_toy's output, and the main jobs' real-output lines, match what the programs print"
+echo "readme_output_test: 00_toy's and 10_elastic's output, and the main jobs' real-output lines, match what the programs print"
