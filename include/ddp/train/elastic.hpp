@@ -91,6 +91,18 @@ struct ElasticShared {
       : opts(std::move(o)),
         membership(world_size, opts.threads, opts.min_world_size,
                    opts.max_world_size > 0 ? opts.max_world_size : world_size, opts.regroup_timeout) {}
+  int max_world_size() const noexcept { return opts.max_world_size; }
+  void record(MembershipChange c) {  // logs the change's line and keeps it for the report
+    if (opts.log)
+      opts.log(c.line);
+    else {
+      std::printf("%s\n", c.line.c_str());
+      std::fflush(stdout);
+    }
+    std::lock_guard lock(m);
+    report.changes.push_back(std::move(c));
+  }
+
   ElasticOptions opts;
   ThreadsMembership membership;
   std::mutex m;
@@ -116,11 +128,33 @@ inline bool peer_failure(std::exception_ptr const& e, ThreadsGroup const& group,
 }
 }  // namespace detail
 
-// One rank's thread across generations: its kept states and where it stands.
+// One rank across generations: its kept states and where it stands. A runner of generations (ElasticThreads here;
+// one over processes can do the same) makes one per rank and calls begin_generation when the rank enters a new one.
 class ElasticSession {
  public:
+  // What the runner provides: joiners waiting (none: no growth), the most ranks the job may have, and where each
+  // membership change goes (logged as one line, recorded for the report).
+  struct Runner {
+    std::function<std::int64_t()> joiners_waiting{};
+    int max_world_size = 0;
+    std::function<void(MembershipChange)> record{};
+  };
+  // The change that made a generation, as the runner saw it form.
+  struct Change {
+    int from_world_size = 0, to_world_size = 0;
+    std::vector<PeerStatus> lost{};                 // old numbering
+    std::vector<int> joined{};                      // new numbering
+    std::chrono::steady_clock::time_point since{};  // when the first rank asked for it
+  };
+
+  ElasticSession(int first_rank, Runner runner) : first_rank_(first_rank), runner_(std::move(runner)) {}
+  void begin_generation(std::uint64_t generation, Change change) {
+    generation_ = generation;
+    change_ = std::move(change);
+  }
+
   std::uint64_t generation() const noexcept { return generation_; }
-  int first_rank() const noexcept { return first_rank_; }  // its rank in generation 0
+  int first_rank() const noexcept { return first_rank_; }  // its rank in generation 0 (a joiner: its id)
 
   // Keeps a copy of a training state at `global_step` (the last two are kept).
   template <class T>
@@ -138,24 +172,20 @@ class ElasticSession {
   }
 
   // For admit_joiners: whether the job may grow past `world_size`, and how many ranks wait to join.
-  bool may_grow(int world_size) const noexcept {
-    int const max = shared_->opts.max_world_size;
-    return max > world_size;
-  }
-  std::int64_t joiners_waiting() const { return shared_->membership.waiting(); }
+  bool may_grow(int world_size) const noexcept { return runner_.max_world_size > world_size; }
+  std::int64_t joiners_waiting() const { return runner_.joiners_waiting ? runner_.joiners_waiting() : 0; }
 
   // For resume_kept: this generation's change, recorded once by its rank 0.
   void note_resumed(int rank, std::int64_t step) {
-    if (rank != 0 || generation_ == 0) return;
-    auto const f = shared_->membership.formation(generation_ - 1);
-    MembershipChange c{
-        .generation = generation_,
-        .from_world_size = static_cast<int>(f.new_rank.size()),
-        .to_world_size = f.group ? f.group->world_size() : 0,
-        .lost = f.lost,
-        .step = step,
-        .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.first_ask).count()};
-    for (auto const& j : f.joined) c.joined.push_back(j.second);
+    if (rank != 0 || !change_) return;
+    auto const& f = *change_;
+    MembershipChange c{.generation = generation_,
+                       .from_world_size = f.from_world_size,
+                       .to_world_size = f.to_world_size,
+                       .lost = f.lost,
+                       .joined = f.joined,
+                       .step = step,
+                       .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.since).count()};
     std::string what;  // "rank 2 lost at step 5 (it failed: ...)", "rank 3 joined at step 8"
     std::string const at = step >= 0 ? detail::cat(" at step ", step) : std::string(" before any step");
     if (!f.lost.empty()) {
@@ -172,19 +202,11 @@ class ElasticSession {
     c.line = detail::cat("ddp elastic: ", what, "; continuing at world size ", c.to_world_size,
                          step >= 0 ? detail::cat(" from step ", step) : std::string(" from the start"), " after ",
                          seconds_text(c.seconds));
-    if (shared_->opts.log)
-      shared_->opts.log(c.line);
-    else {
-      std::printf("%s\n", c.line.c_str());
-      std::fflush(stdout);
-    }
-    std::lock_guard lock(shared_->m);
-    shared_->report.changes.push_back(std::move(c));
+    change_.reset();
+    if (runner_.record) runner_.record(std::move(c));
   }
 
  private:
-  friend class ElasticThreads;
-
   static std::string seconds_text(double s) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f s", s);
@@ -204,9 +226,10 @@ class ElasticSession {
     return s.reason;
   }
 
-  std::shared_ptr<detail::ElasticShared> shared_;
   std::uint64_t generation_ = 0;
   int first_rank_ = 0;
+  Runner runner_;
+  std::optional<Change> change_;
   std::array<std::any, 2> kept_{};
   std::array<std::int64_t, 2> steps_{-1, -1};
 };
@@ -373,12 +396,12 @@ class ElasticThreads {
 
   // One rank's life from `generation` on, as `rank` of it.
   void run(int id, std::uint64_t generation, int rank) {
-    ElasticSession session;
-    session.shared_ = shared_;
-    session.first_rank_ = id;
-    session.generation_ = generation;
+    ElasticSession session(id, {.joiners_waiting = [m = &shared_->membership] { return m->waiting(); },
+                                .max_world_size = shared_->max_world_size(),
+                                .record = [s = shared_](MembershipChange c) { s->record(std::move(c)); }});
+    if (generation > 0) session.begin_generation(generation, change_of(shared_->membership.formation(generation - 1)));
     for (;;) {
-      std::uint64_t const g = session.generation_;
+      std::uint64_t const g = session.generation();
       auto group = shared_->membership.group(g);
       bool survivor = false;
       std::exception_ptr own;
@@ -410,12 +433,22 @@ class ElasticThreads {
       try {
         auto const f = shared_->membership.regroup(g, rank);
         rank = f.new_rank[static_cast<std::size_t>(rank)];
-        session.generation_ = g + 1;
+        session.begin_generation(g + 1, change_of(f));
       } catch (...) {
         error(id) = std::current_exception();
         return;
       }
     }
+  }
+
+  static ElasticSession::Change change_of(detail::ThreadsMembership::Formation const& f) {
+    ElasticSession::Change c{.from_world_size = static_cast<int>(f.new_rank.size()),
+                             .to_world_size = f.group ? f.group->world_size() : 0,
+                             .lost = f.lost,
+                             .joined = {},
+                             .since = f.first_ask};
+    for (auto const& j : f.joined) c.joined.push_back(j.second);
+    return c;
   }
 
   std::shared_ptr<detail::ElasticShared> shared_;
