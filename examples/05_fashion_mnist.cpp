@@ -74,6 +74,11 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("limit-train", "0", "use only the first N training images (0: all 60000)")
       .add("limit-test", "0", "use only the first N test images (0: all 10000)");
   examples::add_resume_flags(f);
+  f.add("elastic", "false",
+        "with --backend gloo: a rank that is lost (killed, its connection closed, stalled past --timeout, failed) is "
+        "dropped and the others go on without a restart, from the interrupted step's start kept in memory (bitwise "
+        "with --deterministic)")
+      .add("min-world-size", "1", "with --elastic: below this many ranks the job ends, naming the ranks lost");
   examples::add_reduction_flags(f);
   examples::add_local_flags(f);
   if (!f.parse(argc, argv)) return std::nullopt;
@@ -114,6 +119,27 @@ std::optional<Config> parse(int argc, char** argv) {
   c.reduction =
       examples::reduction_choice(f, c.backend == examples::Backend::kThreads ? c.world_size : 0, c.global_batch);
   c.local = examples::local_choice(f, c.reduction, c.backend);
+  c.elastic = f.boolean("elastic");
+  c.min_world_size = static_cast<int>(f.at_least("min-world-size", 1));
+  if (f.is_set("min-world-size") && !c.elastic) throw ArgumentError("fashion_mnist: --min-world-size is for --elastic");
+  if (c.elastic) {
+    if (c.backend == examples::Backend::kMpi)
+      throw ArgumentError(
+          "fashion_mnist: --elastic with --backend mpi: MPICH cannot shrink a communicator; MPI jobs recover by "
+          "restarting: --checkpoint FILE --resume auto, and mpirun again");
+    if (c.backend == examples::Backend::kThreads)
+      throw ArgumentError(
+          "fashion_mnist: --elastic is for --backend gloo (ranks that are processes, which can be lost); on threads "
+          "see //examples:elastic (ElasticThreads)");
+    if (c.local.on())
+      throw ArgumentError(detail::cat("fashion_mnist: --elastic with ",
+                                      c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
+                                      ": the replicas are not kept in memory; use --checkpoint with --resume auto"));
+    if (c.reduction.zero > 0)
+      throw ArgumentError(detail::cat("fashion_mnist: --elastic with --zero ", c.reduction.zero,
+                                      ": a lost rank's optimizer shard is not recovered yet; use --zero 0, or "
+                                      "--checkpoint with --resume auto"));
+  }
   if (c.local.on() && c.device == "cuda")
     throw ArgumentError(detail::cat("fashion_mnist: ", c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
                                     " runs on host tensors in this program; drop --device cuda"));

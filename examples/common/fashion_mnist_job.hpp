@@ -48,6 +48,8 @@ struct Config {
   std::int64_t loss_every = 1;             // --loss-every
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, max_steps = 0;
   examples::CheckpointFlags checkpoints{};  // --checkpoint, --checkpoint-every, --keep-checkpoints, --resume
+  bool elastic = false;                     // --elastic (Gloo)
+  int min_world_size = 1;                   // --min-world-size
   examples::ReductionChoice reduction{};    // --deterministic, --micro-batches, --comm-hook
   examples::LocalChoice local{};            // --local-sgd, --diloco
   double lr = 1e-3, bucket_cap_mb = 25;
@@ -100,7 +102,10 @@ void print_header(Trainer& t, Config const& cfg, std::int64_t steps_per_epoch,
 // evaluation and a checkpoint), then the timeline, the metrics files and the final line.
 template <class Trainer, MemorySpace S>
 void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, TensorDataset<std::int32_t> const& train_set,
-           TensorDataset<std::int32_t> const& test_set) {
+           TensorDataset<std::int32_t> const& test_set, ElasticSession* session) {
+  // --elastic: the state of each step's start is kept in memory (keep_state), and a generation after a lost rank
+  // resumes from it (resume_kept) instead of --resume.
+  constexpr bool kElastic = KeepsLocalState<std::remove_cvref_t<decltype(t.optimizer())>>;
   auto& comm = t.comm();
   auto& opt = t.optimizer();
   int const rank = comm.rank(), world = comm.world_size();
@@ -117,7 +122,17 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   MetricsLog log;          // rank 0's epochs so far; kept in the checkpoint so a resumed run's CSV and plot are whole
   EpochLoss resumed_loss;  // the interrupted epoch's train loss so far (a mid-epoch checkpoint's)
   std::string history;
-  if (auto const resumed = examples::resume_job(t, cfg.checkpoints, &history, &resumed_loss)) {
+  std::optional<Resumed> resumed;
+  if constexpr (kElastic) {
+    if (session && session->generation() > 0) {
+      if (auto p = t.resume_kept(*session, &history)) resumed = Resumed{*p, "(the state kept in memory)"};
+    } else {
+      resumed = examples::resume_job(t, cfg.checkpoints, &history, &resumed_loss);
+    }
+  } else {
+    resumed = examples::resume_job(t, cfg.checkpoints, &history, &resumed_loss);
+  }
+  if (resumed) {
     std::string const file = resumed->file.string();
     pos = resume_position(resumed->position, pos, file);
     if (!history.empty()) {
@@ -158,6 +173,8 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
                               [&](StepPosition const& p) {
                                 // Deterministic mode keys the masks by each sample's place in the global batch instead.
                                 if (!cfg.reduction.deterministic) reseed_dropouts(net, cfg.seed, rank, p.epoch, p.step);
+                                if constexpr (kElastic)
+                                  if (session) t.keep_state(*session, at(p.epoch, p.step, p.global_step), log.csv());
                                 schedule.start_step(p.global_step);
                               },
                           .after_step =
@@ -261,7 +278,7 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
 // the chosen bucket cap, the chosen optimizer) and train().
 template <MemorySpace S, class Comm>
 void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train_set,
-         TensorDataset<std::int32_t> const& test_set) {
+         TensorDataset<std::int32_t> const& test_set, ElasticSession* session = nullptr) {
   Generator init(static_cast<std::uint64_t>(cfg.seed));  // the same on every rank (DDP broadcasts rank 0's anyway)
   Net<S> net = cfg.model == "cnn" ? make_cnn<S>(init) : make_mlp<S>(init);
   Timeline timeline(comm.rank());
@@ -298,7 +315,7 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         {.optimizer = {.optimizer = o, .zero = {.stage = cfg.reduction.zero}},
          .overlap = {.update_at = cfg.reduction.update}},
         opts, {.bucketer = bucketer, .reduction = reduction, .batching = batching});
-    train(t, net, timeline, cfg, train_set, test_set);
+    train(t, net, timeline, cfg, train_set, test_set, session);
   };
   if (cfg.reduction.deterministic)  // one counter stream per dropout layer, the same on every rank: masks are
     for (std::size_t k = 0; k < net.dropouts.size(); ++k)  // keyed by the sample
@@ -311,10 +328,10 @@ void run(Comm& comm, Config const& cfg, TensorDataset<std::int32_t> const& train
         basic_trainer<nn::AnySequential<float, S>, Comm, Opt, SizeCapped, ExactSum, MicroBatches> t(
             net.seq, comm, lo, opts,
             {.bucketer = bucketer, .reduction = {}, .batching = {.count = cfg.reduction.micro_batches}});
-        train(t, net, timeline, cfg, train_set, test_set);
+        train(t, net, timeline, cfg, train_set, test_set, session);
       } else {
         basic_trainer<nn::AnySequential<float, S>, Comm, Opt> t(net.seq, comm, lo, opts, {.bucketer = bucketer});
-        train(t, net, timeline, cfg, train_set, test_set);
+        train(t, net, timeline, cfg, train_set, test_set, session);
       }
     };
     auto const& l = cfg.local;

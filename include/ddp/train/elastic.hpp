@@ -234,23 +234,30 @@ class ElasticSession {
   std::array<std::int64_t, 2> steps_{-1, -1};
 };
 
-// What elastic training can keep without a collective: the optimizer's whole state on every rank.
+// What elastic training can keep without a collective: every rank's whole optimizer state (not local rounds'
+// replicas; a ZeroRedundancyOptimizer only at stage 0, checked when kept).
 template <class O>
 concept KeepsLocalState = !requires(O & o) {
-  o.consolidated_state();
-}
-&&!requires(O & o) { o.local_state(); };
+  o.local_state();
+};
 
-// Keeps a copy of the model, the optimizer state and the position in the session (no collective).
+// Keeps a copy of the model, the optimizer state and the position in the session (no collective). ArgumentError for a
+// sharded optimizer (ZeRO stage 1 or 2: this rank holds only its shard).
 template <nn::Model M, class O, class T = typename M::value_type>
 requires CheckpointableOptimizer<O, T>
 void keep_state(ElasticSession& session, M const& model, O const& opt, TrainPosition const& pos,
-                std::optional<optim::GradScalerState> loss_scale = std::nullopt) {
+                std::optional<optim::GradScalerState> loss_scale = std::nullopt, std::string_view extra = {}) {
   static_assert(KeepsLocalState<O>,
-                "elastic training keeps each rank's whole optimizer state in memory: a sharded (ZeRO) optimizer or "
-                "local rounds (LocalSgd, DiLoCo) would need a collective to gather theirs; use them with restarts "
-                "(CheckpointSeries, --resume auto) instead");
-  auto c = capture_checkpoint(model, opt, pos);
+                "elastic training keeps each rank's whole optimizer state in memory: local rounds (LocalSgd, DiLoCo) "
+                "would need a collective to gather their replicas; use them with restarts (CheckpointSeries, "
+                "--resume auto) instead");
+  if constexpr (requires { opt.sharded(); })
+    if (opt.sharded())
+      throw ArgumentError(
+          "elastic training keeps each rank's whole optimizer state in memory, and under ZeRO stage 1 or 2 a rank "
+          "holds only its shard (a lost rank's shard would be lost with it); use stage 0, or restarts "
+          "(CheckpointSeries, --resume auto)");
+  auto c = capture_checkpoint(model, opt, pos, extra);
   c.loss_scale = loss_scale;
   session.keep(pos.global_step, std::move(c));
 }
@@ -261,7 +268,8 @@ void keep_state(ElasticSession& session, M const& model, O const& opt, TrainPosi
 template <Communicator C, nn::Model M, class O, class T = typename M::value_type>
 requires CheckpointableOptimizer<O, T> std::optional<TrainPosition> resume_kept(ElasticSession& session, C& comm,
                                                                                 M& model, O& opt,
-                                                                                RoundState<T>* round = nullptr) {
+                                                                                RoundState<T>* round = nullptr,
+                                                                                std::string* extra = nullptr) {
   if (session.generation() == 0) return std::nullopt;
   // The earliest step every rank that holds a state has (a joiner holds none; the survivors come first, so rank 0
   // holds one unless nobody does).
@@ -285,7 +293,7 @@ requires CheckpointableOptimizer<O, T> std::optional<TrainPosition> resume_kept(
   detail::broadcast_outcome(comm, 0, status, text);
   if (status) throw CommError(text, 0);
   TrainPosition const pos = detail::load_checkpoint_bytes(text, detail::cat("(the state kept at step ", step[0], ")"),
-                                                          comm, model, opt, nullptr, round);
+                                                          comm, model, opt, extra, round);
   session.note_resumed(comm.rank(), step[0]);
   return pos;
 }

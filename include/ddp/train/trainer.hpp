@@ -256,14 +256,16 @@ class basic_trainer {
   // resume_kept, collective, at the start of the body: after a membership change, the state of the step the change
   // interrupted, at the new world size; nothing in the first generation.
   void keep_state(ElasticSession& session, StepPosition const& p) {
-    ddp::keep_state(session, ddp_.module(), opt_,
-                    TrainPosition{.epoch = p.epoch,
-                                  .step = p.step,
-                                  .global_step = p.global_step,
-                                  .world_size = comm_->world_size(),
-                                  .global_batch = global_batch(),
-                                  .seed = static_cast<std::int64_t>(opts_.seed)},
-                    scaler_ ? std::optional(scaler_->state()) : std::nullopt);
+    keep_state(session, TrainPosition{.epoch = p.epoch,
+                                      .step = p.step,
+                                      .global_step = p.global_step,
+                                      .world_size = comm_->world_size(),
+                                      .global_batch = global_batch(),
+                                      .seed = static_cast<std::int64_t>(opts_.seed)});
+  }
+  // The same with the caller's position (e.g. its schedule's counter) and bytes (resume_kept hands them back).
+  void keep_state(ElasticSession& session, TrainPosition const& pos, std::string_view extra = {}) {
+    ddp::keep_state(session, ddp_.module(), opt_, pos, scaler_ ? std::optional(scaler_->state()) : std::nullopt, extra);
   }
   // Both step-boundary duties of an elastic body, from a before_step hook: keep_state, then admit_joiners (a
   // collective when the job may grow).
@@ -271,9 +273,9 @@ class basic_trainer {
     keep_state(session, p);
     admit_joiners(session, *comm_);
   }
-  std::optional<TrainPosition> resume_kept(ElasticSession& session) {
+  std::optional<TrainPosition> resume_kept(ElasticSession& session, std::string* extra = nullptr) {
     RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
-    auto pos = ddp::resume_kept(session, *comm_, ddp_.module(), opt_, &round);
+    auto pos = ddp::resume_kept(session, *comm_, ddp_.module(), opt_, &round, extra);
     if (pos) apply_round_state(round, nullptr);
     return pos;
   }

@@ -276,10 +276,6 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   // Waits for every async collective issued so far; rethrows the first error.
   void synchronize() { queue_.drain(); }
 
- private:
-  friend class detail::CollectiveFrontEnd<GlooBackend>;
-  friend struct detail::AllReduceExecutor<GlooBackend>;
-
   // The address peers reach this rank at: the one routing to MASTER_ADDR (a loopback MASTER_ADDR gives
   // 127.0.0.1), else this host's name.
   static std::string default_host(std::string const& master) {
@@ -289,6 +285,10 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
     if (::gethostname(name, sizeof name - 1) == 0 && name[0] != '\0') return name;
     return "127.0.0.1";
   }
+
+ private:
+  friend class detail::CollectiveFrontEnd<GlooBackend>;
+  friend struct detail::AllReduceExecutor<GlooBackend>;
 
   template <class S>
   static constexpr void check_space() {
