@@ -119,6 +119,7 @@ std::optional<Config> parse(int argc, char** argv) {
   c.reduction =
       examples::reduction_choice(f, c.backend == examples::Backend::kThreads ? c.world_size : 0, c.global_batch);
   c.local = examples::local_choice(f, c.reduction, c.backend);
+  c.checkpoints = examples::checkpoint_flags(f);
   c.elastic = f.boolean("elastic");
   c.min_world_size = static_cast<int>(f.at_least("min-world-size", 1));
   if (f.is_set("min-world-size") && !c.elastic) throw ArgumentError("fashion_mnist: --min-world-size is for --elastic");
@@ -135,10 +136,10 @@ std::optional<Config> parse(int argc, char** argv) {
       throw ArgumentError(detail::cat("fashion_mnist: --elastic with ",
                                       c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
                                       ": the replicas are not kept in memory; use --checkpoint with --resume auto"));
-    if (c.reduction.zero > 0)
+    if (c.reduction.zero > 0 && !c.checkpoints.writes())
       throw ArgumentError(detail::cat("fashion_mnist: --elastic with --zero ", c.reduction.zero,
-                                      ": a lost rank's optimizer shard is not recovered yet; use --zero 0, or "
-                                      "--checkpoint with --resume auto"));
+                                      " needs --checkpoint FILE (with --checkpoint-every K): a lost rank's optimizer "
+                                      "shard comes back from the newest checkpoint"));
   }
   if (c.local.on() && c.device == "cuda")
     throw ArgumentError(detail::cat("fashion_mnist: ", c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
@@ -179,7 +180,6 @@ std::optional<Config> parse(int argc, char** argv) {
     throw ArgumentError(detail::cat("fashion_mnist: --batch-size ", c.global_batch,
                                     " must be a multiple of --world-size ", c.world_size, " (it is the global batch)"));
   c.data_dir = user_path(f.str("data-dir"));
-  c.checkpoints = examples::checkpoint_flags(f);
   c.trace_dir = user_path(f.str("trace"));
   c.out_dir = user_path(f.str("out"));
   for (auto const* d : {&c.trace_dir, &c.out_dir}) make_directory(*d, "fashion_mnist");

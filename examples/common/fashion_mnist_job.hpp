@@ -123,7 +123,25 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   EpochLoss resumed_loss;  // the interrupted epoch's train loss so far (a mid-epoch checkpoint's)
   std::string history;
   std::optional<Resumed> resumed;
-  if constexpr (kElastic) {
+  // Under ZeRO stage 1 or 2 a lost rank's optimizer shard went with it: after a change every rank takes the whole
+  // state back from the newest checkpoint (--checkpoint, required with --elastic --zero), and the steps since are
+  // redone.
+  bool const sharded = cfg.reduction.zero > 0;
+  if (session && session->generation() > 0 && sharded) {
+    CheckpointFlags newest = cfg.checkpoints;
+    newest.from = ResumeFrom::kNewest;
+    resumed = examples::resume_job(t, newest, &history, &resumed_loss);
+    session->note_resumed(rank, resumed ? resumed->position.global_step : -1);
+    if (leader) {
+      std::printf(
+          "ddp elastic: ZeRO-%d: the lost rank's optimizer shard went with it; the state came back from checkpoint "
+          "%s%s\n",
+          cfg.reduction.zero, resumed ? resumed->file.string().c_str() : cfg.checkpoints.file.string().c_str(),
+          resumed ? detail::cat(" (step ", resumed->position.global_step, "), and the steps since are redone").c_str()
+                  : " (none written yet: the job starts over)");
+      std::fflush(stdout);
+    }
+  } else if constexpr (kElastic) {
     if (session && session->generation() > 0) {
       if (auto p = t.resume_kept(*session, &history)) resumed = Resumed{*p, "(the state kept in memory)"};
     } else {
@@ -174,7 +192,8 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
                                 // Deterministic mode keys the masks by each sample's place in the global batch instead.
                                 if (!cfg.reduction.deterministic) reseed_dropouts(net, cfg.seed, rank, p.epoch, p.step);
                                 if constexpr (kElastic)
-                                  if (session) t.keep_state(*session, at(p.epoch, p.step, p.global_step), log.csv());
+                                  if (session && !sharded)
+                                    t.keep_state(*session, at(p.epoch, p.step, p.global_step), log.csv());
                                 schedule.start_step(p.global_step);
                               },
                           .after_step =

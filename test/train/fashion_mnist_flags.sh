@@ -67,7 +67,7 @@ expect "--keep-checkpoints must be at least 1, got 0" --keep-checkpoints 0 --che
 expect "--checkpoint /tmp/ names a directory; give a file" --checkpoint /tmp/
 expect "--elastic with --backend mpi: MPICH cannot shrink a communicator" --elastic --backend mpi
 expect "--elastic is for --backend gloo" --elastic
-expect "--elastic with --zero 1: a lost rank's optimizer shard is not recovered yet" --elastic --backend gloo --zero 1
+expect "--elastic with --zero 1 needs --checkpoint FILE" --elastic --backend gloo --zero 1
 expect "--elastic with --local-sgd: the replicas are not kept in memory" --elastic --backend gloo --local-sgd 4
 expect "--min-world-size is for --elastic" --min-world-size 2
 expect "unexpected argument 'extra'" extra

@@ -13,12 +13,16 @@
 //                    [&](ddp::GlooBackend& comm, ddp::ElasticSession& session) { ...as on threads... },
 //                    {.min_world_size = 2});
 //
+// A peer killed mid-collective leaves sockets whose next write raises SIGPIPE, which would end this process silently
+// (Gloo's TCP transport writes without MSG_NOSIGNAL): run_elastic ignores SIGPIPE for the process, so the write fails
+// with EPIPE and the loss is handled like any other.
 // The store must outlive the ranks that can be lost: a file store (DDP_STORE_FILE), torchrun's agent, or rank 0's
 // TCP store while rank 0 lives (losing rank 0 there loses the store: every survivor then fails, naming it).
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -53,6 +57,7 @@ ElasticReport run_elastic(std::shared_ptr<Store> store, int rank, int world_size
   if (opts.min_world_size < 1 || opts.min_world_size > world_size)
     throw ArgumentError(detail::cat("elastic: min_world_size must be in [1, ", world_size, "] (the world size), got ",
                                     opts.min_world_size));
+  std::signal(SIGPIPE, SIG_IGN);
   detail::StoreMembership membership(store, opts.min_world_size, opts.regroup_timeout);
   ElasticReport report;
   ElasticSession session(rank, {.joiners_waiting = {}, .max_world_size = 0, .record = [&](MembershipChange c) {
