@@ -5,7 +5,8 @@
 # from the newest checkpoint (--checkpoint-every). The other three go on at world size 3 without a restart,
 # exit 0 and print the uninterrupted run's weights digest; rank 0 says which rank was lost, at which step, and how
 # long the regroup took; the time from the kill to that line is at most the collective deadline plus two steps. With
-# --min-world-size 2, losing one of two ranks ends the other with an error naming it.
+# --min-world-size 2, losing one of two ranks ends the other with an error naming it; losing the store's host (rank 0
+# serving a TCP store) ends the others with an error naming the store.
 set -euo pipefail
 bin="$(realpath "$1")"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/elastic"
@@ -80,7 +81,8 @@ for scenario in file env zero1; do
   [[ "${BASH_REMATCH[1]}" == "${BASH_REMATCH[2]}" ]] || fail "$name: resumed at another step: $line"
   step_ms=$(sed -n 's/.*(\([0-9.]*\) ms\/step.*/\1/p' "$dir/$name.rank0.log" | tail -1)
   took=$(awk -v a="$killed_at" -v b="$seen" 'BEGIN { printf "%.2f", b - a }')
-  awk -v t="$took" -v d="$deadline" -v s="${step_ms:-1000}" 'BEGIN { exit !(t <= d + 2 * s / 1000 + 0.2) }' ||
+  # (+1 s: the 0.1 s polling here and restoring the state, which the line waits for)
+  awk -v t="$took" -v d="$deadline" -v s="${step_ms:-1000}" 'BEGIN { exit !(t <= d + 2 * s / 1000 + 1) }' ||
     fail "$name: the change line came $took s after the kill (deadline $deadline s, steps of $step_ms ms)"
   for r in 0 1 3; do
     got=$(digest_of "$dir/$name.rank$r.log")
@@ -105,3 +107,20 @@ grep -Eq "lost rank 1 \(ended: [^)]*connection closed[^)]*\); the 1 left are few
   "$dir/below.rank0.log" || fail "below: rank 0's error does not name rank 1 and the minimum"
 wait "${pids[1]}" || true
 echo "PASS: --min-world-size 2 with one of two ranks lost: $(grep -o 'ddp elastic: .*' "$dir/below.rank0.log")"
+
+# The store's host lost (rank 0 serving a TCP store, killed): the job cannot regroup without its store, so every
+# survivor fails, naming the store, within two (here 8 s) deadlines. The store does not move.
+deadline=8
+start 3 env storehost "${common[@]}"
+kill_rank storehost 0
+start_wait=$SECONDS
+for r in 1 2; do wait "${pids[$r]}" && fail "storehost: rank $r went on without the store"; done
+# Within two deadlines: a survivor whose collective waits on the other learns of the loss only once that one's store
+# call has waited out its timeout (measured: 8 s or 16 s with an 8 s deadline).
+((SECONDS - start_wait <= 2 * deadline + 2)) || fail "storehost: the survivors took $((SECONDS - start_wait)) s to end"
+for r in 1 2; do
+  grep -q "ddp elastic: rank $r of 3 lost the job's store (TCP store 127.0.0.1:" "$dir/storehost.rank$r.log" ||
+    fail "storehost: rank $r's error does not name the lost store"
+done
+wait "${pids[0]}" || true
+echo "PASS: the store's host (rank 0) lost: ranks 1 and 2 end in $((SECONDS - start_wait)) s naming the store"

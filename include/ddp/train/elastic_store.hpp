@@ -88,6 +88,19 @@ ElasticReport run_elastic(std::shared_ptr<Store> store, int rank, int world_size
           peer = std::any_of(known.begin(), known.end(), [&](PeerStatus const& s) { return s.rank != r; });
         } catch (...) {}
         if (!peer) {
+          // No peer known lost: maybe the store is what went (rank 0 serving it ended). Without it the ranks cannot
+          // regroup: say so, naming the store, rather than a collective's error.
+          try {
+            (void)store->check({"elastic/alive"});
+          } catch (std::exception const& lost) {
+            throw CommError(detail::cat("ddp elastic: rank ", r, " of ", n, " lost the job's store (",
+                                        store->describe(), ": ", lost.what(),
+                                        "): its host ended (rank 0, when rank 0 serves it), and the ranks cannot "
+                                        "regroup without it; to survive losing rank 0, keep the store elsewhere "
+                                        "(DDP_STORE_FILE, torchrun's agent). The collective's error: ",
+                                        detail::describe(e)),
+                            r);
+          }
           membership.post_failed(g, r, detail::describe(e));
           throw;
         }

@@ -250,8 +250,8 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
     // Say so before the connections close (the members go after this body), so a peer still in a collective
     // with this rank names it rather than guessing. The add waits for the store's answer: the set reached it.
     try {
-      if (context_ && n_ > 1) {
-        store_->set(detail::cat("gloo_left/", rank_), {'1'});
+      if (context_ && n_ > 1 && !store_lost_.load(std::memory_order_acquire)) {  // (a lost store would make each
+        store_->set(detail::cat("gloo_left/", rank_), {'1'});                    // post wait out its timeout)
         store_->add("gloo_left_count", 1);
       }
     } catch (...) {  // the store's host ended first: the peers fall back on Gloo's addresses and the reports
@@ -396,6 +396,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
       peers_.note_all(statuses);
       return who;
     } catch (Error const&) {  // the store is gone too (its host ended): Gloo's message alone
+      store_lost_.store(true, std::memory_order_release);
       return {};
     }
   }
@@ -566,7 +567,8 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   std::shared_ptr<::gloo::Context> context_;
   std::uint64_t calls_ = 0;  // collectives issued (their sequence numbers and Gloo tags); one thread at a time
   std::atomic<bool> broken_{false};
-  std::vector<char> scratch_;  // reduce_scatter's copy of its input
+  std::atomic<bool> store_lost_{false};  // blame found the store gone: the destructor does not post to it
+  std::vector<char> scratch_;            // reduce_scatter's copy of its input
   std::unique_ptr<detail::GlooStallWatch> stall_;
   detail::AllReduceQueue<GlooBackend> queue_;
 };
