@@ -1,28 +1,33 @@
-// In-place shrink on the threads backend: a rank that fails (throws, e.g. std::bad_alloc, or stalls past the
-// deadline) is dropped and the others go on at N-1 without a restart, from the state at the start of the step it
-// interrupted, kept in memory.
+// Elastic training in place, on the threads backend: a rank that fails (throws, e.g. std::bad_alloc, or stalls past
+// the deadline) is dropped and the others go on at N-1 without a restart, from the state at the start of the step it
+// interrupted, kept in memory; a rank added with ElasticThreads::add_rank joins at the next step boundary.
 //
-//   auto report = ddp::elastic_spawn(4, [&](ddp::ThreadsBackend& comm, ddp::ElasticSession& session) {
+//   ddp::ElasticThreads job(4, [&](ddp::ThreadsBackend& comm, ddp::ElasticSession& session) {
 //     auto model = make_model();
 //     ddp::basic_trainer<...> t(model, comm, ...);
 //     ddp::TrainPosition pos;
-//     if (auto p = t.resume_kept(session)) pos = *p;       // after a shrink: the interrupted step's start
+//     if (auto p = t.resume_kept(session)) pos = *p;       // after a change: the interrupted step's start
 //     ... t.fit_epoch(data, {...from pos...}, loss, {.before_step = [&](ddp::StepPosition const& p) {
-//           t.keep_state(session, p);                       // every step: a copy of the state, in memory
+//           t.elastic_step(session, p);                     // keep the state; admit joiners
 //         }});
-//   }, {.min_world_size = 2});
+//   }, {.min_world_size = 2, .max_world_size = 4});
+//   job.add_rank();
+//   auto report = job.wait();
 //
-// elastic_spawn runs the body once per generation on every surviving rank's thread: the body builds its model and
-// trainer on the generation's ThreadsBackend and resumes from what was kept. keep_state copies the model, the optimizer
-// state and the position (capture_checkpoint: no collective, so a failing peer cannot stall it) and keeps the last two.
-// resume_kept (collective, in the new generation) agrees on the earliest step every survivor still holds, has the new
-// rank 0 send its copy, and loads it as load_checkpoint loads a file at another world size. In deterministic mode
-// (ExactSum with MicroBatches) every later step's weights are bitwise those of the run that never lost a rank; with
-// another reduction, within float reordering. Each change is one line ("rank 2 lost at step 5 (it failed:
-// std::bad_alloc); continuing at world size 3 from step 5 after 0.02 s") and an entry of the returned report.
-// Not kept: ZeRO's shards, local rounds' replicas (both need collectives to gather; refused at compile time), the
-// gradient wire's state (PowerSGD's starts again) and the interrupted epoch's loss so far (its report then covers
-// the steps from the resumption on).
+// The body runs once per generation on every rank's thread: it builds its model and trainer on the generation's
+// ThreadsBackend and resumes from what was kept. keep_state copies the model, the optimizer state and the position
+// (capture_checkpoint: no collective, so a failing peer cannot stall it) and keeps the last two; admit_joiners agrees
+// at the step boundary on admitting ranks that asked (one all-reduce, only when the job may grow). resume_kept
+// (collective, in the new generation) agrees on the earliest step every holder still has, has rank 0 send its copy,
+// and loads it as load_checkpoint loads a file at another world size. In deterministic mode (ExactSum with
+// MicroBatches) every later step's weights are bitwise those of the run that never changed; with another reduction,
+// within float reordering. Each change is one line ("ddp elastic: rank 2 lost at step 5 (it failed: std::bad_alloc);
+// continuing at world size 3 from step 5 after 0.02 s") and an entry of the report. Ranks that are processes use
+// run_elastic (train/elastic_store.hpp) with the same ElasticSession.
+// Not kept: local rounds' replicas (refused at compile time) and ZeRO stage 1/2 shards (refused when kept: gathering
+// either needs a collective; the main job takes those from its newest checkpoint instead), the gradient wire's state
+// (PowerSGD's starts again) and the interrupted epoch's loss so far (its report then covers the steps from the
+// resumption on).
 #pragma once
 
 #include <algorithm>
