@@ -39,7 +39,9 @@ if [[ "$mode" == torchrun ]]; then
     echo "SKIPPED: torchrun is not installed (Debian's python3-torch provides it)"
     exit 0
   fi
-  timeout 300 torchrun --redirects 1 --tee 1 --nproc_per_node=2 --no_python "$bin" "${common[@]}" --backend gloo \
+  # (a port of its own: torchrun's default 29500 may be another test's at the same moment)
+  timeout 300 torchrun --master_port=$((20000 + RANDOM % 20000)) --redirects 1 --tee 1 --nproc_per_node=2 \
+    --no_python "$bin" "${common[@]}" --backend gloo \
     >"$dir/torchrun.log" 2>&1 || fail "torchrun exited non-zero"
   got=$(digest_of "$dir/torchrun.log")
   [[ "$got" == "$ref" ]] || fail "torchrun, 2 ranks: weights $got, threads: $ref"

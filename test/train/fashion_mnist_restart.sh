@@ -65,7 +65,7 @@ if command -v torchrun >/dev/null; then
     if [[ $model == mlp ]]; then flags=("${mlp[@]}" --checkpoint-every 100); ref=$mlp_ref; else
       flags=("${cnn[@]}" --checkpoint-every 16); ref=$cnn_ref; fi
     ck="$dir/$model.torchrun.ckpt"
-    DDP_TIMEOUT=20 timeout 300 torchrun --max_restarts 1 --redirects 1 --tee 1 --nproc_per_node=2 --no_python "$bin" \
+    DDP_TIMEOUT=20 timeout 300 torchrun --master_port=$((20000 + RANDOM % 20000)) --max_restarts 1 --redirects 1 --tee 1 --nproc_per_node=2 --no_python "$bin" \
       "${common[@]}" "${flags[@]}" --backend gloo --checkpoint "$ck" --resume auto \
       >"$dir/$model.torchrun.log" 2>&1 &
     launcher=$!

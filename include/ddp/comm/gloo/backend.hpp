@@ -366,7 +366,16 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
         bool const timed_out = what.find("imed out") != std::string::npos;
         store_->set(detail::cat("gloo_failed/", seq, "/", rank_), {'1'});
         auto const grace = std::min<std::chrono::milliseconds>(timeout_ / 2, std::chrono::seconds(5));
-        std::this_thread::sleep_for(grace);
+        // Wait out the grace, or less: until a peer posts the first cause (a rank next to the one that ended names it
+        // at once), or until every peer has reported a failure of its own (then none is silent).
+        auto const until = std::chrono::steady_clock::now() + grace;
+        auto const all_reported = [&] {
+          for (int q = 0; q < n_; ++q)
+            if (q != rank_ && !store_->check({detail::cat("gloo_failed/", seq, "/", q)})) return false;
+          return true;
+        };
+        while (std::chrono::steady_clock::now() < until && !store_->check({key}) && !all_reported())
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
         if (store_->check({key})) return posted();
         std::vector<int> silent;
         for (int q = 0; q < n_; ++q)
