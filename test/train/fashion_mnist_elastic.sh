@@ -13,7 +13,10 @@ dir="${TEST_TMPDIR:-$(mktemp -d)}/elastic"
 rm -rf "$dir" && mkdir -p "$dir"
 fail() {
   echo "FAIL: $*"
-  for f in "$dir"/*.log; do echo "== $f" && tail -6 "$f"; done
+  for f in "$dir"/*.log; do
+    echo "== $f" && tail -6 "$f"
+    grep "^ddp elastic: " "$f" || true  # the membership changes this rank saw
+  done
   exit 1
 }
 deadline=20  # DDP_TIMEOUT: the collective deadline, seconds

@@ -112,5 +112,11 @@ inline std::pair<std::vector<PeerStatus>, std::string> decode_cause(std::string_
   return {std::move(statuses), std::string(s)};
 }
 
+// The store key a rank sets, in its backend's store, as soon as one of its collectives fails and before it looks for
+// the cause: it is alive and handling the failure. Ranks fail at different collectives (one may be a collective
+// behind its peers), so "posted no failure for this collective" does not mean "gone": a peer that set this key is
+// never judged silent (GlooBackend's blame), nor counted lost by a regroup before it asks (StoreMembership).
+inline std::string broken_key(int rank) { return "ddp_broken/" + std::to_string(rank); }
+
 }  // namespace detail
 }  // namespace ddp

@@ -333,6 +333,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   // up on them, do not blame the peer that gave up.
   std::string blame(std::string const& what, std::uint64_t seq) {
     try {
+      store_->set(detail::broken_key(rank_), {'1'});  // alive, handling it (at whatever collective the peers are)
       std::string const key = detail::cat("gloo_failure/", seq);
       auto const posted = [&] {  // the first cause, as a rank posted it: its statuses noted, its text returned
         auto const v = store_->get(key, timeout_);
@@ -369,9 +370,14 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
         // Wait out the grace, or less: until a peer posts the first cause (a rank next to the one that ended names it
         // at once), or until every peer has reported a failure of its own (then none is silent).
         auto const until = std::chrono::steady_clock::now() + grace;
+        // A peer reported when it posted a failure of this collective, or broke at another one (a collective behind
+        // or ahead of this rank): either way it is alive, not silent.
+        auto const reported = [&](int q) {
+          return store_->check({detail::cat("gloo_failed/", seq, "/", q)}) || store_->check({detail::broken_key(q)});
+        };
         auto const all_reported = [&] {
           for (int q = 0; q < n_; ++q)
-            if (q != rank_ && !store_->check({detail::cat("gloo_failed/", seq, "/", q)})) return false;
+            if (q != rank_ && !reported(q)) return false;
           return true;
         };
         while (std::chrono::steady_clock::now() < until && !store_->check({key}) && !all_reported())
@@ -379,7 +385,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
         if (store_->check({key})) return posted();
         std::vector<int> silent;
         for (int q = 0; q < n_; ++q)
-          if (q != rank_ && !store_->check({detail::cat("gloo_failed/", seq, "/", q)})) silent.push_back(q);
+          if (q != rank_ && !reported(q)) silent.push_back(q);
         if (!silent.empty()) {
           who = timed_out
                     ? detail::cat(detail::rank_list(silent), silent.size() == 1 ? " was" : " were",

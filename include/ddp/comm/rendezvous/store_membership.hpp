@@ -4,8 +4,10 @@
 // rank that fails on its own posts that too. The next generation forms once every rank of g has asked or is known
 // lost, or at the regroup deadline without the ranks that did neither: the first rank to get there claims the
 // formation (an atomic add) and writes the members, the askers in their old order; every other rank reads them.
-// Keys, under "elastic/<g>/": ask/<r> (its known losses, encode_cause), failed/<r> (its own failure), claim,
-// members ("0 1 3"). The new generation's collectives use keys under "elastic/<g+1>/" (prefix()).
+// A peer's judgement from its collective alone (ended, stalled) does not count a rank lost while that rank is alive and
+// handling a failure of its own (broken_key in generation g's store: it broke at another collective than the
+// judge's); it will ask. Keys, under "elastic/<g>/": ask/<r> (its known losses, encode_cause), failed/<r> (its own
+// failure), claim, why (how it formed, for a rank left out), members ("0 1 3"). The new generation's collectives use keys under "elastic/<g+1>/" (prefix()).
 #pragma once
 
 #include <algorithm>
@@ -74,9 +76,15 @@ class StoreMembership {
       bool const settled = static_cast<int>(askers.size() + lost.size()) >= world_size;
       if (settled || Clock::now() >= deadline) {
         if (store_->add(key(generation, "claim"), 1) == 1) {
-          auto const [final_askers, ignored] = survey(generation, world_size);
-          std::string list;
+          auto const [final_askers, final_lost] = survey(generation, world_size);
+          std::string list, why;
           for (int r : final_askers) list += cat(list.empty() ? "" : " ", r);
+          for (auto const& s : final_lost)
+            why += cat(why.empty() ? "" : ", ", "rank ", s.rank, " ", state_name(s.state), ": ", s.reason);
+          // (for a rank left out: how the others decided without it; set before the members, which it waits for)
+          set(key(generation, "why"), cat("formed by rank ", rank,
+                                          settled ? " once every rank had asked or was known lost" : " at its deadline",
+                                          why.empty() ? std::string() : cat(" (known lost: ", why, ")")));
           set(members_key, list);
         }
         break;
@@ -99,10 +107,16 @@ class StoreMembership {
     }
     f.world_size = static_cast<int>(f.members.size());
     auto const me = std::find(f.members.begin(), f.members.end(), rank);
-    if (me == f.members.end())
+    if (me == f.members.end()) {
+      std::string why;
+      try {
+        auto const v = store_->get(key(generation, "why"), timeout_);
+        why = cat("; ", std::string(v.begin(), v.end()));
+      } catch (Error const&) {}
       throw CommError(cat("ddp elastic: rank ", rank, " of generation ", generation, " was left out of generation ",
-                          generation + 1, ": it asked to regroup after the others had formed it"),
+                          generation + 1, ": it asked to regroup after the others had formed it", why),
                       rank);
+    }
     if (f.world_size < min_) {
       std::string who;
       for (auto const& s : f.lost)
@@ -140,8 +154,14 @@ class StoreMembership {
         for (auto const& s : decode_cause(std::string_view(v.data(), v.size())).first) note(s);
       }
     }
+    // A rank a peer judged lost from its collective alone (ended, stalled) but that is handling a failure of its own
+    // (broken_key) is alive: it will ask, or post its failure. Not lost until it does, or until the deadline.
+    auto const gen_store = prefix(generation);
     std::erase_if(lost, [&](PeerStatus const& s) {
-      return s.rank < 0 || s.rank >= world_size || std::find(askers.begin(), askers.end(), s.rank) != askers.end();
+      if (s.rank < 0 || s.rank >= world_size || std::find(askers.begin(), askers.end(), s.rank) != askers.end())
+        return true;
+      bool const posted_failure = store_->check({key(generation, cat("failed/", s.rank))});
+      return !posted_failure && gen_store->check({broken_key(s.rank)});
     });
     return {askers, lost};
   }
