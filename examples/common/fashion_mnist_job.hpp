@@ -127,6 +127,7 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   // state back from the newest checkpoint (--checkpoint, required with --elastic --zero), and the steps since are
   // redone.
   bool const sharded = cfg.reduction.zero > 0;
+  if (session) t.list_changes_from(*session);
   if (session && session->generation() > 0 && sharded) {
     CheckpointFlags newest = cfg.checkpoints;
     newest.from = ResumeFrom::kNewest;
@@ -236,6 +237,14 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
     log.add(m);
     if (leader) {
       std::printf("%s\n", format_epoch_summary(m, cfg.epochs).c_str());
+      if (!r.membership_changes.empty()) {  // --elastic: what the epoch went through (each said when it happened)
+        std::string changes;
+        for (auto const& c : r.membership_changes)
+          changes += detail::cat(changes.empty() ? "" : ", ", c.from_world_size, " -> ", c.to_world_size,
+                                 " ranks at step ", c.step);
+        std::printf("epoch %lld/%lld: membership changes: %s\n", static_cast<long long>(epoch + 1),
+                    static_cast<long long>(cfg.epochs), changes.c_str());
+      }
       if (auto const scale = t.loss_scale())
         std::printf("loss scale %g (%lld steps skipped for an overflow so far)\n", *scale,
                     static_cast<long long>(t.loss_scale_skipped_steps()));

@@ -4,6 +4,7 @@
 // survivor gets the same error, naming what was lost.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -41,6 +42,8 @@ inline std::vector<float> weights(Trainer& t) {
 // rank that finishes writes its weights into `out[first_rank]`, and the steps its last generation ran into `ran`
 // (a resumption that started over would train every step again, and end with the same bits in deterministic mode).
 inline std::vector<std::int64_t> ran(5);
+// [first_rank]: the changes its fit_epoch results listed, every generation's, as (epoch, step, world size after).
+inline std::vector<std::vector<std::array<std::int64_t, 3>>> listed(5);
 template <class Fault>
 void train(ThreadsBackend& comm, ElasticSession& session, std::vector<std::vector<float>>& out, Fault const& fault) {
   auto const data = test::blobs(103, 1);
@@ -61,6 +64,8 @@ void train(ThreadsBackend& comm, ElasticSession& session, std::vector<std::vecto
                          },
                      .after_step = {}});
     pos.global_step = r.global_step;
+    for (auto const& c : r.membership_changes)
+      listed[static_cast<std::size_t>(session.first_rank())].push_back({e, c.step, c.to_world_size});
   }
   out[static_cast<std::size_t>(session.first_rank())] = weights(t);
   ran[static_cast<std::size_t>(session.first_rank())] = steps;
@@ -80,6 +85,7 @@ inline std::vector<float> uninterrupted() {
 TEST_CASE("elastic: a rank that throws std::bad_alloc at step 5 is dropped; 3 ranks go on from step 5, bitwise") {
   using namespace elastic_test;
   auto const whole = uninterrupted();
+  listed.assign(5, {});
   std::vector<std::vector<float>> out(4);
   std::vector<std::string> lines;
   auto const report = elastic_spawn(4,
@@ -107,12 +113,16 @@ TEST_CASE("elastic: a rank that throws std::bad_alloc at step 5 is dropped; 3 ra
   CHECK(out[2].empty());
   for (int r : {0, 1, 3}) CHECK(out[static_cast<std::size_t>(r)] == whole);
   CHECK(ran[0] == 16 - 5);  // generation 1 trained steps 5..15 only
+  // basic_trainer's epoch results list the change in the epoch it resumed (epoch 0 of 8 steps), on every survivor.
+  for (int r : {0, 1, 3})
+    CHECK(listed[static_cast<std::size_t>(r)] == std::vector<std::array<std::int64_t, 3>>{{0, 5, 3}});
 }
 
 TEST_CASE("elastic: two losses in a row, 4 -> 3 -> 2, and a rank stalled past the deadline, bitwise") {
   using namespace elastic_test;
   auto const whole = uninterrupted();
   {
+    listed.assign(5, {});
     std::vector<std::vector<float>> out(4);
     auto const report = elastic_spawn(4,
                                       [&](ThreadsBackend& comm, ElasticSession& s) {
@@ -132,6 +142,9 @@ TEST_CASE("elastic: two losses in a row, 4 -> 3 -> 2, and a rank stalled past th
     CHECK(out[1] == whole);
     CHECK(out[3] == whole);
     CHECK(ran[1] == 16 - 10);
+    // Each epoch's result lists the change that resumed in it (steps 0-7 are epoch 0, 8-15 epoch 1): epoch 0's in
+    // generation 1, epoch 1's in generation 2.
+    CHECK(listed[3] == std::vector<std::array<std::int64_t, 3>>{{0, 3, 3}, {1, 10, 2}});
   }
   {  // Rank 1 sleeps through the collective deadline (0.3 s) and the regroup's (0.3 s): it is left out.
     std::vector<std::vector<float>> out(4);
@@ -172,6 +185,7 @@ TEST_CASE("elastic: a rank added at a step boundary joins 3 -> 4, bitwise; then 
   using namespace elastic_test;
   auto const whole = uninterrupted();
   {
+    listed.assign(5, {});
     std::vector<std::vector<float>> out(4);
     std::atomic<bool> reached{false};
     std::vector<std::string> lines;

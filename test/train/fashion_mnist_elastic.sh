@@ -82,6 +82,9 @@ for scenario in file env zero1; do
   [[ "$line" =~ ^ddp\ elastic:\ rank\ 2\ lost\ at\ step\ ([0-9]+)\ \(it\ ended:\ [^\)]*connection\ closed[^\)]*\)\;\ continuing\ at\ world\ size\ 3\ from\ step\ ([0-9]+)\ after ]] ||
     fail "$name: unexpected change line: $line"
   [[ "${BASH_REMATCH[1]}" == "${BASH_REMATCH[2]}" ]] || fail "$name: resumed at another step: $line"
+  # The trainer's epoch result lists the change, and the job prints it after the epoch's summary.
+  grep -q "^epoch 1/1: membership changes: 4 -> 3 ranks at step ${BASH_REMATCH[1]}\$" "$dir/$name.rank0.log" ||
+    fail "$name: rank 0 did not list the change after the epoch"
   step_ms=$(sed -n 's/.*(\([0-9.]*\) ms\/step.*/\1/p' "$dir/$name.rank0.log" | tail -1)
   took=$(awk -v a="$killed_at" -v b="$seen" 'BEGIN { printf "%.2f", b - a }')
   # (+1 s: the 0.1 s polling here and restoring the state, which the line waits for)
@@ -117,7 +120,13 @@ deadline=8
 start 3 env storehost "${common[@]}"
 kill_rank storehost 0
 start_wait=$SECONDS
-for r in 1 2; do wait "${pids[$r]}" && fail "storehost: rank $r went on without the store"; done
+for r in 1 2; do
+  rc=0
+  wait "${pids[$r]}" || rc=$?
+  ((rc != 0)) || fail "storehost: rank $r went on without the store"
+  # (1: the job's error; 128+N: the process died of signal N, which no code path of the job sends)
+  ((rc < 128)) || fail "storehost: rank $r died of signal $((rc - 128)) instead of ending with an error"
+done
 # Within two deadlines: a survivor whose collective waits on the other learns of the loss only once that one's store
 # call has waited out its timeout (measured: 8 s or 16 s with an 8 s deadline).
 ((SECONDS - start_wait <= 2 * deadline + 2)) || fail "storehost: the survivors took $((SECONDS - start_wait)) s to end"

@@ -180,9 +180,12 @@ class ElasticSession {
   bool may_grow(int world_size) const noexcept { return runner_.max_world_size > world_size; }
   std::int64_t joiners_waiting() const { return runner_.joiners_waiting ? runner_.joiners_waiting() : 0; }
 
-  // For resume_kept: this generation's change, recorded once by its rank 0.
+  // The membership changes this rank went through (its own view: its seconds), oldest first.
+  std::vector<MembershipChange> const& changes() const noexcept { return changes_; }
+
+  // For resume_kept: this generation's change, kept by every rank (changes()) and recorded (logged) by its rank 0.
   void note_resumed(int rank, std::int64_t step) {
-    if (rank != 0 || !change_) return;
+    if (!change_) return;
     auto const& f = *change_;
     MembershipChange c{.generation = generation_,
                        .from_world_size = f.from_world_size,
@@ -208,7 +211,8 @@ class ElasticSession {
                          step >= 0 ? detail::cat(" from step ", step) : std::string(" from the start"), " after ",
                          seconds_text(c.seconds));
     change_.reset();
-    if (runner_.record) runner_.record(std::move(c));
+    changes_.push_back(c);
+    if (rank == 0 && runner_.record) runner_.record(std::move(c));
   }
 
  private:
@@ -235,6 +239,7 @@ class ElasticSession {
   int first_rank_ = 0;
   Runner runner_;
   std::optional<Change> change_;
+  std::vector<MembershipChange> changes_;
   std::array<std::any, 2> kept_{};
   std::array<std::int64_t, 2> steps_{-1, -1};
 };

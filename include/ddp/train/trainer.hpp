@@ -118,6 +118,10 @@ struct EpochResult {
                                     // (DdpOptions::non_finite = NonFinite::kSkipStep, or an overflow under
                                     // TrainerOptions::loss_scaling): no optimizer step
   bool stopped = false;             // an after_step hook returned StepControl::kStop (on this rank)
+  // Elastic training: the membership changes that resumed within this epoch (their step in it), as this rank saw
+  // them; from the ElasticSession the trainer was given (resume_kept, keep_state). A change interrupts fit_epoch, so
+  // these are the ones before this call, which resumed the epoch.
+  std::vector<MembershipChange> membership_changes{};
   bool complete() const noexcept { return end_step == steps_in_epoch; }
 };
 
@@ -213,6 +217,11 @@ class basic_trainer {
     r.global_step = start.global_step + rounds;
     r.skipped_steps = (scaler_ ? scaler_->skipped_steps() : ddp_.skipped_steps()) - skipped_before;
     r.train = meter_->finish(*comm_);
+    if (session_ != nullptr) {
+      std::int64_t const first = start.global_step - start.step;  // the epoch's first step
+      for (auto const& c : session_->changes())
+        if (c.step >= first && c.step < r.global_step) r.membership_changes.push_back(c);
+    }
     return r;
   }
 
@@ -265,8 +274,12 @@ class basic_trainer {
   }
   // The same with the caller's position (e.g. its schedule's counter) and bytes (resume_kept hands them back).
   void keep_state(ElasticSession& session, TrainPosition const& pos, std::string_view extra = {}) {
+    session_ = &session;
     ddp::keep_state(session, ddp_.module(), opt_, pos, scaler_ ? std::optional(scaler_->state()) : std::nullopt, extra);
   }
+  // Where fit_epoch's results take their membership_changes from: done by resume_kept and keep_state; a body that
+  // calls neither (ZeRO-1/2 shards, which resume from a checkpoint after a change) says so here.
+  void list_changes_from(ElasticSession const& session) noexcept { session_ = &session; }
   // Both step-boundary duties of an elastic body, from a before_step hook: keep_state, then admit_joiners (a
   // collective when the job may grow).
   void elastic_step(ElasticSession& session, StepPosition const& p) {
@@ -274,6 +287,7 @@ class basic_trainer {
     admit_joiners(session, *comm_);
   }
   std::optional<TrainPosition> resume_kept(ElasticSession& session, std::string* extra = nullptr) {
+    session_ = &session;  // (fit_epoch's results list its changes)
     RoundState<typename M::value_type> round{.wire = ddp_.wire_state()};
     auto pos = ddp::resume_kept(session, *comm_, ddp_.module(), opt_, &round, extra);
     if (pos) apply_round_state(round, nullptr);
@@ -434,7 +448,8 @@ class basic_trainer {
   double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
   std::optional<optim::basic_grad_scaler<typename M::value_type, S>> scaler_;  // TrainerOptions::loss_scaling
   using Meter = basic_loss_meter<typename M::value_type, S>;
-  std::optional<Meter> meter_;  // the running epoch's train loss (inside fit_epoch only)
+  std::optional<Meter> meter_;               // the running epoch's train loss (inside fit_epoch only)
+  ElasticSession const* session_ = nullptr;  // an elastic body's (resume_kept, keep_state): its changes
   ddp_type ddp_;
   O opt_;
   // What clipping and loss scaling are to the DDP: readers of the whole averaged gradients.
