@@ -176,7 +176,7 @@ TEST_CASE("elastic: below the minimum world size every survivor ends with the sa
                                        });
                                      },
                                      {.min_world_size = 2}),
-                       doctest::Contains("lost rank 1 (std::bad_alloc"), CommError);
+                       doctest::Contains("lost rank 1 (failed: std::bad_alloc"), CommError);
   CHECK_THROWS_WITH_AS(elastic_spawn(2, [](ThreadsBackend&, ElasticSession&) {}, {.min_world_size = 3}),
                        doctest::Contains("min_world_size must be in [1, 2]"), ArgumentError);
 }
@@ -256,4 +256,62 @@ TEST_CASE("elastic: a rank that asks to join a job that ends first is told so, b
   REQUIRE(report.not_admitted.size() == 1);
   CHECK(report.not_admitted[0].find("rank 2 asked to join, but the job ended before the next step boundary") !=
         std::string::npos);
+}
+
+TEST_CASE("elastic: below the minimum the survivors wait for a joiner up to join_timeout, then go on, bitwise") {
+  using namespace elastic_test;
+  auto const whole = uninterrupted();
+  std::vector<std::vector<float>> out(4);
+  std::atomic<bool> failed{false};
+  std::vector<std::string> lines;
+  // 3 ranks, at least 3: rank 2 fails at step 5; a rank added after the failure takes its place.
+  ElasticThreads job(
+      3,
+      [&](ThreadsBackend& comm, ElasticSession& s) {
+        train(comm, s, out, [&](int first, std::int64_t step) {
+          if (first == 2 && step == 5) {
+            failed = true;
+            throw std::bad_alloc();
+          }
+        });
+      },
+      {.min_world_size = 3, .join_timeout = 20s, .log = [&](std::string const& l) { lines.push_back(l); }});
+  while (!failed) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(50ms);  // (the survivors are regrouping, below the minimum, when it asks)
+  CHECK(job.add_rank() == 3);
+  auto const report = job.wait();
+  REQUIRE(report.changes.size() == 1);
+  auto const& c = report.changes[0];
+  CHECK(c.from_world_size == 3);
+  CHECK(c.to_world_size == 3);
+  REQUIRE(c.lost.size() == 1);
+  CHECK(c.lost[0].rank == 2);
+  CHECK(c.joined == std::vector<int>{2});
+  CHECK(c.step == 5);
+  REQUIRE(lines.size() == 1);
+  CAPTURE(lines[0]);
+  CHECK(
+      lines[0].starts_with("ddp elastic: rank 2 lost at step 5 (it failed: std::bad_alloc); rank 2 joined; "
+                           "continuing at world size 3 from step 5 after "));
+  for (int r : {0, 1, 3}) CHECK(out[static_cast<std::size_t>(r)] == whole);
+  CHECK(ran[3] == 16 - 5);  // the joiner trained from step 5 on
+}
+
+TEST_CASE("elastic: below the minimum with no joiner, every survivor ends after join_timeout, saying so") {
+  using namespace elastic_test;
+  std::vector<std::vector<float>> out(2);
+  auto const t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(elastic_spawn(2,
+                                     [&](ThreadsBackend& comm, ElasticSession& s) {
+                                       train(comm, s, out, [](int first, std::int64_t step) {
+                                         if (first == 1 && step == 2) throw std::bad_alloc();
+                                       });
+                                     },
+                                     {.min_world_size = 2, .join_timeout = 200ms}),
+                       doctest::Contains("the 1 left are fewer than the minimum world size 2, and no rank joined "
+                                         "within 0.2 s"),
+                       CommError);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 200ms);
+  CHECK_THROWS_WITH_AS(elastic_spawn(2, [](ThreadsBackend&, ElasticSession&) {}, {.join_timeout = -1ms}),
+                       doctest::Contains("join_timeout must not be negative"), ArgumentError);
 }

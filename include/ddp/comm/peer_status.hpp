@@ -112,6 +112,21 @@ inline std::pair<std::vector<PeerStatus>, std::string> decode_cause(std::string_
   return {std::move(statuses), std::string(s)};
 }
 
+// The error every survivor of an elastic generation gets when the next would be smaller than the minimum: "ddp
+// elastic: generation 0 of world size 4 lost rank 1 (ended: its connection closed), rank 2 (failed: std::bad_alloc);
+// the 2 left are fewer than the minimum world size 3" and `after` (e.g. how long it waited for joiners).
+inline std::string below_minimum_error(std::uint64_t generation, std::size_t world_size,
+                                       std::vector<PeerStatus> const& lost, int left, int min_world_size,
+                                       std::string_view after = {}) {
+  std::string who;
+  for (auto const& s : lost)
+    who += (who.empty() ? "rank " : ", rank ") + std::to_string(s.rank) + " (" + std::string(state_name(s.state)) +
+           ": " + s.reason + ")";
+  return "ddp elastic: generation " + std::to_string(generation) + " of world size " + std::to_string(world_size) +
+         " lost " + who + "; the " + std::to_string(left) + " left are fewer than the minimum world size " +
+         std::to_string(min_world_size) + std::string(after);
+}
+
 // The store key a rank sets, in its backend's store, as soon as one of its collectives fails and before it looks for
 // the cause: it is alive and handling the failure. Ranks fail at different collectives (one may be a collective
 // behind its peers), so "posted no failure for this collective" does not mean "gone": a peer that set this key is

@@ -60,8 +60,10 @@
 namespace ddp {
 
 struct ElasticOptions {
-  // Below this many ranks the job ends with a CommError on every survivor, naming the ranks lost.
+  // Below this many ranks the survivors wait up to join_timeout for ranks added with ElasticThreads::add_rank to make
+  // up the difference; still below it, the job ends with a CommError on every survivor, naming the ranks lost.
   int min_world_size = 1;
+  std::chrono::milliseconds join_timeout{0};
   // How long survivors wait for each other to regroup; a rank that has neither failed nor asked by then (stalled
   // outside ddp's collectives) is left out.
   std::chrono::milliseconds regroup_timeout{std::chrono::seconds(30)};
@@ -95,7 +97,8 @@ struct ElasticShared {
   ElasticShared(int world_size, ElasticOptions o)
       : opts(std::move(o)),
         membership(world_size, opts.threads, opts.min_world_size,
-                   opts.max_world_size > 0 ? opts.max_world_size : world_size, opts.regroup_timeout) {}
+                   opts.max_world_size > 0 ? opts.max_world_size : world_size, opts.regroup_timeout,
+                   opts.join_timeout) {}
   int max_world_size() const noexcept { return opts.max_world_size; }
   void record(MembershipChange c) {  // logs the change's line and keeps it for the report
     if (opts.log)

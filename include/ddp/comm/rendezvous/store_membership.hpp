@@ -117,14 +117,9 @@ class StoreMembership {
                           generation + 1, ": it asked to regroup after the others had formed it", why),
                       rank);
     }
-    if (f.world_size < min_) {
-      std::string who;
-      for (auto const& s : f.lost)
-        who += cat(who.empty() ? "" : ", ", "rank ", s.rank, " (", state_name(s.state), ": ", s.reason, ")");
-      throw CommError(cat("ddp elastic: generation ", generation, " of world size ", world_size, " lost ", who,
-                          "; the ", f.world_size, " left are fewer than the minimum world size ", min_),
+    if (f.world_size < min_)
+      throw CommError(below_minimum_error(generation, static_cast<std::size_t>(world_size), f.lost, f.world_size, min_),
                       rank);
-    }
     f.rank = static_cast<int>(me - f.members.begin());
     return f;
   }

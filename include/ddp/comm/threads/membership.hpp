@@ -3,7 +3,8 @@
 // each survivor then asks for the next generation (regroup), and the failed rank leaves (leave). The next generation
 // forms once every rank of the old one has asked or left, or at the regroup deadline without the ranks that did
 // neither (a rank stalled outside ddp): a fresh ThreadsGroup of the survivors, renumbered 0..k-1 in their old order.
-// Below the minimum world size, every survivor gets the same CommError instead. A rank left out that asks later is
+// Below the minimum world size the survivors wait for joiners up to the join deadline (0: not at all); then, still
+// below it, every survivor gets the same CommError. A rank left out that asks later is
 // told so, by name. Growth: a new rank asks to join (join); the ranks see it (waiting(), agreed on at a step
 // boundary), all ask for the next generation, and it forms with the joiners after the survivors, up to the maximum
 // world size; a joiner still waiting when the job ends is told so. Nothing here knows about training: what the ranks
@@ -42,8 +43,12 @@ class ThreadsMembership {
   };
 
   ThreadsMembership(int world_size, ThreadsOptions opts, int min_world_size, int max_world_size,
-                    std::chrono::milliseconds regroup_timeout)
-      : opts_(std::move(opts)), min_(min_world_size), max_(max_world_size), timeout_(regroup_timeout) {
+                    std::chrono::milliseconds regroup_timeout, std::chrono::milliseconds join_timeout = {})
+      : opts_(std::move(opts)),
+        min_(min_world_size),
+        max_(max_world_size),
+        timeout_(regroup_timeout),
+        join_timeout_(join_timeout) {
     if (min_world_size < 1 || min_world_size > world_size)
       throw ArgumentError(
           cat("elastic: min_world_size must be in [1, ", world_size, "] (the world size), got ", min_world_size));
@@ -51,6 +56,8 @@ class ThreadsMembership {
       throw ArgumentError(cat("elastic: max_world_size ", max_world_size, " is below the world size ", world_size));
     if (regroup_timeout.count() <= 0)
       throw ArgumentError(cat("elastic: regroup_timeout must be positive, got ", regroup_timeout.count(), " ms"));
+    if (join_timeout.count() < 0)
+      throw ArgumentError(cat("elastic: join_timeout must not be negative, got ", join_timeout.count(), " ms"));
     groups_.push_back(make_threads_group(world_size, opts_));
     state_.assign(static_cast<std::size_t>(world_size), kActive);
   }
@@ -123,6 +130,11 @@ class ThreadsMembership {
                std::none_of(state_.begin(), state_.end(), [](int s) { return s == kActive; });
       };
       cv_.wait_until(lock, deadline, settled);
+      if (generation + 1 == groups_.size() && join_timeout_.count() > 0 && short_of_minimum()) {
+        // Below the minimum: wait for joiners (add_rank) to make up the difference, up to the join deadline.
+        cv_.wait_until(lock, Clock::now() + join_timeout_,
+                       [&] { return generation + 1 != groups_.size() || !short_of_minimum(); });
+      }
       if (generation + 1 == groups_.size()) form(generation);
     }
     Formation const& f = formed_.at(generation);
@@ -137,6 +149,11 @@ class ThreadsMembership {
 
  private:
   enum : int { kActive, kAsking, kGone };
+
+  bool short_of_minimum() const {  // holding m_: the askers and the joiners that fit are fewer than the minimum
+    int const askers = static_cast<int>(std::count(state_.begin(), state_.end(), kAsking));
+    return askers + std::min(static_cast<int>(waiting_.size()), std::max(0, max_ - askers)) < min_;
+  }
 
   void form(std::uint64_t generation) {  // holding m_
     auto const& old = groups_.back();
@@ -164,10 +181,9 @@ class ThreadsMembership {
     }
     for (auto const& j : f.joined) std::erase(waiting_, j.first);
     if (k < min_) {
-      std::string who;
-      for (auto const& s : f.lost) who += cat(who.empty() ? "" : ", ", "rank ", s.rank, " (", s.reason, ")");
-      f.error = cat("ddp elastic: generation ", generation, " of world size ", state_.size(), " lost ", who, "; the ",
-                    k, " left are fewer than the minimum world size ", min_);
+      f.error = below_minimum_error(
+          generation, state_.size(), f.lost, k, min_,
+          join_timeout_.count() > 0 ? cat(", and no rank joined within ", seconds_text(join_timeout_)) : "");
     } else {
       f.group = make_threads_group(k, opts_);
     }
@@ -186,7 +202,8 @@ class ThreadsMembership {
   ThreadsOptions opts_;
   int min_, max_;
   std::chrono::milliseconds timeout_;
-  std::vector<int> waiting_;  // joiners' ids, in the order they asked
+  std::chrono::milliseconds join_timeout_;  // below the minimum, how long the survivors wait for joiners
+  std::vector<int> waiting_;                // joiners' ids, in the order they asked
   bool ended_ = false;
   mutable std::mutex m_;
   std::condition_variable cv_;
