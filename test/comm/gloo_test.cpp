@@ -1,6 +1,7 @@
 // GlooBackend in one process: ranks are threads sharing a LocalStore, each with its own Gloo context over
 // loopback TCP. The conformance suite at world sizes 1, 2 and 4, then failures: a peer that leaves, a rank
-// that stalls past the timeout. (Ranks as processes: gloo_conformance_main.cpp under ddprun and torchrun.)
+// that stalls past the timeout, a peer that broke at another collective
+// (not blamed). (Ranks as processes: gloo_conformance_main.cpp under ddprun and torchrun.)
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -140,4 +141,33 @@ TEST_CASE("layout names the transport and the store") {
   gloo_spawn(2, [](ddp::GlooBackend& comm) {
     CHECK(comm.layout() == "Gloo TCP over 2 ranks from 127.0.0.1, rendezvous at in-process store");
   });
+}
+
+TEST_CASE("a peer that broke at another collective (broken_key) is not judged silent, nor counted lost") {
+  // Rank 1 says it is handling a failure of its own (as it would after breaking a collective behind rank 0's) and
+  // stays out of rank 0's collective: rank 0 times out, but does not call rank 1 stalled or ended (an elastic regroup
+  // would then leave a live rank out): no peer is blamed, and its roll call does not wait out the grace.
+  std::string message;
+  std::vector<ddp::PeerStatus> peers{{.rank = -1}};
+  gloo_spawn(2,
+             [&](ddp::GlooBackend& comm) {
+               std::vector<double> v(10, 1.0);
+               if (comm.rank() == 1) {
+                 comm.store().set(ddp::detail::broken_key(1), {'1'});
+                 std::this_thread::sleep_for(3s);
+                 return;
+               }
+               try {
+                 comm.all_reduce(v, ddp::ReduceOp::kSum);
+               } catch (ddp::CommError const& e) {
+                 message = e.what();
+                 peers = comm.peer_failures();
+               }
+             },
+             {.timeout = {.after = 1s}});
+  CAPTURE(message);
+  CHECK(message.find("all_reduce #1 on rank 0 of 2 failed: a peer ended, stalled past the timeout") !=
+        std::string::npos);
+  CHECK(message.find("rank 1 was not in this collective") == std::string::npos);
+  CHECK(peers.empty());
 }
