@@ -78,7 +78,19 @@ std::optional<Config> parse(int argc, char** argv) {
         "with --backend gloo: a rank that is lost (killed, its connection closed, stalled past --timeout, failed) is "
         "dropped and the others go on without a restart, from the interrupted step's start kept in memory (bitwise "
         "with --deterministic)")
-      .add("min-world-size", "1", "with --elastic: below this many ranks the job ends, naming the ranks lost");
+      .add("min-world-size", "1",
+           "with --elastic: below this many ranks the job waits --wait-for-joiners seconds for processes started "
+           "with --join, then ends, naming the ranks lost")
+      .add("max-world-size", "0",
+           "with --elastic: processes started with --join are admitted at step boundaries up to this many ranks "
+           "(0: none are)")
+      .add("wait-for-joiners", "0",
+           "with --elastic and --max-world-size: below --min-world-size, how many seconds the survivors wait for "
+           "joiners before the job ends")
+      .add("join", "false",
+           "join a running --elastic job (no RANK/WORLD_SIZE; its MASTER_ADDR/MASTER_PORT or DDP_STORE_FILE, and "
+           "the same flags and binary as its ranks: a difference is refused, by name). Admitted at the next step "
+           "boundary while the job has fewer than --max-world-size ranks; waits up to --timeout for it");
   examples::add_reduction_flags(f);
   examples::add_local_flags(f);
   if (!f.parse(argc, argv)) return std::nullopt;
@@ -122,7 +134,25 @@ std::optional<Config> parse(int argc, char** argv) {
   c.checkpoints = examples::checkpoint_flags(f);
   c.elastic = f.boolean("elastic");
   c.min_world_size = static_cast<int>(f.at_least("min-world-size", 1));
-  if (f.is_set("min-world-size") && !c.elastic) throw ArgumentError("fashion_mnist: --min-world-size is for --elastic");
+  c.max_world_size = static_cast<int>(f.at_least("max-world-size", 0));
+  c.join = f.boolean("join");
+  c.join_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.real("wait-for-joiners") * 1000));
+  for (char const* name : {"min-world-size", "max-world-size", "wait-for-joiners", "join"})
+    if (f.is_set(name) && !c.elastic) throw ArgumentError(detail::cat("fashion_mnist: --", name, " is for --elastic"));
+  if (c.join_timeout.count() < 0)
+    throw ArgumentError(
+        detail::cat("fashion_mnist: --wait-for-joiners must be 0 or more seconds, got ", f.str("wait-for-joiners")));
+  if (c.join_timeout.count() > 0 && c.max_world_size == 0)
+    throw ArgumentError(
+        "fashion_mnist: --wait-for-joiners waits for processes started with --join, which a job without "
+        "--max-world-size never admits; set --max-world-size too");
+  if (c.join && f.is_set("world-size"))
+    throw ArgumentError(
+        "fashion_mnist: --join takes its rank and the world size from the job it joins; drop --world-size");
+  // What a joiner must share with the job: every flag but those of this process alone (join_elastic compares them).
+  for (auto const& [name, value] :
+       f.values({"join", "world-size", "timeout", "trace", "out", "data-dir", "calibration-cache", "resume"}))
+    c.identity.push_back({detail::cat("flag --", name), value});
   if (c.elastic) {
     if (c.backend == examples::Backend::kMpi)
       throw ArgumentError(

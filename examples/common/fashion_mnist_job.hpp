@@ -19,6 +19,7 @@
 #include <ddp/ddp.hpp>
 #include <ddp/tensor/precision.hpp>
 #include <ddp/train/checkpoint.hpp>
+#include <ddp/train/elastic_identity.hpp>
 #include <ddp/train/evaluate.hpp>
 #include <ddp/train/metrics_log.hpp>
 #include <ddp/train/progress.hpp>
@@ -47,11 +48,14 @@ struct Config {
   Precision precision = Precision::kFp32;  // --precision (device tensors)
   std::int64_t loss_every = 1;             // --loss-every
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, max_steps = 0;
-  examples::CheckpointFlags checkpoints{};  // --checkpoint, --checkpoint-every, --keep-checkpoints, --resume
-  bool elastic = false;                     // --elastic (Gloo)
-  int min_world_size = 1;                   // --min-world-size
-  examples::ReductionChoice reduction{};    // --deterministic, --micro-batches, --comm-hook
-  examples::LocalChoice local{};            // --local-sgd, --diloco
+  examples::CheckpointFlags checkpoints{};     // --checkpoint, --checkpoint-every, --keep-checkpoints, --resume
+  bool elastic = false;                        // --elastic (Gloo)
+  int min_world_size = 1, max_world_size = 0;  // --min-world-size, --max-world-size
+  std::chrono::milliseconds join_timeout{0};   // --wait-for-joiners
+  bool join = false;                           // --join: a process joining a running --elastic job
+  JobIdentity identity{};                      // what a joiner must share with the job: its flags
+  examples::ReductionChoice reduction{};       // --deterministic, --micro-batches, --comm-hook
+  examples::LocalChoice local{};               // --local-sgd, --diloco
   double lr = 1e-3, bucket_cap_mb = 25;
   std::optional<double> clip_grad_norm;  // --clip-grad-norm: nn::clip_grad_norm before each optimizer step
   bool auto_cap = false;                 // --bucket-cap-mb auto: tune_bucket_cap chooses it before training
@@ -131,13 +135,15 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   if (session && session->generation() > 0 && sharded) {
     CheckpointFlags newest = cfg.checkpoints;
     newest.from = ResumeFrom::kNewest;
+    bool const lost = session->pending_change() && !session->pending_change()->lost.empty();
     resumed = examples::resume_job(t, newest, &history, &resumed_loss);
     session->note_resumed(rank, resumed ? resumed->position.global_step : -1);
     if (leader) {
       std::printf(
-          "ddp elastic: ZeRO-%d: the lost rank's optimizer shard went with it; the state came back from checkpoint "
-          "%s%s\n",
-          cfg.reduction.zero, resumed ? resumed->file.string().c_str() : cfg.checkpoints.file.string().c_str(),
+          "ddp elastic: ZeRO-%d: %s; the state came back from checkpoint %s%s\n", cfg.reduction.zero,
+          lost ? "the lost rank's optimizer shard went with it"
+               : detail::cat("the shards are cut anew for ", world, " ranks").c_str(),
+          resumed ? resumed->file.string().c_str() : cfg.checkpoints.file.string().c_str(),
           resumed ? detail::cat(" (step ", resumed->position.global_step, "), and the steps since are redone").c_str()
                   : " (none written yet: the job starts over)");
       std::fflush(stdout);
@@ -195,6 +201,8 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
                                 if constexpr (kElastic)
                                   if (session && !sharded)
                                     t.keep_state(*session, at(p.epoch, p.step, p.global_step), log.csv());
+                                // (joiners waiting: every rank leaves this step here, together, to regroup with them)
+                                if (session) admit_joiners(*session, comm);
                                 schedule.start_step(p.global_step);
                               },
                           .after_step =

@@ -2,6 +2,7 @@
 // defaults, --help text; unknown flags and bad values are clear errors.
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/error.hpp"
@@ -60,6 +62,14 @@ class Flags {
   }
 
   std::string const& program() const noexcept { return program_; }
+  // Every flag's value (given or default) in declaration order, but those named in `skip`: two processes with the same
+  // list were given the same options, however spelt (--lr=0.1, --lr 0.1, or not at all when 0.1 is the default).
+  std::vector<std::pair<std::string, std::string>> values(std::vector<std::string> const& skip = {}) const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (auto const& n : order_)
+      if (std::find(skip.begin(), skip.end(), n) == skip.end()) out.emplace_back(n, flags_.at(n).value);
+    return out;
+  }
   std::string str(std::string const& name) const { return get(name).value; }
   bool is_set(std::string const& name) const { return get(name).set; }
   std::int64_t integer(std::string const& name) const {

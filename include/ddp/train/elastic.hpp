@@ -183,6 +183,8 @@ class ElasticSession {
   bool may_grow(int world_size) const noexcept { return runner_.max_world_size > world_size; }
   std::int64_t joiners_waiting() const { return runner_.joiners_waiting ? runner_.joiners_waiting() : 0; }
 
+  // The change that made this generation while it has not resumed yet (note_resumed), else nothing.
+  std::optional<Change> const& pending_change() const noexcept { return change_; }
   // The membership changes this rank went through (its own view: its seconds), oldest first.
   std::vector<MembershipChange> const& changes() const noexcept { return changes_; }
 
@@ -210,6 +212,7 @@ class ElasticSession {
       for (int r : c.joined) who += detail::cat(who.empty() ? "" : ", ", "rank ", r);
       what += detail::cat(what.empty() ? "" : "; ", who, " joined", f.lost.empty() ? at : std::string());
     }
+    if (what.empty()) what = "a joiner withdrew before it was admitted";  // (the ranks regrouped for it)
     c.line = detail::cat("ddp elastic: ", what, "; continuing at world size ", c.to_world_size,
                          step >= 0 ? detail::cat(" from step ", step) : std::string(" from the start"), " after ",
                          seconds_text(c.seconds));

@@ -177,6 +177,52 @@ inline Rendezvous rendezvous(RendezvousOptions const& opt = {}) {
   return rv;
 }
 
+// A process that joins a running elastic job (join_elastic, train/elastic_store.hpp) meets it through the job's store,
+// found as rendezvous() finds it (MASTER_ADDR/MASTER_PORT: the job's rank 0 serves it; DDP_STORE_FILE, with
+// SLURM_RESTART_COUNT's attempt), but it does not check in (it has no rank yet) and never serves the store. Under
+// torchrun a lost worker ends every worker and torchrun restarts them all: that is the restart path, not a join, so
+// ArgumentError there, as for an environment with no store.
+inline Rendezvous join_rendezvous(RendezvousOptions const& opt = {}) {
+  using detail::cat;
+  Rendezvous rv;
+  rv.launch = LaunchEnv{.rank = -1, .world_size = 0, .local_rank = 0, .local_size = 1, .source = "joiner"};
+  rv.timeout = opt.timeout ? *opt.timeout
+                           : std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 detail::timeout_from_env().value_or(std::chrono::minutes(5)));
+  auto const addr = opt.env("MASTER_ADDR"), port = opt.env("MASTER_PORT"), dir = opt.env("DDP_STORE_FILE");
+  auto const agent = opt.env("TORCHELASTIC_USE_AGENT_STORE");
+  if (agent && (*agent == "True" || *agent == "true" || *agent == "1"))
+    throw ArgumentError(
+        "join: under torchrun a lost worker ends every worker and torchrun restarts them (--max-restarts): resume "
+        "with --resume auto instead of joining");
+  if (dir && (addr || port))
+    throw ArgumentError(cat("join: both DDP_STORE_FILE=", *dir, " and MASTER_ADDR/MASTER_PORT are set; unset one"));
+  std::string prefix = "ddp/";
+  if (dir && !dir->empty()) {
+    rv.method = "file";
+    rv.store = std::make_shared<FileStore>(*dir);  // (StaleKeys::kKeep: the job's keys are live)
+    if (auto const requeue = opt.env("SLURM_RESTART_COUNT"); requeue && !requeue->empty()) {
+      auto const k = detail::try_parse_env_int(*requeue);
+      if (!k) throw ArgumentError(cat("join: SLURM_RESTART_COUNT=\"", *requeue, "\" is not a count of requeues"));
+      prefix += cat("attempt_", *k, "/");
+    }
+  } else if (addr && !addr->empty() && port && !port->empty()) {
+    auto const p = detail::try_parse_env_int(*port);
+    if (!p || *p < 1 || *p > 65535)
+      throw ArgumentError(cat("join: MASTER_PORT=\"", *port, "\" is not a port (1 to 65535)"));
+    rv.method = "env";
+    rv.master_addr = *addr;
+    rv.store = std::make_shared<TcpStore>(TcpStore::Options{.host = *addr, .port = *p, .timeout = rv.timeout});
+  } else {
+    throw ArgumentError(
+        "join: a process joining an elastic job finds it through the job's store: set MASTER_ADDR and MASTER_PORT "
+        "(the job's rank 0 serves the store there) or DDP_STORE_FILE (the job's store directory), as the job's ranks "
+        "have them");
+  }
+  rv.store = std::make_shared<PrefixStore>(prefix, rv.store);
+  return rv;
+}
+
 // One rank's bytes to every rank, through the store: `root` sets `key` to make() (called on the root only), the
 // others wait for it (at most `timeout`). For a value made once and needed everywhere, e.g. NCCL's unique id.
 // A waiting rank does not sit out the timeout when the root is gone: it polls (backing off to 50 ms) and fails at
