@@ -152,7 +152,7 @@ std::optional<Config> parse(int argc, char** argv) {
   // What a joiner must share with the job: every flag but those of this process alone (join_elastic compares them).
   for (auto const& [name, value] :
        f.values({"join", "world-size", "timeout", "trace", "out", "data-dir", "calibration-cache", "resume"}))
-    c.identity.push_back({detail::cat("flag --", name), value});
+    c.identity.push_back({detail::cat("flag --", name), value.empty() ? "(its default)" : value});
   if (c.elastic) {
     if (c.backend == examples::Backend::kMpi)
       throw ArgumentError(

@@ -89,46 +89,58 @@ ElasticReport run_generations(std::shared_ptr<Store> const& store, StoreMembersh
                                 report.changes.push_back(std::move(c));
                               }});
   if (joined) session.begin_generation(generation, std::move(*joined));
+  // Without the store the ranks cannot regroup: say so, naming it, rather than a collective's error.
+  auto need_store = [&](std::exception_ptr const& e) {
+    try {
+      (void)store->check({"elastic/alive"});
+    } catch (std::exception const& lost) {
+      throw CommError(
+          cat("ddp elastic: rank ", r, " of ", n, " lost the job's store (", store->describe(), ": ", lost.what(),
+              "): its host ended (rank 0, when rank 0 serves it), and the ranks cannot regroup without "
+              "it; to survive losing rank 0, keep the store elsewhere (DDP_STORE_FILE, torchrun's agent). "
+              "The collective's error: ",
+              describe(e)),
+          r);
+    }
+  };
   for (std::uint64_t g = generation;; ++g) {
     std::vector<PeerStatus> known;
+    std::exception_ptr not_made;  // the backend of generation g could not be made: a member never came (a joiner
+                                  // that died before connecting), or this rank cannot connect at all
     {
-      auto comm = make(membership.prefix(g), r, n);
+      decltype(make(membership.prefix(g), r, n)) comm;
       try {
-        fn(*comm, session);
-        membership.post_ended();
-        report.final_world_size = n;
-        return report;
-      } catch (...) {  // before the backend goes: a peer's failure, joiners to admit, or this rank's own failure
-        auto const e = std::current_exception();
-        known = comm->peer_failures();
-        bool regroup = false;
-        try {
-          std::rethrow_exception(e);
-        } catch (ElasticRegroup const&) {
-          regroup = true;
-        } catch (CommError const&) {
-          regroup = std::any_of(known.begin(), known.end(), [&](PeerStatus const& s) { return s.rank != r; });
-        } catch (...) {}
-        if (!regroup) {
-          // No peer known lost: maybe the store is what went (rank 0 serving it ended). Without it the ranks cannot
-          // regroup: say so, naming the store, rather than a collective's error.
-          try {
-            (void)store->check({"elastic/alive"});
-          } catch (std::exception const& lost) {
-            throw CommError(
-                cat("ddp elastic: rank ", r, " of ", n, " lost the job's store (", store->describe(), ": ", lost.what(),
-                    "): its host ended (rank 0, when rank 0 serves it), and the ranks cannot regroup "
-                    "without it; to survive losing rank 0, keep the store elsewhere (DDP_STORE_FILE, "
-                    "torchrun's agent). The collective's error: ",
-                    describe(e)),
-                r);
-          }
-          membership.post_failed(g, r, describe(e));
-          throw;
-        }
+        comm = make(membership.prefix(g), r, n);
+      } catch (CommError const&) {
+        not_made = std::current_exception();
+        need_store(not_made);
       }
+      if (comm) try {
+          fn(*comm, session);
+          membership.post_ended();
+          report.final_world_size = n;
+          return report;
+        } catch (...) {  // before the backend goes: a peer's failure, joiners to admit, or this rank's own failure
+          auto const e = std::current_exception();
+          known = comm->peer_failures();
+          bool regroup = false;
+          try {
+            std::rethrow_exception(e);
+          } catch (ElasticRegroup const&) {
+            regroup = true;
+          } catch (CommError const&) {
+            regroup = std::any_of(known.begin(), known.end(), [&](PeerStatus const& s) { return s.rank != r; });
+          } catch (...) {}
+          if (!regroup) {
+            need_store(e);  // no peer known lost: maybe the store is what went (rank 0 serving it ended)
+            membership.post_failed(g, r, describe(e));
+            throw;
+          }
+        }
     }
     auto const f = membership.regroup(g, r, n, known);
+    // Every member asked again and none joined: the backend fails for a reason of its own, not a missing member.
+    if (not_made && f.lost.empty() && f.joined.empty()) std::rethrow_exception(not_made);
     ElasticSession::Change change{
         .from_world_size = n, .to_world_size = f.world_size, .lost = f.lost, .joined = f.joined, .since = f.since};
     r = f.rank;
