@@ -70,6 +70,20 @@ expect "--elastic is for --backend gloo" --elastic
 expect "--elastic with --zero 1 needs --checkpoint FILE" --elastic --backend gloo --zero 1
 expect "--elastic with --local-sgd: the replicas are not kept in memory" --elastic --backend gloo --local-sgd 4
 expect "--min-world-size is for --elastic" --min-world-size 2
+expect "--max-world-size is for --elastic" --max-world-size 4
+expect "--join is for --elastic" --join
+expect "--wait-for-joiners waits for processes started with --join, which a job without --max-world-size never admits" \
+  --elastic --backend gloo --wait-for-joiners 5
+expect "--wait-for-joiners must be 0 or more seconds, got -1" --elastic --backend gloo --max-world-size 4 --wait-for-joiners -1
+expect "--join takes its rank and the world size from the job it joins; drop --world-size" \
+  --elastic --backend gloo --join --world-size 2
+# A joiner with no store to find the job by is told where to look (exit 1).
+err=$(env -u MASTER_ADDR -u MASTER_PORT -u DDP_STORE_FILE timeout 30 "$bin" --elastic --backend gloo --join 2>&1 >/dev/null)
+rc=$?
+[ "$rc" -eq 1 ] || fail "--join without a store exited $rc, expected 1"
+grep -qF "join: a process joining an elastic job finds it through the job's store: set MASTER_ADDR and MASTER_PORT" \
+  <<<"$err" || fail "--join without a store: $err"
+echo "ok: --join without a store -> $err"
 expect "unexpected argument 'extra'" extra
 expect "must be one of cpu|cuda, got 'tpu'" --device tpu
 expect "--device cuda needs the CUDA build: bazel build //examples:fashion_mnist_cuda" --device cuda
