@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "examples/common/elastic.hpp"
 #include "examples/common/fashion_mnist_job.hpp"
 #include "examples/common/flags.hpp"
 #include "examples/common/launch.hpp"
@@ -74,23 +75,7 @@ std::optional<Config> parse(int argc, char** argv) {
       .add("limit-train", "0", "use only the first N training images (0: all 60000)")
       .add("limit-test", "0", "use only the first N test images (0: all 10000)");
   examples::add_resume_flags(f);
-  f.add("elastic", "false",
-        "with --backend gloo: a rank that is lost (killed, its connection closed, stalled past --timeout, failed) is "
-        "dropped and the others go on without a restart, from the interrupted step's start kept in memory (bitwise "
-        "with --deterministic)")
-      .add("min-world-size", "1",
-           "with --elastic: below this many ranks the job waits --wait-for-joiners seconds for processes started "
-           "with --join, then ends, naming the ranks lost")
-      .add("max-world-size", "0",
-           "with --elastic: processes started with --join are admitted at step boundaries up to this many ranks "
-           "(0: none are)")
-      .add("wait-for-joiners", "0",
-           "with --elastic and --max-world-size: below --min-world-size, how many seconds the survivors wait for "
-           "joiners before the job ends")
-      .add("join", "false",
-           "join a running --elastic job (no RANK/WORLD_SIZE; its MASTER_ADDR/MASTER_PORT or DDP_STORE_FILE, and "
-           "the same flags and binary as its ranks: a difference is refused, by name). Admitted at the next step "
-           "boundary while the job has fewer than --max-world-size ranks; waits up to --timeout for it");
+  examples::add_elastic_flags(f);
   examples::add_reduction_flags(f);
   examples::add_local_flags(f);
   if (!f.parse(argc, argv)) return std::nullopt;
@@ -132,45 +117,9 @@ std::optional<Config> parse(int argc, char** argv) {
       examples::reduction_choice(f, c.backend == examples::Backend::kThreads ? c.world_size : 0, c.global_batch);
   c.local = examples::local_choice(f, c.reduction, c.backend);
   c.checkpoints = examples::checkpoint_flags(f);
-  c.elastic = f.boolean("elastic");
-  c.min_world_size = static_cast<int>(f.at_least("min-world-size", 1));
-  c.max_world_size = static_cast<int>(f.at_least("max-world-size", 0));
-  c.join = f.boolean("join");
-  c.join_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.real("wait-for-joiners") * 1000));
-  for (char const* name : {"min-world-size", "max-world-size", "wait-for-joiners", "join"})
-    if (f.is_set(name) && !c.elastic) throw ArgumentError(detail::cat("fashion_mnist: --", name, " is for --elastic"));
-  if (c.join_timeout.count() < 0)
-    throw ArgumentError(
-        detail::cat("fashion_mnist: --wait-for-joiners must be 0 or more seconds, got ", f.str("wait-for-joiners")));
-  if (c.join_timeout.count() > 0 && c.max_world_size == 0)
-    throw ArgumentError(
-        "fashion_mnist: --wait-for-joiners waits for processes started with --join, which a job without "
-        "--max-world-size never admits; set --max-world-size too");
-  if (c.join && f.is_set("world-size"))
-    throw ArgumentError(
-        "fashion_mnist: --join takes its rank and the world size from the job it joins; drop --world-size");
-  // What a joiner must share with the job: every flag but those of this process alone (join_elastic compares them).
-  for (auto const& [name, value] :
-       f.values({"join", "world-size", "timeout", "trace", "out", "data-dir", "calibration-cache", "resume"}))
-    c.identity.push_back({detail::cat("flag --", name), value.empty() ? "(its default)" : value});
-  if (c.elastic) {
-    if (c.backend == examples::Backend::kMpi)
-      throw ArgumentError(
-          "fashion_mnist: --elastic with --backend mpi: MPICH cannot shrink a communicator; MPI jobs recover by "
-          "restarting: --checkpoint FILE --resume auto, and mpirun again");
-    if (c.backend == examples::Backend::kThreads)
-      throw ArgumentError(
-          "fashion_mnist: --elastic is for --backend gloo (ranks that are processes, which can be lost); on threads "
-          "see //examples:elastic (ElasticThreads)");
-    if (c.local.on())
-      throw ArgumentError(detail::cat("fashion_mnist: --elastic with ",
-                                      c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
-                                      ": the replicas are not kept in memory; use --checkpoint with --resume auto"));
-    if (c.reduction.zero > 0 && !c.checkpoints.writes())
-      throw ArgumentError(detail::cat("fashion_mnist: --elastic with --zero ", c.reduction.zero,
-                                      " needs --checkpoint FILE (with --checkpoint-every K): a lost rank's optimizer "
-                                      "shard comes back from the newest checkpoint"));
-  }
+  c.elastic =
+      examples::elastic_choice(f, c.backend, c.local.on() ? (c.local.local_sgd > 0 ? "--local-sgd" : "--diloco") : "",
+                               c.reduction.zero, c.checkpoints.writes());
   if (c.local.on() && c.device == "cuda")
     throw ArgumentError(detail::cat("fashion_mnist: ", c.local.local_sgd > 0 ? "--local-sgd" : "--diloco",
                                     " runs on host tensors in this program; drop --device cuda"));

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "examples/common/elastic.hpp"
 #include "examples/common/flags.hpp"
 #include "examples/common/gpt_job.hpp"
 #include "examples/common/launch.hpp"
@@ -70,6 +71,7 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
   add_resume_flags(f);
   add_reduction_flags(f);
   add_local_flags(f);
+  add_elastic_flags(f);
   if (!f.parse(argc, argv)) return std::nullopt;
   gpt::Config c;
   c.launch = launch_choice(f);
@@ -132,6 +134,9 @@ std::optional<gpt::Config> parse(int argc, char** argv) {
         "--overlap-update moves each bucket's as it lands; add --clip 0 or drop --overlap-update");
   c.data = f.str("data").empty() ? fs::path(default_data()) : user_path(f.str("data"));
   c.checkpoints = examples::checkpoint_flags(f);
+  c.elastic =
+      elastic_choice(f, c.launch.backend, c.local.on() ? (c.local.local_sgd > 0 ? "--local-sgd" : "--diloco") : "",
+                     c.reduction.zero, c.checkpoints.writes());
   c.trace_dir = user_path(f.str("trace"));
   c.out_dir = user_path(f.str("out"));
   for (auto const* d : {&c.trace_dir, &c.out_dir}) make_directory(*d, "gpt");
@@ -157,6 +162,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
+    if (cfg->elastic.on) {  // Gloo processes that can be lost or join (examples/common/elastic.hpp)
+      nn::GptConfig mc = cfg->model;
+      mc.vocab_size = corpus->vocab().size();
+      Generator init(static_cast<std::uint64_t>(cfg->seed));
+      return run_elastic_job(
+          cfg->elastic, cfg->launch, model_identity(nn::Gpt(mc, init)),
+          [&](GlooBackend& comm, ElasticSession& session) { gpt::run(comm, *cfg, *corpus, &session); });
+    }
     return launch(cfg->launch, argc, argv, [&](auto& comm) { gpt::run(comm, *cfg, *corpus); });
   } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -26,6 +26,7 @@
 #include <ddp/train/svg_plot.hpp>
 
 #include "examples/common/checkpoints.hpp"
+#include "examples/common/elastic.hpp"
 #include "examples/common/launch.hpp"
 #include "examples/common/local_rounds.hpp"
 #include "examples/common/models.hpp"
@@ -48,14 +49,10 @@ struct Config {
   Precision precision = Precision::kFp32;  // --precision (device tensors)
   std::int64_t loss_every = 1;             // --loss-every
   std::int64_t epochs = 2, global_batch = 64, limit_train = 0, limit_test = 0, seed = 1, max_steps = 0;
-  examples::CheckpointFlags checkpoints{};     // --checkpoint, --checkpoint-every, --keep-checkpoints, --resume
-  bool elastic = false;                        // --elastic (Gloo)
-  int min_world_size = 1, max_world_size = 0;  // --min-world-size, --max-world-size
-  std::chrono::milliseconds join_timeout{0};   // --wait-for-joiners
-  bool join = false;                           // --join: a process joining a running --elastic job
-  JobIdentity identity{};                      // what a joiner must share with the job: its flags
-  examples::ReductionChoice reduction{};       // --deterministic, --micro-batches, --comm-hook
-  examples::LocalChoice local{};               // --local-sgd, --diloco
+  examples::CheckpointFlags checkpoints{};  // --checkpoint, --checkpoint-every, --keep-checkpoints, --resume
+  examples::ElasticChoice elastic{};        // --elastic, --min-world-size, --max-world-size, --join (Gloo)
+  examples::ReductionChoice reduction{};    // --deterministic, --micro-batches, --comm-hook
+  examples::LocalChoice local{};            // --local-sgd, --diloco
   double lr = 1e-3, bucket_cap_mb = 25;
   std::optional<double> clip_grad_norm;  // --clip-grad-norm: nn::clip_grad_norm before each optimizer step
   bool auto_cap = false;                 // --bucket-cap-mb auto: tune_bucket_cap chooses it before training

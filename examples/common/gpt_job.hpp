@@ -23,6 +23,7 @@
 #include <ddp/train/svg_plot.hpp>
 
 #include "examples/common/checkpoints.hpp"
+#include "examples/common/elastic.hpp"
 #include "examples/common/launch.hpp"
 #include "examples/common/local_rounds.hpp"
 #include "examples/common/reduction.hpp"
@@ -43,7 +44,8 @@ struct Config {
   examples::CheckpointFlags checkpoints{};  // --checkpoint, --checkpoint-every, --keep-checkpoints, --resume
   double lr = 1e-3, min_lr = 1e-4, beta2 = 0.99, weight_decay = 0.1, clip = 1.0;
   examples::ReductionChoice reduction{};
-  examples::LocalChoice local{};  // --local-sgd, --diloco
+  examples::LocalChoice local{};      // --local-sgd, --diloco
+  examples::ElasticChoice elastic{};  // --elastic, --min-world-size, --max-world-size, --join (Gloo)
   std::int64_t sample_tokens = 500, top_k = 0;
   double temperature = 0.8;
   std::uint64_t sample_seed = 1;
@@ -131,8 +133,12 @@ double split_loss(Comm& comm, Model& model, data::BlockBatcher const& blocks, st
 
 // One rank's training: the trainer's fit_epoch over TextBlocks until --iters optimizer steps, with the hooks that
 // set the learning rate, print progress, evaluate, checkpoint and stop.
+// --elastic: the state of each step's start is kept in memory (keep_state), joiners are admitted at step boundaries
+// (admit_joiners), and a generation after a change resumes from the kept state (resume_kept) instead of --resume;
+// under ZeRO 1 or 2 from the newest checkpoint.
 template <class Trainer>
-void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus const& corpus) {
+void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus const& corpus, ElasticSession* session) {
+  constexpr bool kElastic = KeepsLocalState<std::remove_cvref_t<decltype(t.optimizer())>>;
   auto& comm = t.comm();
   auto& opt = t.optimizer();
   int const rank = comm.rank(), world = comm.world_size();
@@ -178,25 +184,49 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
   std::vector<LossRow> rows;
   EpochLoss resumed_loss;  // the interrupted epoch's train loss so far (a mid-epoch checkpoint's)
   std::string extra;
-  if (auto const resumed = examples::resume_job(t, cfg.checkpoints, &extra, &resumed_loss)) {
-    std::string const file = resumed->file.string();
-    pos = resume_position(resumed->position, pos, file);
-    rows = check_checkpoint_extra(extra, corpus.vocab(), file);
+  auto take = [&](TrainPosition const& p, std::string const& from) {  // a resumed position and its loss rows
+    pos = resume_position(p, pos, from);
+    rows = check_checkpoint_extra(extra, corpus.vocab(), from);
     if (leader)
-      std::printf("resumed from %s at iteration %lld\n", file.c_str(), static_cast<long long>(pos.global_step));
+      std::printf("resumed from %s at iteration %lld\n", from.c_str(), static_cast<long long>(pos.global_step));
+  };
+  bool const sharded = cfg.reduction.zero > 0;
+  if (session) t.list_changes_from(*session);
+  if (session && session->generation() > 0 && sharded) {  // the shards went with the change: the newest checkpoint
+    CheckpointFlags newest = cfg.checkpoints;
+    newest.from = ResumeFrom::kNewest;
+    bool const lost = session->pending_change() && !session->pending_change()->lost.empty();
+    auto const resumed = examples::resume_job(t, newest, &extra, &resumed_loss);
+    session->note_resumed(rank, resumed ? resumed->position.global_step : -1);
+    if (resumed) take(resumed->position, resumed->file.string());
+    if (leader) {
+      std::printf("ddp elastic: ZeRO-%d: %s; the state came back from checkpoint %s%s\n", cfg.reduction.zero,
+                  lost ? "the lost rank's optimizer shard went with it"
+                       : detail::cat("the shards are cut anew for ", world, " ranks").c_str(),
+                  cfg.checkpoints.file.string().c_str(),
+                  resumed ? ", and the steps since are redone" : " (none written yet: the job starts over)");
+      std::fflush(stdout);
+    }
+  } else if (session && session->generation() > 0) {
+    if constexpr (kElastic)
+      if (auto const p = t.resume_kept(*session, &extra)) take(*p, "(the state kept in memory)");
+  } else if (auto const resumed = examples::resume_job(t, cfg.checkpoints, &extra, &resumed_loss)) {
+    take(resumed->position, resumed->file.string());
   }
   schedule.restore(pos.global_step);
   std::optional<CheckpointSeries> series;
   if (cfg.checkpoints.writes()) series.emplace(cfg.checkpoints.series());
+  auto at = [&](std::int64_t epoch, std::int64_t step, std::int64_t global_step) {
+    return TrainPosition{.epoch = epoch,
+                         .step = step,
+                         .global_step = global_step,
+                         .scheduler_epoch = global_step,
+                         .world_size = world,
+                         .global_batch = cfg.global_batch,
+                         .seed = cfg.seed};
+  };
   auto save = [&](std::int64_t epoch, std::int64_t step, std::int64_t global_step) {
-    TrainPosition const p{.epoch = epoch,
-                          .step = step,
-                          .global_step = global_step,
-                          .scheduler_epoch = global_step,
-                          .world_size = world,
-                          .global_batch = cfg.global_batch,
-                          .seed = cfg.seed};
-    t.save_checkpoint(*series, p, checkpoint_extra(corpus.vocab(), rows));
+    t.save_checkpoint(*series, at(epoch, step, global_step), checkpoint_extra(corpus.vocab(), rows));
   };
   auto const loss = [](Var const& out, auto const& mb) { return nn::gpt_loss(out, mb.y); };
 
@@ -236,36 +266,51 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
   std::int64_t epoch = pos.epoch;
   bool done = pos.global_step >= cfg.iters;
   while (!done) {
-    StepHooks const hooks{.before_step = [&](StepPosition const& p) { schedule.start_step(p.global_step); },
-                          .after_step =
-                              [&](StepPosition const& p, double l) {
-                                interval_loss += l;
-                                ++interval_steps;
-                                std::int64_t const it = p.global_step;
-                                if (it == first_step + kWarm) warm_at = Clock::now();
-                                if (leader && (it % cfg.log_interval == 0 || it == cfg.iters)) {
-                                  double const secs = std::chrono::duration<double>(Clock::now() - run_start).count();
-                                  double const tps = double((it - first_step) * cfg.global_batch * T) / secs;
-                                  double const eta = secs / double(it - first_step) * double(cfg.iters - it);
-                                  std::printf("iter %5lld/%lld  loss %.4f  lr %.2e  %s tokens/s  ETA %d:%02d\n",
-                                              static_cast<long long>(it), static_cast<long long>(cfg.iters), l,
-                                              opt.lr(), thousands(static_cast<std::int64_t>(tps)).c_str(),
-                                              int(eta) / 60, int(eta) % 60);
-                                  std::fflush(stdout);
-                                }
-                                // The last step's evaluation comes before its checkpoint, so that a resumed run's rows are whole.
-                                if ((cfg.eval_interval > 0 && it % cfg.eval_interval == 0) || it >= cfg.iters)
-                                  evaluate(it);
-                                bool const stop = it >= cfg.iters || (cfg.max_steps > 0 && it >= cfg.max_steps);
-                                if (series && (stop || (cfg.checkpoints.every > 0 && it % cfg.checkpoints.every == 0)))
-                                  save(p.epoch, p.step, it);
-                                return stop ? StepControl::kStop : StepControl::kContinue;
-                              }};
+    StepHooks const hooks{
+        .before_step =
+            [&](StepPosition const& p) {
+              if constexpr (kElastic)
+                if (session && !sharded)
+                  t.keep_state(*session, at(p.epoch, p.step, p.global_step), checkpoint_extra(corpus.vocab(), rows));
+              // (joiners waiting: every rank leaves this step here, together, to regroup)
+              if (session) admit_joiners(*session, comm);
+              schedule.start_step(p.global_step);
+            },
+        .after_step =
+            [&](StepPosition const& p, double l) {
+              interval_loss += l;
+              ++interval_steps;
+              std::int64_t const it = p.global_step;
+              if (it == first_step + kWarm) warm_at = Clock::now();
+              if (leader && (it % cfg.log_interval == 0 || it == cfg.iters)) {
+                double const secs = std::chrono::duration<double>(Clock::now() - run_start).count();
+                double const tps = double((it - first_step) * cfg.global_batch * T) / secs;
+                double const eta = secs / double(it - first_step) * double(cfg.iters - it);
+                std::printf("iter %5lld/%lld  loss %.4f  lr %.2e  %s tokens/s  ETA %d:%02d\n",
+                            static_cast<long long>(it), static_cast<long long>(cfg.iters), l, opt.lr(),
+                            thousands(static_cast<std::int64_t>(tps)).c_str(), int(eta) / 60, int(eta) % 60);
+                std::fflush(stdout);
+              }
+              // The last step's evaluation comes before its checkpoint, so that a resumed run's rows are whole.
+              if ((cfg.eval_interval > 0 && it % cfg.eval_interval == 0) || it >= cfg.iters) evaluate(it);
+              bool const stop = it >= cfg.iters || (cfg.max_steps > 0 && it >= cfg.max_steps);
+              if (series && (stop || (cfg.checkpoints.every > 0 && it % cfg.checkpoints.every == 0)))
+                save(p.epoch, p.step, it);
+              return stop ? StepControl::kStop : StepControl::kContinue;
+            }};
     EpochResult const r = t.fit_epoch(
         train_set,
         EpochStart{
             .epoch = epoch, .step = pos.step, .global_step = pos.global_step, .loss = std::exchange(resumed_loss, {})},
         loss, hooks);
+    if (leader && !r.membership_changes.empty()) {  // --elastic: what the pass went through
+      std::string changes;
+      for (auto const& c : r.membership_changes)
+        changes += detail::cat(changes.empty() ? "" : ", ", c.from_world_size, " -> ", c.to_world_size,
+                               " ranks at iteration ", c.step);
+      std::printf("membership changes: %s\n", changes.c_str());
+      std::fflush(stdout);
+    }
     pos.global_step = r.global_step;
     pos.step = 0;
     done = r.stopped || pos.global_step >= cfg.iters;
@@ -343,7 +388,7 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
 // One rank's job: the model (the same initial weights on every rank), its trainer for the chosen reduction and
 // ZeRO stage, and train().
 template <class Comm>
-void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus) {
+void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus, ElasticSession* session = nullptr) {
   nn::GptConfig mc = cfg.model;
   mc.vocab_size = corpus.vocab().size();
   // Dropout: each rank its own masks (seed + rank), or, deterministic, masks keyed by the sample (every rank alike).
@@ -370,7 +415,7 @@ void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus) {
         {.optimizer = {.optimizer = adamw, .zero = {.stage = cfg.reduction.zero}},
          .overlap = {.update_at = cfg.reduction.update}},
         opts, {.reduction = reduction, .batching = batching});
-    train(t, timeline, c, corpus);
+    train(t, timeline, c, corpus, session);
   };
   // --local-sgd, --diloco: AdamW under LocalSgd or DiLoCo, on the default reduction, or with --deterministic and
   // --replicas on deterministic mode's (virtual replicas).
@@ -378,10 +423,10 @@ void run(Comm& comm, Config const& cfg, data::TextCorpus const& corpus) {
     if (cfg.reduction.deterministic) {
       basic_trainer<nn::Gpt, Comm, Opt, SizeCapped, ExactSum, MicroBatches> t(
           model, comm, o, opts, {.reduction = {}, .batching = {.count = cfg.reduction.micro_batches}});
-      train(t, timeline, c, corpus);
+      train(t, timeline, c, corpus, session);
     } else {
       basic_trainer<nn::Gpt, Comm, Opt> t(model, comm, o, opts);
-      train(t, timeline, c, corpus);
+      train(t, timeline, c, corpus, session);
     }
   };
   auto const& l = cfg.local;

@@ -22,6 +22,9 @@ expect 2 "--dropout must be in [0, 1), got 1.5" --dropout 1.5
 expect 2 "--temperature must be > 0, got 0" --temperature 0
 expect 2 "must be a multiple of --world-size 5" --batch-size 24 --world-size 5
 expect 2 "--grad-accum with --deterministic" --grad-accum 2 --deterministic
+expect 2 "gpt: --elastic is for --backend gloo" --elastic
+expect 2 "gpt: --elastic with --diloco: the replicas are not kept in memory" --elastic --backend gloo --diloco 4
+expect 2 "gpt: --max-world-size is for --elastic" --max-world-size 4
 expect 2 "must be a multiple of --world-size 2 times --grad-accum 5" --grad-accum 5
 expect 2 "--backend must be one of threads|mpi|gloo" --backend nccl
 expect 2 "--clip with --overlap-update" --overlap-update
