@@ -40,6 +40,7 @@
 #include "ddp/comm/detail/reduce.hpp"
 #include "ddp/comm/peer_status.hpp"
 #include "ddp/comm/rendezvous/rendezvous.hpp"
+#include "ddp/comm/rendezvous/store_peer_record.hpp"
 #include "ddp/comm/trace.hpp"
 #include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"
@@ -213,6 +214,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
         rank_(rank),
         n_(world_size),
         store_(std::move(store)),
+        record_(store_, "gloo_", rank, world_size),
         queue_(opts.queue_capacity, detail::WaitPolicy{.spin = std::chrono::microseconds(10), .yields = 4},
                detail::AllReduceExecutor<GlooBackend>{this}) {
     if (world_size < 1 || rank < 0 || rank >= world_size)
@@ -251,8 +253,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
     // with this rank names it rather than guessing. The add waits for the store's answer: the set reached it.
     try {
       if (context_ && n_ > 1 && !store_lost_.load(std::memory_order_acquire)) {  // (a lost store would make each
-        store_->set(detail::cat("gloo_left/", rank_), {'1'});                    // post wait out its timeout)
-        store_->add("gloo_left_count", 1);
+        record_.post_left("its backend was destroyed");                          // post wait out its timeout)
       }
     } catch (...) {  // the store's host ended first: the peers fall back on Gloo's addresses and the reports
     }
@@ -334,27 +335,25 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   std::string blame(std::string const& what, std::uint64_t seq) {
     try {
       store_->set(detail::broken_key(rank_), {'1'});  // alive, handling it (at whatever collective the peers are)
-      std::string const key = detail::cat("gloo_failure/", seq);
-      auto const posted = [&] {  // the first cause, as a rank posted it: its statuses noted, its text returned
-        auto const v = store_->get(key, timeout_);
-        auto [statuses, text] = detail::decode_cause(std::string_view(v.data(), v.size()));
-        peers_.note_all(statuses);
-        return text;
+      auto const stands = [&](std::pair<std::vector<PeerStatus>, std::string> cause) {  // noted; its text returned
+        peers_.note_all(cause.first);
+        return std::move(cause.second);
       };
-      if (store_->check({key})) return posted();
+      if (record_.has_cause(seq)) return stands(record_.cause(seq, timeout_));
       std::string who;
       std::vector<PeerStatus> statuses;
       auto const note = [&](int q, PeerState state, int seen_by, std::string reason) {
         statuses.push_back({.rank = q, .state = state, .seen_by = seen_by, .seq = seq, .reason = std::move(reason)});
       };
-      std::vector<int> left;  // ranks whose backend ended (normally, or unwinding an error) during this collective
-      for (int q = 0; q < n_; ++q)
-        if (q != rank_ && store_->check({detail::cat("gloo_left/", q)})) left.push_back(q);
+      // Ranks whose backend ended (normally, or unwinding an error) during this collective.
+      auto const left = record_.any_left() ? record_.left(timeout_) : std::vector<PeerStatus>{};
       if (!left.empty()) {
-        who = detail::cat(detail::rank_list(left), " left (", left.size() == 1 ? "its" : "their",
+        std::vector<int> ranks;
+        for (auto const& l : left) ranks.push_back(l.rank);
+        who = detail::cat(detail::rank_list(ranks), " left (", left.size() == 1 ? "its" : "their",
                           " backend was destroyed while this rank was in a collective with it; seen by rank ", rank_,
                           ")");
-        for (int q : left) note(q, PeerState::kLeft, q, "its backend was destroyed");
+        for (auto const& l : left) note(l.rank, PeerState::kLeft, l.rank, l.reason);
       }
       for (int q = 0; q < n_ && who.empty(); ++q) {  // else the peer Gloo names by its address
         auto const& end = peer_ends_[static_cast<std::size_t>(q)];
@@ -365,7 +364,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
       }
       if (who.empty()) {  // the end is not one Gloo named by a published address: ask who else saw a failure
         bool const timed_out = what.find("imed out") != std::string::npos;
-        store_->set(detail::cat("gloo_failed/", seq, "/", rank_), {'1'});
+        record_.report_failed(seq);
         auto const grace = std::min<std::chrono::milliseconds>(timeout_ / 2, std::chrono::seconds(5));
         // Wait out the grace, or less: until a peer posts the first cause (a rank next to the one that ended names it
         // at once), or until every peer has reported a failure of its own (then none is silent).
@@ -373,16 +372,16 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
         // A peer reported when it posted a failure of this collective, or broke at another one (a collective behind
         // or ahead of this rank): either way it is alive, not silent.
         auto const reported = [&](int q) {
-          return store_->check({detail::cat("gloo_failed/", seq, "/", q)}) || store_->check({detail::broken_key(q)});
+          return record_.reported_failed(seq, q) || store_->check({detail::broken_key(q)});
         };
         auto const all_reported = [&] {
           for (int q = 0; q < n_; ++q)
             if (q != rank_ && !reported(q)) return false;
           return true;
         };
-        while (std::chrono::steady_clock::now() < until && !store_->check({key}) && !all_reported())
+        while (std::chrono::steady_clock::now() < until && !record_.has_cause(seq) && !all_reported())
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        if (store_->check({key})) return posted();
+        if (record_.has_cause(seq)) return stands(record_.cause(seq, timeout_));
         std::vector<int> silent;
         for (int q = 0; q < n_; ++q)
           if (q != rank_ && !reported(q)) silent.push_back(q);
@@ -404,12 +403,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
       if (who.empty()) return who;
       // One cause per collective: the first rank to claim it posts its own; a rank that loses the claim (it saw the
       // failure at the same moment) reports the winner's, as a later one would.
-      if (store_->add(detail::cat("gloo_failure_claim/", seq), 1) != 1) return posted();
-      std::string const value = detail::encode_cause(statuses, who);
-      store_->set(key, std::vector<char>(value.begin(), value.end()));
-      store_->add(detail::cat("gloo_failures/", seq), 1);  // answered: the set above reached the store
-      peers_.note_all(statuses);
-      return who;
+      return stands(record_.claim_cause(seq, std::move(statuses), std::move(who), timeout_));
     } catch (Error const&) {  // the store is gone too (its host ended): Gloo's message alone
       store_lost_.store(true, std::memory_order_release);
       return {};
@@ -573,6 +567,7 @@ class GlooBackend : public detail::CollectiveFrontEnd<GlooBackend> {
   int rank_ = 0;
   int n_ = 1;
   std::shared_ptr<Store> store_;
+  detail::StorePeerRecord record_;  // who left, who reported a failure, each collective's first cause (keys gloo_*)
   std::shared_ptr<Rendezvous> rendezvous_;  // the job's, when built from one (keeps rank 0's store server up)
   std::chrono::milliseconds timeout_{};
   std::string where_;

@@ -6,7 +6,8 @@
 //   one, has arrived; one at this position in another call has diverged (both sides are named); one that posted
 //   nothing here is absent;
 // - a rank that ends (its backend destroyed, or a failed collective) posts "<prefix>left/<rank>" with the reason,
-//   so its peers fail at once, naming it and its reason, instead of at the deadline.
+//   so its peers fail at once, naming it and its reason, instead of at the deadline (StorePeerRecord, the record
+//   GlooBackend's blame keeps too).
 // A wait costs the store nothing until it has lasted kPostAfter; then one post, and one counter read per poll.
 #pragma once
 
@@ -25,6 +26,7 @@
 #include "ddp/comm/detail/call_record.hpp"
 #include "ddp/comm/detail/wait.hpp"
 #include "ddp/comm/rendezvous/store.hpp"
+#include "ddp/comm/rendezvous/store_peer_record.hpp"
 #include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"
 
@@ -47,12 +49,13 @@ class StoreWatch {
         n_(world_size),
         deadlines_(std::move(deadlines)),
         backend_(backend),
-        prefix_(std::move(prefix)) {}
+        prefix_(std::move(prefix)),
+        record_(store_, prefix_, rank, world_size) {}
   StoreWatch(StoreWatch const&) = delete;
   StoreWatch& operator=(StoreWatch const&) = delete;
 
   // Where rank q posts that it left, and why (for share_from_root's root_left).
-  std::string left_key(int q) const { return cat(prefix_, "left/", q); }
+  std::string left_key(int q) const { return record_.left_key(q); }
 
   // Tells the peers this rank takes part in no further collective, and why ("its backend was destroyed"). The
   // first reason stands. Never throws: a store that is gone leaves the peers to their deadline.
@@ -60,8 +63,7 @@ class StoreWatch {
     if (left_ || n_ == 1) return;
     left_ = true;
     try {
-      store_->set(cat(prefix_, "left/", rank_), std::vector<char>(why.begin(), why.end()));
-      store_->add(cat(prefix_, "left_count"), 1);  // answered: the set above reached the store
+      record_.post_left(why);
     } catch (...) {}
   }
 
@@ -162,14 +164,11 @@ class StoreWatch {
 
   // "rank 2 left (its backend was destroyed)", or "" while every peer is still in the job.
   std::string departed() {
-    if (store_->add(cat(prefix_, "left_count"), 0) == 0) return {};
+    if (!record_.any_left()) return {};
     std::string who;
-    for (int q = 0; q < n_; ++q) {
-      std::string const key = cat(prefix_, "left/", q);
-      if (q == rank_ || !store_->check({key})) continue;
-      auto const why = store_->get(key, std::chrono::duration_cast<std::chrono::milliseconds>(grace()));
-      who += cat(who.empty() ? "" : "; ", "rank ", q, " left (", std::string(why.begin(), why.end()), ")");
-      if (first_departed_ < 0) first_departed_ = q;
+    for (auto const& s : record_.left(std::chrono::duration_cast<std::chrono::milliseconds>(grace()))) {
+      who += cat(who.empty() ? "" : "; ", "rank ", s.rank, " left (", s.reason, ")");
+      if (first_departed_ < 0) first_departed_ = s.rank;
     }
     return who;
   }
@@ -218,6 +217,7 @@ class StoreWatch {
   Deadlines deadlines_;
   std::string_view backend_;
   std::string prefix_;
+  StorePeerRecord record_;  // who left and why (keys <prefix>left/<r>, <prefix>left_count)
   bool left_ = false;
   int first_departed_ = -1;  // the first peer departed() found
   std::string store_lost_;   // the store's error, once it failed
