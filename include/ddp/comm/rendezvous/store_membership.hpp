@@ -22,6 +22,7 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -102,8 +103,12 @@ class StoreMembership {
     } catch (...) {}
   }
   StoreMembershipOptions const& options() const noexcept { return o_; }
-  // Tickets waiting to be admitted (two reads of the store: the job's rank 0 asks this at step boundaries).
-  std::int64_t pending() { return store_->add("elastic/join/tickets", 0) - store_->add("elastic/join/next", 0); }
+  // Tickets waiting to be admitted: the job's rank 0 asks at every step boundary, so it only reads (one check of a key
+  // while no process ever asked to join; an add of 0 would write the counter, a file rewrite on a file store).
+  std::int64_t pending() {
+    if (!store_->check({"elastic/join/tickets"})) return 0;
+    return counter("elastic/join/tickets") - (store_->check({"elastic/join/next"}) ? counter("elastic/join/next") : 0);
+  }
 
   // This rank failed on its own in `generation` (it takes no further part): its peers need not wait for it.
   void post_failed(std::uint64_t generation, int rank, std::string const& why) noexcept {
@@ -229,6 +234,13 @@ class StoreMembership {
     return cat("elastic/", generation, "/", what);
   }
   void set(std::string const& k, std::string const& v) { store_->set(k, std::vector<char>(v.begin(), v.end())); }
+  // A counter's value, read without writing it (every store keeps counters as decimal text).
+  std::int64_t counter(std::string const& k) {
+    auto const v = store_->get(k, o_.regroup_timeout);
+    std::int64_t x = 0;
+    std::from_chars(v.data(), v.data() + v.size(), x);
+    return x;
+  }
   std::string get_text(std::string const& k) {
     auto const v = store_->get(k, o_.regroup_timeout);
     return std::string(v.begin(), v.end());
