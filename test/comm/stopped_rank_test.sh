@@ -20,7 +20,14 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 if [[ -z "$victim" ]]; then echo "FAIL: rank 1's process did not start"; cat "$log"; exit 1; fi
-sleep 2  # let it set up and train, so the stop hits the training loop's collectives
+# Let it set up and train, so the stop hits the training loop's collectives (a stop during MPI's own start-up is
+# outside ddp's deadlines): wait for rank 0's first epoch line, which follows collectives every rank took. (A fixed
+# 2 s sleep stopped rank 1 before it trained on a loaded CI host: the job then sat in start-up until Bazel's timeout.)
+for _ in $(seq 1 300); do
+  grep -q '^epoch ' "$log" && break
+  sleep 0.1
+done
+grep -q '^epoch ' "$log" || { echo "FAIL: the job printed no epoch line within 30 s"; cat "$log"; exit 1; }
 kill -STOP "$victim"
 stopped=$(date +%s.%N)
 echo "stopped rank 1 (pid $victim)"
@@ -28,6 +35,10 @@ for _ in $(seq 1 300); do
   kill -0 "$job" 2>/dev/null || break
   sleep 0.1
 done
+if kill -0 "$job" 2>/dev/null; then  # still running 30 s after the stop: say so rather than sit out Bazel's timeout
+  kill -CONT "$victim" 2>/dev/null
+  echo "FAIL: the job did not end within 30 s of the stop"; tail -n 20 "$log"; exit 1
+fi
 wait "$job"; rc=$?
 took=$(echo "$(date +%s.%N) - $stopped" | bc)
 kill -CONT "$victim" 2>/dev/null
