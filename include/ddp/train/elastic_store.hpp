@@ -17,7 +17,8 @@
 //   ddp::run_elastic(rv.store, rv.launch.rank, rv.launch.world_size, make, body,
 //                    {.min_world_size = 2, .max_world_size = 4, .identity = {ddp::model_identity(model)}});
 //   // elsewhere, later: a process that joins (no RANK; the store from join_rendezvous())
-//   ddp::join_elastic(ddp::join_rendezvous().store, make, body, {.identity = {ddp::model_identity(model)}});
+//   ddp::join_elastic(ddp::join_rendezvous().store, make, body, std::chrono::minutes(5),
+//                     {.identity = {ddp::model_identity(model)}});
 //
 // A peer killed mid-collective leaves sockets whose next write raises SIGPIPE, which would end this process silently
 // (Gloo's TCP transport writes without MSG_NOSIGNAL): run_elastic ignores SIGPIPE for the process, so the write fails
