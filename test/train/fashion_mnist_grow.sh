@@ -3,7 +3,8 @@
 # started with --join), --deterministic. (1) 3 ranks on a file store, a process joins: the job goes on at 4 from a
 # step boundary and ends with the uninterrupted run's weights digest; joiners with another model, other flags or
 # another binary are refused, each naming what differs, and the job does not notice them; a joiner of the ended job is
-# told so. (2) 4 ranks on rank 0's TCP store lose rank 3, then rank 2, and a process joins: 4 -> 3 -> 2 -> 3, the
+# told so. (1b) 2 ranks at --min-world-size 2 lose one; the survivor waits (--wait-for-joiners) and a joiner takes
+# its place, bitwise. (2) 4 ranks on rank 0's TCP store lose rank 3, then rank 2, and a process joins: 4 -> 3 -> 2 -> 3, the
 # uninterrupted digest, each change one line.
 set -euo pipefail
 bin="$(realpath "$1")"
@@ -106,6 +107,22 @@ join late.log "$bin" "${store[@]}" -- "${flags[@]}"
 wait $joiner && fail "a joiner of the ended job was admitted"
 grep -q "the job at file store $dir/grow.store has ended; nothing to join" "$dir/late.log" ||
   fail "the joiner of the ended job was not told so"
+
+# (1b) Below --min-world-size the survivors wait --wait-for-joiners for a joiner, which takes the lost rank's place:
+# 2 ranks at a minimum of 2, rank 1 SIGKILLed, a process joins: the job goes on at 2, bitwise.
+store=(DDP_STORE_FILE="$dir/wait.store")
+flags=("${common[@]}" --min-world-size 2 --max-world-size 2 --wait-for-joiners 60)
+start 2 wait "${store[@]}" -- "${flags[@]}"
+progress wait
+kill_rank 1
+sleep 1  # (the survivor is waiting for a joiner now)
+join wait.joiner.log "$bin" "${store[@]}" -- "${flags[@]}"
+for p in "${pids[0]}" "$joiner"; do wait "$p" || fail "wait: the survivor or the joiner failed"; done
+line=$(grep "^ddp elastic: " "$dir/wait.rank0.log")
+re='^ddp elastic: rank 1 lost at step ([0-9]+) \(it ended: [^)]*\); rank 1 joined; continuing at world size 2 from step ([0-9]+) after'
+[[ "$line" =~ $re && "${BASH_REMATCH[1]}" == "${BASH_REMATCH[2]}" ]] || fail "wait: unexpected change line: $line"
+[[ "$(digest_of "$dir/wait.rank0.log")" == "$ref" ]] || fail "wait: weights $(digest_of "$dir/wait.rank0.log"), uninterrupted: $ref"
+echo "PASS: below the minimum, a joiner took the lost rank's place, bitwise: $line"
 
 # (2) 4 -> 3 -> 2 -> 3 on rank 0's TCP store.
 tcp=(MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 20000)))
