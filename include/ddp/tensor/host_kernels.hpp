@@ -6,10 +6,6 @@
 #if defined(__SSE2__)  // x86-64 (streaming stores below); other targets take the portable loops
 #include <immintrin.h>
 #endif
-#if defined(DDP_HOST_BLAS_OPENBLAS)  // //:ddp_openblas: host GEMMs through OpenBLAS (one thread per calling thread)
-#include <cblas.h>
-#endif
-
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -18,6 +14,7 @@
 
 #include "ddp/tensor/half.hpp"
 #include "ddp/tensor/host_conv_kernels.hpp"
+#include "ddp/tensor/host_gemm.hpp"
 #include "ddp/tensor/host_optim_kernels.hpp"
 #include "ddp/tensor/host_transformer_kernels.hpp"
 #include "ddp/tensor/kernels.hpp"
@@ -100,7 +97,8 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels, HostTransformerKe
     if (skinny_gemm(ta, tb, M, N, K, alpha, A, B, beta, C)) return;
     bool const tiny = M * N * K <= kTinyGemm;
 #if defined(DDP_HOST_BLAS_OPENBLAS)
-    if (!tiny && blas_gemm(ta, tb, M, N, K, alpha, A, B, beta, C)) return;
+    if (!tiny)
+      return host_gemm(ta, tb, M, N, K, alpha, A, ta == Trans::kNo ? K : M, B, tb == Trans::kNo ? N : K, beta, C, N);
 #endif
     CMapMat<T> a(A, ta == Trans::kNo ? M : K, ta == Trans::kNo ? K : M);
     CMapMat<T> b(B, tb == Trans::kNo ? K : N, tb == Trans::kNo ? N : K);
@@ -144,28 +142,6 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels, HostTransformerKe
     else
       run(a.transpose(), b.transpose());
   }
-
-#if defined(DDP_HOST_BLAS_OPENBLAS)
-  // OpenBLAS's SGEMM/DGEMM, row-major. Its own thread pool is set to one thread once per process: each rank (a
-  // thread of the threads backend, or a process) computes its GEMMs on its own core, as with Eigen.
-  template <class T>
-  static bool blas_gemm(Trans ta, Trans tb, i64 M, i64 N, i64 K, T alpha, T const* A, T const* B, T beta, T* C) {
-    if constexpr (std::same_as<T, float> || std::same_as<T, double>) {
-      [[maybe_unused]] static bool const one_thread = (openblas_set_num_threads(1), true);
-      auto const t = [](Trans x) { return x == Trans::kNo ? CblasNoTrans : CblasTrans; };
-      blasint const lda = static_cast<blasint>(ta == Trans::kNo ? K : M);
-      blasint const ldb = static_cast<blasint>(tb == Trans::kNo ? N : K);
-      if constexpr (std::same_as<T, float>)
-        cblas_sgemm(CblasRowMajor, t(ta), t(tb), blasint(M), blasint(N), blasint(K), alpha, A, lda, B, ldb, beta, C,
-                    blasint(N));
-      else
-        cblas_dgemm(CblasRowMajor, t(ta), t(tb), blasint(M), blasint(N), blasint(K), alpha, A, lda, B, ldb, beta, C,
-                    blasint(N));
-      return true;
-    }
-    return false;
-  }
-#endif
 
   // Coefficient-based product: no packing or blocking overhead for toy-sized products. Flattened: whether
   // GCC inlines Eigen's product evaluator otherwise depends on how much else the translation unit holds (an

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ddp/tensor/host_gemm.hpp"
 #include "ddp/tensor/kernels.hpp"
 
 namespace ddp {
@@ -169,20 +170,16 @@ struct HostTransformerKernels {
   // y[b, :, h·D : (h+1)·D] = P·v. P (B, H, T, T) is kept for the backward. No transposed or sliced copies.
   template <class T>
   static void attention_fwd(i64 B, i64 Tn, i64 H, i64 D, T scale, T const* qkv, T* p, T* y) {
-    using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    using CStr = Eigen::Map<Mat const, 0, Eigen::OuterStride<>>;
-    using Str = Eigen::Map<Mat, 0, Eigen::OuterStride<>>;
+    using detail::host_gemm;
     i64 const C = H * D;
     for (i64 b = 0; b < B; ++b)
       for (i64 h = 0; h < H; ++h) {
-        T const* base = qkv + b * Tn * 3 * C + h * D;
-        CStr q(base, Tn, D, Eigen::OuterStride<>(3 * C)), k(base + C, Tn, D, Eigen::OuterStride<>(3 * C)),
-            v(base + 2 * C, Tn, D, Eigen::OuterStride<>(3 * C));
+        T const* base = qkv + b * Tn * 3 * C + h * D;  // q; k at + C, v at + 2C, rows 3C apart
         T* pb = p + (b * H + h) * Tn * Tn;
-        Eigen::Map<Mat> pm(pb, Tn, Tn);
-        pm.noalias() = q * k.transpose();
+        host_gemm(Trans::kNo, Trans::kYes, Tn, Tn, D, T(1), base, 3 * C, base + C, 3 * C, T(0), pb, Tn);
         softmax_fwd(Tn, Tn, scale, SoftmaxMask::kCausal, pb, pb);
-        Str(y + b * Tn * C + h * D, Tn, D, Eigen::OuterStride<>(C)).noalias() = pm * v;
+        host_gemm(Trans::kNo, Trans::kNo, Tn, D, Tn, T(1), pb, Tn, base + 2 * C, 3 * C, T(0), y + b * Tn * C + h * D,
+                  C);
       }
   }
   // gqkv = beta gqkv + the gradient of attention_fwd's y with respect to qkv, from gy (B, T, C) and the saved P:
@@ -190,31 +187,20 @@ struct HostTransformerKernels {
   template <class T>
   static void attention_bwd(i64 B, i64 Tn, i64 H, i64 D, T scale, T const* qkv, T const* p, T const* gy, T beta,
                             T* gqkv) {
-    using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    using CStr = Eigen::Map<Mat const, 0, Eigen::OuterStride<>>;
-    using Str = Eigen::Map<Mat, 0, Eigen::OuterStride<>>;
+    using detail::host_gemm;
     i64 const C = H * D;
-    Mat ds(Tn, Tn);
-    auto put = [beta](Str dst, auto const& expr) {
-      if (beta == T(0))
-        dst.noalias() = expr;
-      else
-        dst.noalias() += expr;
-    };
+    Eigen::Array<T, Eigen::Dynamic, 1> ds(Tn * Tn);
     for (i64 b = 0; b < B; ++b)
       for (i64 h = 0; h < H; ++h) {
-        T const* base = qkv + b * Tn * 3 * C + h * D;
-        Eigen::OuterStride<> const s3(3 * C);
-        CStr q(base, Tn, D, s3), k(base + C, Tn, D, s3), v(base + 2 * C, Tn, D, s3);
-        CStr dy(gy + b * Tn * C + h * D, Tn, D, Eigen::OuterStride<>(C));
+        T const* base = qkv + b * Tn * 3 * C + h * D;  // q; k at + C, v at + 2C, rows 3C apart
+        T const* dy = gy + b * Tn * C + h * D;
         T const* pb = p + (b * H + h) * Tn * Tn;
-        Eigen::Map<Mat const> pm(pb, Tn, Tn);
         T* gb = gqkv + b * Tn * 3 * C + h * D;
-        put(Str(gb + 2 * C, Tn, D, s3), pm.transpose() * dy);
-        ds.noalias() = dy * v.transpose();
+        host_gemm(Trans::kYes, Trans::kNo, Tn, D, Tn, T(1), pb, Tn, dy, C, beta, gb + 2 * C, 3 * C);           // dv
+        host_gemm(Trans::kNo, Trans::kYes, Tn, Tn, D, T(1), dy, C, base + 2 * C, 3 * C, T(0), ds.data(), Tn);  // dP
         softmax_bwd(Tn, Tn, scale, pb, ds.data(), T(0), ds.data());
-        put(Str(gb, Tn, D, s3), ds * k);
-        put(Str(gb + C, Tn, D, s3), ds.transpose() * q);
+        host_gemm(Trans::kNo, Trans::kNo, Tn, D, Tn, T(1), ds.data(), Tn, base + C, 3 * C, beta, gb, 3 * C);   // dq
+        host_gemm(Trans::kYes, Trans::kNo, Tn, D, Tn, T(1), ds.data(), Tn, base, 3 * C, beta, gb + C, 3 * C);  // dk
       }
   }
 

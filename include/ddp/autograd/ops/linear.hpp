@@ -116,8 +116,14 @@ Variable<T, S> linear(Variable<T, S> const& x, Variable<T, S> const& w, Variable
     return Shape::from_range(d.begin(), d.begin() + xs.rank());
   }();
   Tensor<T, S> y(ys);
-  K::gemm(Trans::kNo, Trans::kYes, rows, out, in, T(1), x.value().data(), w.value().data(), T(0), y.data());
-  if (b.defined()) K::add_row_broadcast(rows, out, b.value().data(), y.data());
+  // With a bias, y starts as the bias in every row and the product adds onto it (beta 1), as torch's addmm does:
+  // one pass over y instead of two (a GEMM with beta 0 zeroes y first, then the bias is added).
+  T y_beta = T(0);
+  if (b.defined() && rows > 0) {
+    K::copy_rows(rows, out, b.value().data(), 0, T(0), y.data(), out);
+    y_beta = T(1);
+  }
+  K::gemm(Trans::kNo, Trans::kYes, rows, out, in, T(1), x.value().data(), w.value().data(), y_beta, y.data());
   auto bwd = [x, w, b, rows, in, out](Node<T, S>& self) {
     T const* gy = self.grad.data();
     if (w.requires_grad()) {  // gW (out,in) = gyᵀ (out,rows) · x (rows,in)
