@@ -7,14 +7,17 @@
 #   bash bench/gpt_vs_torch.sh [ITERS] [ROUNDS]        (defaults 200 and 3; run from the workspace, machine idle)
 # Both run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (this VM family sets them, halving OpenBLAS): torch's
 # GEMMs are OpenBLAS's, and so are ddp's GPT job's (//:ddp_openblas). Needs Debian's python3-torch (/usr/bin/python3)
-# and libopenblas (tools/setup.sh).
+# and libopenblas (tools/setup.sh). Each round also times the step's GEMMs alone (//bench:gpt_gemm_ceiling): the
+# tokens/s a plain step could reach if nothing but its matrix products took time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 iters="${1:-200}"
 rounds="${2:-3}"
 py=/usr/bin/python3
-bazel build -c opt //examples:gpt >/dev/null 2>&1 || { echo "bazel build //examples:gpt failed"; exit 1; }
+bazel build -c opt //examples:gpt //bench:gpt_gemm_ceiling >/dev/null 2>&1 ||
+  { echo "bazel build //examples:gpt //bench:gpt_gemm_ceiling failed"; exit 1; }
 bin=bazel-bin/examples/gpt
+ceiling_bin=bazel-bin/bench/gpt_gemm_ceiling
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 torch_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=1)
@@ -35,6 +38,10 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ /
 rss() { sed -n 's/^\s*Maximum resident set size (kbytes): //p' "$1"; }
 declare -A tps mem
 for r in $(seq 1 "$rounds"); do
+  # The GEMM-only ceiling (bench/gpt_gemm_ceiling.cpp): the step's products alone, one thread, this round.
+  c=$("${ddp_env[@]}" "$ceiling_bin" --reps 100 | sed -n 's/.*ceiling \([0-9]*\) tokens.*/\1/p')
+  echo "round $r  GEMM-only ceiling of one rank's step: $c tokens/s"
+  tps[ceiling]+="$c "
   for ws in 1 2; do
     /usr/bin/time -v "${torch_env[@]}" "$py" bench/gpt_torch.py --iters "$iters" --world-size "$ws" --bench \
       --log-interval 100000 >"$tmp/t.out" 2>"$tmp/t.time"
@@ -64,3 +71,12 @@ for ws in 1 2; do
     "$d" "$(awk -v x="$d" -v f="$flops" -v p="$peak" -v w="$ws" 'BEGIN { print 100 * x * f / (p * 1e9 * w) }')" \
     "$(awk -v a="$d" -v b="$t" 'BEGIN { print a / b }')" "$(echo "${mem[torch$ws]}" | median)" "$(echo "${mem[ddp$ws]}" | median)"
 done
+# What 1.5x torch asks of the plain step, against the GEMM-only ceiling: the fraction of one step left for
+# everything that is not a GEMM.
+ceil=$(echo "${tps[ceiling]}" | median)
+t1=$(echo "${tps[torch1]}" | median)
+d1=$(echo "${tps[ddp1]}" | median)
+awk -v c="$ceil" -v t="$t1" -v d="$d1" 'BEGIN {
+  printf "GEMM-only ceiling (median) %.0f tokens/s: ddp plain reaches %.0f%% of it, torch %.0f%%; 1.5x torch (%.0f tokens/s) is %.0f%% of it, leaving %.1f ms of a %.1f ms step for all but the GEMMs (ddp spends %.1f ms)\n",
+    c, 100 * d / c, 100 * t / c, 1.5 * t, 150 * t / c, 768e3 / (1.5 * t) - 768e3 / c, 768e3 / (1.5 * t), 768e3 / d - 768e3 / c }'
+
