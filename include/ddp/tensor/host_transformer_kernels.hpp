@@ -207,6 +207,12 @@ struct HostTransformerKernels {
   // ---- dst[r, :cols] = beta dst[r, :cols] + src[r, :cols], rows with leading dimensions src_ld and dst_ld ----
   template <class T>
   static void copy_rows(i64 rows, i64 cols, T const* src, i64 src_ld, T beta, T* dst, i64 dst_ld) {
+    if (src_ld == 0 && beta == T(0)) {  // one row broadcast (a Linear's bias): vector stores, no call per row
+      using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+      Eigen::Map<Mat, 0, Eigen::OuterStride<>>(dst, rows, cols, Eigen::OuterStride<>(dst_ld)).rowwise() =
+          Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic> const>(src, cols);
+      return;
+    }
     for (i64 r = 0; r < rows; ++r) {
       T const* s = src + r * src_ld;
       T* d = dst + r * dst_ld;
