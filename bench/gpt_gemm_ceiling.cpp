@@ -48,21 +48,31 @@ struct Step {
     K::gemm(Trans::kNo, Trans::kNo, R, in, out, 1.0f, g.data(), w.data(), 0.0f, gx.data());
     K::gemm(Trans::kYes, Trans::kNo, out, in, R, 1.0f, g.data(), x.data(), 0.0f, gw.data());
   }
-  // Attention's products per (sequence, head), as Kernels<HostSpace>::attention_fwd/bwd make them: S = q·kᵀ,
-  // y = P·v; dv = Pᵀ·dy, dP = dy·vᵀ, dq = dS·k, dk = dSᵀ·q.
+  // Attention's products per (sequence, head), as Kernels<HostSpace>::attention_fwd/bwd make them, each split at
+  // s = T/2 where the causal mask allows (the first s queries see only the first s keys): S = q·kᵀ, y = P·v;
+  // dv = Pᵀ·dy, dP = dy·vᵀ, dq = dS·k, dk = dSᵀ·q.
   void attention() {
     using ddp::detail::host_gemm;
-    i64 const T = s.block, C = s.width, D = C / s.heads;
+    i64 const T = s.block, C = s.width, D = C / s.heads, ld = 3 * C, h2 = T / 2, r = T - h2;
+    float *P = p.data(), *dS = ds.data(), *dy = g.data(), *out = y.data();
     for (i64 b = 0; b < s.batch; ++b)
       for (i64 h = 0; h < s.heads; ++h) {
-        float const* base = qkv.data() + b * T * 3 * C + h * D;
-        float* gb = gqkv.data() + b * T * 3 * C + h * D;
-        host_gemm(Trans::kNo, Trans::kYes, T, T, D, 1.0f, base, 3 * C, base + C, 3 * C, 0.0f, p.data(), T);
-        host_gemm(Trans::kNo, Trans::kNo, T, D, T, 1.0f, p.data(), T, base + 2 * C, 3 * C, 0.0f, y.data(), C);
-        host_gemm(Trans::kYes, Trans::kNo, T, D, T, 1.0f, p.data(), T, g.data(), C, 0.0f, gb + 2 * C, 3 * C);
-        host_gemm(Trans::kNo, Trans::kYes, T, T, D, 1.0f, g.data(), C, base + 2 * C, 3 * C, 0.0f, ds.data(), T);
-        host_gemm(Trans::kNo, Trans::kNo, T, D, T, 1.0f, ds.data(), T, base + C, 3 * C, 0.0f, gb, 3 * C);
-        host_gemm(Trans::kYes, Trans::kNo, T, D, T, 1.0f, ds.data(), T, base, 3 * C, 0.0f, gb + C, 3 * C);
+        float const* q = qkv.data() + b * T * ld + h * D;
+        float const *k = q + C, *v = q + 2 * C;
+        float* dq = gqkv.data() + b * T * ld + h * D;
+        float *dk = dq + C, *dv = dq + 2 * C;
+        host_gemm(Trans::kNo, Trans::kYes, h2, h2, D, 1.0f, q, ld, k, ld, 0.0f, P, T);
+        host_gemm(Trans::kNo, Trans::kYes, r, T, D, 1.0f, q + h2 * ld, ld, k, ld, 0.0f, P + h2 * T, T);
+        host_gemm(Trans::kNo, Trans::kNo, h2, D, h2, 1.0f, P, T, v, ld, 0.0f, out, C);
+        host_gemm(Trans::kNo, Trans::kNo, r, D, T, 1.0f, P + h2 * T, T, v, ld, 0.0f, out + h2 * C, C);
+        host_gemm(Trans::kYes, Trans::kNo, h2, D, T, 1.0f, P, T, dy, C, 0.0f, dv, ld);
+        host_gemm(Trans::kYes, Trans::kNo, r, D, r, 1.0f, P + h2 * T + h2, T, dy + h2 * C, C, 0.0f, dv + h2 * ld, ld);
+        host_gemm(Trans::kNo, Trans::kYes, h2, h2, D, 1.0f, dy, C, v, ld, 0.0f, dS, T);
+        host_gemm(Trans::kNo, Trans::kYes, r, T, D, 1.0f, dy + h2 * C, C, v, ld, 0.0f, dS + h2 * T, T);
+        host_gemm(Trans::kNo, Trans::kNo, h2, D, h2, 1.0f, dS, T, k, ld, 0.0f, dq, ld);
+        host_gemm(Trans::kNo, Trans::kNo, r, D, T, 1.0f, dS + h2 * T, T, k, ld, 0.0f, dq + h2 * ld, ld);
+        host_gemm(Trans::kYes, Trans::kNo, h2, D, T, 1.0f, dS, T, q, ld, 0.0f, dk, ld);
+        host_gemm(Trans::kYes, Trans::kNo, r, D, r, 1.0f, dS + h2 * T + h2, T, q + h2 * ld, ld, 0.0f, dk + h2 * ld, ld);
       }
   }
   void run() {

@@ -145,6 +145,11 @@ TEST_CASE(
     AttentionRef const ref = attention_ref(c.B, c.T, c.H, c.D, scale, qkv, gy);
     Kernels<HostSpace>::attention_fwd(c.B, c.T, c.H, c.D, float(scale), qkv.data(), p.data(), y.data());
     CHECK(max_rel(y, ref.y) < 1e-5);
+    i64 masked_nonzero = 0;  // P is kept for the backward: its masked part (key j > query i) exactly 0, never skipped
+    for (i64 bh = 0; bh < c.B * c.H; ++bh)
+      for (i64 i = 0; i < c.T; ++i)
+        for (i64 j = i + 1; j < c.T; ++j) masked_nonzero += p[(bh * c.T + i) * c.T + j] != 0.0f;
+    CHECK(masked_nonzero == 0);
     std::vector<float> gqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());  // beta 0 never reads it
     Kernels<HostSpace>::attention_bwd(c.B, c.T, c.H, c.D, float(scale), qkv.data(), p.data(), gy.data(), 0.0f,
                                       gqkv.data());

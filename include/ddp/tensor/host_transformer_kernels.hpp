@@ -6,6 +6,7 @@
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>  // vectorised erf for float arrays
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -168,40 +169,69 @@ struct HostTransformerKernels {
   // ---- causal multi-head self-attention, fused: qkv (B, T, 3C) holds q, k and v side by side, H heads of D = C/H ----
   // Per (b, h), reading q, k and v in place: P = softmax(scale·q·kᵀ) with each query's later keys masked (exactly 0),
   // y[b, :, h·D : (h+1)·D] = P·v. P (B, H, T, T) is kept for the backward. No transposed or sliced copies.
+  // The causal mask is used twice over: the queries split at s = T/2, and the first s see only the first s keys, so
+  // each product runs as two, the first on an s × s corner (a quarter fewer multiplications than the full square);
+  // what is skipped is exactly the masked part, whose probabilities are exactly 0.
   template <class T>
   static void attention_fwd(i64 B, i64 Tn, i64 H, i64 D, T scale, T const* qkv, T* p, T* y) {
     using detail::host_gemm;
-    i64 const C = H * D;
+    i64 const C = H * D, s = Tn / 2, ld = 3 * C;
     for (i64 b = 0; b < B; ++b)
       for (i64 h = 0; h < H; ++h) {
-        T const* base = qkv + b * Tn * 3 * C + h * D;  // q; k at + C, v at + 2C, rows 3C apart
+        T const* q = qkv + b * Tn * ld + h * D;  // k at q + C, v at q + 2C, rows 3C apart
+        T const *k = q + C, *v = q + 2 * C;
         T* pb = p + (b * H + h) * Tn * Tn;
-        host_gemm(Trans::kNo, Trans::kYes, Tn, Tn, D, T(1), base, 3 * C, base + C, 3 * C, T(0), pb, Tn);
-        softmax_fwd(Tn, Tn, scale, SoftmaxMask::kCausal, pb, pb);
-        host_gemm(Trans::kNo, Trans::kNo, Tn, D, Tn, T(1), pb, Tn, base + 2 * C, 3 * C, T(0), y + b * Tn * C + h * D,
-                  C);
+        T* yb = y + b * Tn * C + h * D;
+        if (s > 0) host_gemm(Trans::kNo, Trans::kYes, s, s, D, T(1), q, ld, k, ld, T(0), pb, Tn);
+        host_gemm(Trans::kNo, Trans::kYes, Tn - s, Tn, D, T(1), q + s * ld, ld, k, ld, T(0), pb + s * Tn, Tn);
+        softmax_fwd(Tn, Tn, scale, SoftmaxMask::kCausal, pb, pb);  // reads only the unmasked part, zeroes the rest
+        if (s > 0) host_gemm(Trans::kNo, Trans::kNo, s, D, s, T(1), pb, Tn, v, ld, T(0), yb, C);
+        host_gemm(Trans::kNo, Trans::kNo, Tn - s, D, Tn, T(1), pb + s * Tn, Tn, v, ld, T(0), yb + s * C, C);
       }
   }
   // gqkv = beta gqkv + the gradient of attention_fwd's y with respect to qkv, from gy (B, T, C) and the saved P:
-  // dv = Pᵀ·dy, dP = dy·vᵀ, dS = scale·P∘(dP - rowsum(P∘dP)), dq = dS·k, dk = dSᵀ·q.
+  // dv = Pᵀ·dy, dP = dy·vᵀ, dS = scale·P∘(dP - rowsum(P∘dP)), dq = dS·k, dk = dSᵀ·q. Split at s = T/2 as the forward:
+  // P and dS are 0 above the diagonal, so keys past s meet only queries past s, and queries before s only keys before s.
   template <class T>
   static void attention_bwd(i64 B, i64 Tn, i64 H, i64 D, T scale, T const* qkv, T const* p, T const* gy, T beta,
                             T* gqkv) {
     using detail::host_gemm;
-    i64 const C = H * D;
+    i64 const C = H * D, s = Tn / 2, ld = 3 * C, r = Tn - s;
     Eigen::Array<T, Eigen::Dynamic, 1> ds(Tn * Tn);
+    T* dS = ds.data();
     for (i64 b = 0; b < B; ++b)
       for (i64 h = 0; h < H; ++h) {
-        T const* base = qkv + b * Tn * 3 * C + h * D;  // q; k at + C, v at + 2C, rows 3C apart
+        T const* q = qkv + b * Tn * ld + h * D;  // k at q + C, v at q + 2C, rows 3C apart
+        T const *k = q + C, *v = q + 2 * C;
         T const* dy = gy + b * Tn * C + h * D;
         T const* pb = p + (b * H + h) * Tn * Tn;
-        T* gb = gqkv + b * Tn * 3 * C + h * D;
-        host_gemm(Trans::kYes, Trans::kNo, Tn, D, Tn, T(1), pb, Tn, dy, C, beta, gb + 2 * C, 3 * C);           // dv
-        host_gemm(Trans::kNo, Trans::kYes, Tn, Tn, D, T(1), dy, C, base + 2 * C, 3 * C, T(0), ds.data(), Tn);  // dP
-        softmax_bwd(Tn, Tn, scale, pb, ds.data(), T(0), ds.data());
-        host_gemm(Trans::kNo, Trans::kNo, Tn, D, Tn, T(1), ds.data(), Tn, base + C, 3 * C, beta, gb, 3 * C);   // dq
-        host_gemm(Trans::kYes, Trans::kNo, Tn, D, Tn, T(1), ds.data(), Tn, base, 3 * C, beta, gb + C, 3 * C);  // dk
+        T* dq = gqkv + b * Tn * ld + h * D;
+        T *dk = dq + C, *dv = dq + 2 * C;
+        // dv: keys before s from every query, keys from s on from the queries from s on
+        if (s > 0) host_gemm(Trans::kYes, Trans::kNo, s, D, Tn, T(1), pb, Tn, dy, C, beta, dv, ld);
+        host_gemm(Trans::kYes, Trans::kNo, r, D, r, T(1), pb + s * Tn + s, Tn, dy + s * C, C, beta, dv + s * ld, ld);
+        // dP, the unmasked part; softmax_bwd zeroes the masked part of dS
+        if (s > 0) host_gemm(Trans::kNo, Trans::kYes, s, s, D, T(1), dy, C, v, ld, T(0), dS, Tn);
+        host_gemm(Trans::kNo, Trans::kYes, r, Tn, D, T(1), dy + s * C, C, v, ld, T(0), dS + s * Tn, Tn);
+        softmax_bwd_causal(Tn, scale, pb, dS);
+        if (s > 0) host_gemm(Trans::kNo, Trans::kNo, s, D, s, T(1), dS, Tn, k, ld, beta, dq, ld);
+        host_gemm(Trans::kNo, Trans::kNo, r, D, Tn, T(1), dS + s * Tn, Tn, k, ld, beta, dq + s * ld, ld);
+        if (s > 0) host_gemm(Trans::kYes, Trans::kNo, s, D, Tn, T(1), dS, Tn, q, ld, beta, dk, ld);
+        host_gemm(Trans::kYes, Trans::kNo, r, D, r, T(1), dS + s * Tn + s, Tn, q + s * ld, ld, beta, dk + s * ld, ld);
       }
+  }
+  // In place, one (T, T) causal block: g = scale·y·(g - Σ_c y·g) over each row's unmasked entries (query i: keys 0..i),
+  // 0 over the masked ones (whose g is never read: attention_bwd leaves part of it unwritten).
+  template <class T>
+  static void softmax_bwd_causal(i64 Tn, T scale, T const* y, T* g) {
+    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    for (i64 i = 0; i < Tn; ++i) {
+      Eigen::Map<A const> yr(y + i * Tn, i + 1);
+      Eigen::Map<A> gr(g + i * Tn, i + 1);
+      T const dot = (yr * gr).sum();
+      gr = scale * yr * (gr - dot);
+      std::fill(g + i * Tn + i + 1, g + (i + 1) * Tn, T(0));
+    }
   }
 
   // ---- dst[r, :cols] = beta dst[r, :cols] + src[r, :cols], rows with leading dimensions src_ld and dst_ld ----
