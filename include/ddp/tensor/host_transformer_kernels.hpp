@@ -10,11 +10,90 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "ddp/tensor/host_gemm.hpp"
 #include "ddp/tensor/kernels.hpp"
 
 namespace ddp {
+
+namespace detail {
+// One row of a (causal) softmax on Eigen's packets (AVX-512, AVX, SSE, NEON, or plain scalars): attention's rows are
+// a few dozen entries, where an Eigen expression per row and pass cost more than the arithmetic (a 2-3x slower
+// softmax). Entries live.. are masked: never read into a result, written as exact zeros. Fixed order throughout.
+template <class T>
+struct SoftmaxRow {
+  using i64 = std::int64_t;
+  using P = typename Eigen::internal::packet_traits<T>::type;
+  static constexpr i64 W = Eigen::internal::unpacket_traits<P>::size;
+
+  // Lanes j0 .. j0 + W - 1 below live.
+  static P below(i64 j0, i64 live) {
+    using namespace Eigen::internal;
+    return pcmp_lt(plset<P>(T(j0)), pset1<P>(T(live)));
+  }
+  // y[0, cols) = softmax(scale·x[0, live)), then zeros; x may be y. The packet that holds entry live - 1 is read
+  // whole (its masked lanes selected away) when it lies inside the row, else the last entries go one at a time.
+  static void forward(i64 live, i64 cols, T scale, T const* x, T* y) {
+    using namespace Eigen::internal;
+    i64 const full = live / W * W;
+    bool const tail = live > full && full + W <= cols;
+    P const ninf = pset1<P>(-std::numeric_limits<T>::infinity());
+    P const mask = below(full, live);
+    P mx = ninf;
+    for (i64 j = 0; j < full; j += W) mx = pmax(mx, ploadu<P>(x + j));
+    if (tail) mx = pmax(mx, pselect(mask, ploadu<P>(x + full), ninf));
+    T m = predux_max(mx);
+    if (!tail)
+      for (i64 j = full; j < live; ++j) m = std::max(m, x[j]);
+    P const pm = pset1<P>(m), sc = pset1<P>(scale), zero = pzero(pm);
+    P acc = zero;
+    for (i64 j = 0; j < full; j += W) {
+      P const e = pexp(pmul(psub(ploadu<P>(x + j), pm), sc));
+      pstoreu(y + j, e);
+      acc = padd(acc, e);
+    }
+    i64 end = full;  // y[0, end) written
+    if (tail) {
+      P const e = pselect(mask, pexp(pmul(psub(pselect(mask, ploadu<P>(x + full), pm), pm), sc)), zero);
+      pstoreu(y + full, e);
+      acc = padd(acc, e);
+      end = full + W;
+    }
+    T sum = predux(acc);
+    if (!tail)
+      for (; end < live; ++end) sum += (y[end] = std::exp((x[end] - m) * scale));
+    P const inv = pset1<P>(T(1) / sum);
+    i64 j = 0;
+    for (; j + W <= end; j += W) pstoreu(y + j, pmul(ploadu<P>(y + j), inv));
+    for (; j < end; ++j) y[j] *= T(1) / sum;
+    std::fill(y + end, y + cols, T(0));
+  }
+  // In place: g[0, live) = scale·y·(g - Σ y·g), then zeros (g's masked entries are never read).
+  static void backward(i64 live, i64 cols, T scale, T const* y, T* g) {
+    using namespace Eigen::internal;
+    i64 const full = live / W * W;
+    bool const tail = live > full && full + W <= cols;
+    P const mask = below(full, live), zero = pzero(mask);
+    P acc = zero;
+    for (i64 j = 0; j < full; j += W) acc = pmadd(ploadu<P>(y + j), ploadu<P>(g + j), acc);
+    if (tail) acc = padd(acc, pselect(mask, pmul(ploadu<P>(y + full), ploadu<P>(g + full)), zero));
+    T dot = predux(acc);
+    if (!tail)
+      for (i64 j = full; j < live; ++j) dot += y[j] * g[j];
+    P const pd = pset1<P>(dot), sc = pset1<P>(scale);
+    for (i64 j = 0; j < full; j += W) pstoreu(g + j, pmul(sc, pmul(ploadu<P>(y + j), psub(ploadu<P>(g + j), pd))));
+    i64 end = full;
+    if (tail) {
+      pstoreu(g + full, pselect(mask, pmul(sc, pmul(ploadu<P>(y + full), psub(ploadu<P>(g + full), pd))), zero));
+      end = full + W;
+    }
+    if (!tail)
+      for (; end < live; ++end) g[end] = scale * y[end] * (g[end] - dot);
+    std::fill(g + end, g + cols, T(0));
+  }
+};
+}  // namespace detail
 
 struct HostTransformerKernels {
   using i64 = std::int64_t;
@@ -124,16 +203,9 @@ struct HostTransformerKernels {
   // i = r mod cols), and keys j > i are masked out (probability exactly 0).
   template <class T>
   static void softmax_fwd(i64 rows, i64 cols, T scale, SoftmaxMask mask, T const* x, T* y) {
-    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
-    for (i64 r = 0; r < rows; ++r) {
-      i64 const live = mask == SoftmaxMask::kCausal ? r % cols + 1 : cols;
-      Eigen::Map<A const> xr(x + r * cols, live);
-      Eigen::Map<A> yr(y + r * cols, live);
-      T const m = xr.maxCoeff();
-      yr = ((xr - m) * scale).exp();
-      yr /= yr.sum();
-      if (live < cols) std::memset(y + r * cols + live, 0, sizeof(T) * (cols - live));
-    }
+    for (i64 r = 0; r < rows; ++r)
+      detail::SoftmaxRow<T>::forward(mask == SoftmaxMask::kCausal ? r % cols + 1 : cols, cols, scale, x + r * cols,
+                                     y + r * cols);
   }
   // gx = beta gx + scale · y · (gy - Σ_c y·gy)   (masked entries have y = 0, so their gradient is 0)
   template <class T>
@@ -224,14 +296,7 @@ struct HostTransformerKernels {
   // 0 over the masked ones (whose g is never read: attention_bwd leaves part of it unwritten).
   template <class T>
   static void softmax_bwd_causal(i64 Tn, T scale, T const* y, T* g) {
-    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
-    for (i64 i = 0; i < Tn; ++i) {
-      Eigen::Map<A const> yr(y + i * Tn, i + 1);
-      Eigen::Map<A> gr(g + i * Tn, i + 1);
-      T const dot = (yr * gr).sum();
-      gr = scale * yr * (gr - dot);
-      std::fill(g + i * Tn + i + 1, g + (i + 1) * Tn, T(0));
-    }
+    for (i64 i = 0; i < Tn; ++i) detail::SoftmaxRow<T>::backward(i + 1, Tn, scale, y + i * Tn, g + i * Tn);
   }
 
   // ---- dst[r, :cols] = beta dst[r, :cols] + src[r, :cols], rows with leading dimensions src_ld and dst_ld ----
