@@ -1,7 +1,6 @@
-// detail::host_gemm (strided, row-major), the fused attention kernels built on it and the softmax rows they run on,
-// against direct double-precision references. Built twice: in //test/tensor:tensor_tests (Eigen's product) and as
-// host_gemm_openblas_test (the same file with //:ddp_openblas, so the GPT job's OpenBLAS path, small-matrix kernels
-// included, is tested in CI).
+// detail::host_gemm (strided, row-major) and the fused attention kernels built on it, against direct double-precision
+// references. Built twice: in //test/tensor:tensor_tests (Eigen's product) and as host_gemm_openblas_test (the same
+// file with //:ddp_openblas, so the GPT job's OpenBLAS path, small-matrix kernels included, is tested in CI).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -162,68 +161,4 @@ TEST_CASE(
     for (auto& v : ref1) v += 1.0;
     CHECK(max_rel(acc, ref1) < 1e-5);
   }
-}
-
-namespace {
-// The softmax rows attention runs on (detail::SoftmaxRow, on Eigen's packets): every length around the packet
-// widths (4, 8, 16 lanes), plain and causal, out of place and in place, float and double, against double. The masked
-// entries hold NaN: they must never reach a result, and come out exactly 0.
-template <class T>
-void softmax_rows_against_double() {
-  T const nan = std::numeric_limits<T>::quiet_NaN();
-  for (i64 cols : {1, 3, 4, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65}) {
-    CAPTURE(cols);
-    Generator g(static_cast<std::uint64_t>(cols));
-    double const scale = 0.37;
-    for (SoftmaxMask mask : {SoftmaxMask::kNone, SoftmaxMask::kCausal}) {
-      i64 const rows = cols + 2;  // causal: two more rows than a block, the second block's first rows
-      std::vector<T> x(rows * cols), gy(rows * cols);
-      for (auto& v : x) v = g.uniform<T>(-4, 4);
-      for (auto& v : gy) v = g.uniform<T>(-1, 1);
-      auto live = [&](i64 r) { return mask == SoftmaxMask::kCausal ? r % cols + 1 : cols; };
-      for (i64 r = 0; r < rows; ++r)
-        for (i64 j = live(r); j < cols; ++j) x[r * cols + j] = gy[r * cols + j] = nan;
-      std::vector<T> y(rows * cols, nan), inplace(x);
-      Kernels<HostSpace>::softmax_fwd(rows, cols, T(scale), mask, x.data(), y.data());
-      Kernels<HostSpace>::softmax_fwd(rows, cols, T(scale), mask, inplace.data(), inplace.data());
-      CHECK(inplace == y);
-      std::vector<T> gx(gy);  // the causal backward, in place (attention's dS), from the float forward's y
-      if (mask == SoftmaxMask::kCausal)
-        for (i64 b = 0; b < rows / cols; ++b)
-          Kernels<HostSpace>::softmax_bwd_causal(cols, T(scale), y.data() + b * cols * cols,
-                                                 gx.data() + b * cols * cols);
-      double worst = 0, worst_g = 0;
-      i64 masked_nonzero = 0;
-      for (i64 r = 0; r < rows; ++r) {
-        i64 const n = live(r);
-        double m = -1e300, z = 0, dot = 0;
-        for (i64 j = 0; j < n; ++j) m = std::max(m, double(x[r * cols + j]));
-        for (i64 j = 0; j < n; ++j) z += std::exp((double(x[r * cols + j]) - m) * scale);
-        for (i64 j = 0; j < n; ++j) dot += double(y[r * cols + j]) * double(gy[r * cols + j]);
-        for (i64 j = 0; j < n; ++j) {
-          double const p = std::exp((double(x[r * cols + j]) - m) * scale) / z;
-          double const e = std::abs(p - double(y[r * cols + j]));
-          if (!(e <= worst)) worst = std::isnan(e) ? 1e9 : e;
-          if (mask == SoftmaxMask::kCausal && r < rows / cols * cols) {
-            double const gr = scale * double(y[r * cols + j]) * (double(gy[r * cols + j]) - dot);
-            double const eg = std::abs(gr - double(gx[r * cols + j]));
-            if (!(eg <= worst_g)) worst_g = std::isnan(eg) ? 1e9 : eg;
-          }
-        }
-        for (i64 j = n; j < cols; ++j) {
-          masked_nonzero += !(y[r * cols + j] == T(0) && !std::signbit(y[r * cols + j]));
-          if (mask == SoftmaxMask::kCausal && r < rows / cols * cols) masked_nonzero += gx[r * cols + j] != T(0);
-        }
-      }
-      CHECK(worst < 1e-6);
-      CHECK(worst_g < 1e-6);
-      CHECK(masked_nonzero == 0);
-    }
-  }
-}
-}  // namespace
-
-TEST_CASE("softmax rows on packets: lengths around every packet width, plain and causal, in place, NaN masked") {
-  softmax_rows_against_double<float>();
-  softmax_rows_against_double<double>();
 }
