@@ -80,3 +80,27 @@ TEST_CASE("gemm: the streaming-store outer product (result >= 64 MiB) is exact, 
     CHECK(worst < 1e-6);
   }
 }
+
+TEST_CASE("sum_rows: column sums against double, any row count (blocks of 32 and a remainder), beta 0, 1 and 0.5") {
+  for (std::int64_t rows : {0, 1, 5, 32, 33, 768, 1001})
+    for (std::int64_t cols : {1, 7, 16, 130}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      Generator g(static_cast<std::uint64_t>(rows * 17 + cols));
+      std::vector<float> x(static_cast<std::size_t>(rows * cols));
+      for (auto& v : x) v = g.uniform<float>(-1, 1);
+      for (float beta : {0.0f, 1.0f, 0.5f}) {
+        std::vector<float> out(static_cast<std::size_t>(cols),
+                               beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : 2.0f);
+        Kernels<HostSpace>::sum_rows(rows, cols, x.data(), beta, out.data());
+        double worst = 0;
+        for (std::int64_t c = 0; c < cols; ++c) {
+          double ref = beta == 0.0f ? 0.0 : 2.0 * beta;
+          for (std::int64_t r = 0; r < rows; ++r) ref += x[static_cast<std::size_t>(r * cols + c)];
+          double const e = std::abs(ref - double(out[static_cast<std::size_t>(c)]));
+          if (!(e <= worst)) worst = std::isnan(e) ? 1e9 : e;
+        }
+        CHECK(worst < 2e-5);
+      }
+    }
+}

@@ -6,6 +6,7 @@
 #if defined(__SSE2__)  // x86-64 (streaming stores below); other targets take the portable loops
 #include <immintrin.h>
 #endif
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -289,16 +290,25 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels, HostTransformerKe
     Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic> const> bb(bias, cols);
     yy.rowwise() += bb;
   }
-  // out[c] = beta * out[c] + sum_r x[r, c]
+  // out[c] = beta * out[c] + sum_r x[r, c]. Whole rows are added (contiguous, vectorised; a column reduction over a
+  // row-major matrix was 4x slower), in order, in blocks of 32 rows whose sums are then added in order: float error
+  // near (32 + rows/32) ulps instead of rows ulps.
   template <class T>
   static void sum_rows(i64 rows, i64 cols, T const* x, T beta, T* out) {
-    using namespace detail;
-    Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> o(out, cols);
-    if (rows == 0) {
-      if (beta == T(0)) o.setZero();
-      return;
+    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    Eigen::Map<A> o(out, cols);
+    if (beta == T(0))
+      o.setZero();
+    else if (beta != T(1))
+      o *= beta;
+    constexpr i64 kBlock = 32;
+    A part(cols);
+    for (i64 r0 = 0; r0 < rows; r0 += kBlock) {
+      i64 const r1 = std::min(rows, r0 + kBlock);
+      part = Eigen::Map<A const>(x + r0 * cols, cols);
+      for (i64 r = r0 + 1; r < r1; ++r) part += Eigen::Map<A const>(x + r * cols, cols);
+      o += part;
     }
-    assign_or_add(o, CMapMat<T>(x, rows, cols).colwise().sum(), beta);
   }
   // y[n, c, :] += bias[c]   (y is (N, C, HW))
   template <class T>
