@@ -94,7 +94,7 @@ void check_device(std::string const& label, F f, std::vector<Tensor<double>> con
 
 }  // namespace
 
-TEST_CASE("device: matmul and linear (with and without bias, 2-D and 3-D input)") {
+TEST_CASE("device: matmul, linear and linear_residual (with and without bias, 2-D and 3-D input)") {
   Generator gen(1);
   check_device("matmul", [](auto const& in) { return matmul(in[0], in[1]); },
                {uniform({3, 4}, gen), uniform({4, 5}, gen)});
@@ -104,6 +104,11 @@ TEST_CASE("device: matmul and linear (with and without bias, 2-D and 3-D input)"
                {uniform({2, 3, 4}, gen), uniform({5, 4}, gen), uniform({5}, gen)});
   check_device("linear", [](auto const& in) { return linear(in[0], in[1]); },
                {uniform({6, 4}, gen), uniform({3, 4}, gen)});
+  check_device("linear_residual+bias, r interior",
+               [](auto const& in) { return linear_residual(tanh(in[0]), in[1], in[2], in[3]); },
+               {uniform({2, 3, 5}, gen), uniform({2, 3, 4}, gen), uniform({5, 4}, gen), uniform({5}, gen)});
+  check_device("linear_residual", [](auto const& in) { return linear_residual(in[0], in[1], in[2]); },
+               {uniform({6, 3}, gen), uniform({6, 4}, gen), uniform({3, 4}, gen)});
 }
 
 TEST_CASE("device: add, sub (same shape, trailing-dims and scalar broadcast), mul, scale") {

@@ -182,6 +182,9 @@ TEST_CASE_TEMPLATE("element-wise kernels equal the host's bitwise", T, float, do
       "add_row_broadcast", [&](T* y) { H::add_row_broadcast(rows, cols, b.data(), y); },
       [&](T* y) { D::add_row_broadcast(rows, cols, db.data(), y); });
   run(
+      "add_row_broadcast (y = x + bias)", [&](T* y) { H::add_row_broadcast(rows, cols, x.data(), b.data(), y); },
+      [&](T* y) { D::add_row_broadcast(rows, cols, dx.data(), db.data(), y); });
+  run(
       "add_channel_broadcast", [&](T* y) { H::add_channel_broadcast(1, 61, 17, b.data(), y); },
       [&](T* y) { D::add_channel_broadcast(1, 61, 17, db.data(), y); });
   run(

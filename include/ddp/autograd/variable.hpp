@@ -47,7 +47,7 @@ inline bool grad_enabled() noexcept { return detail::grad_mode(); }
 template <class T, MemorySpace S>
 struct Node {
   using GradHook = std::function<void(Node&)>;
-  static constexpr int kMaxParents = 3;
+  static constexpr int kMaxParents = 4;
 
   Tensor<T, S> value;
   Tensor<T, S> grad;  // storage (for parameters: a view into the gradient arena)
@@ -127,6 +127,22 @@ T grad_beta(Node<T, S>& n) {
   n.grad_defined = true;
   return b;
 }
+
+// For an op whose input's gradient is its own gradient unchanged (a residual add): lends self's gradient to
+// `parent` instead of copying it, and says whether it did. It lends only to an interior node with no gradient yet
+// in this backward, of the same shape, and only from a node that is not the sweep's root (backward() keeps the
+// root's seed; every other interior gradient is dropped right after its node's backward, so from here on only
+// `parent` reads or writes that storage). Call it after the op's last read of self.grad: a later contribution to
+// `parent`, say from the op's other input, adds into the shared storage. Leaves never borrow (their gradients live
+// in the parameter arena). `pending` counts a node's consumer edges in this sweep: 0 only for the root.
+template <class T, MemorySpace S>
+bool lend_grad(Node<T, S>& self, Node<T, S>& parent) {
+  if (parent.is_leaf || parent.grad_defined || self.pending == 0 || !(parent.value.shape() == self.grad.shape()))
+    return false;
+  parent.grad = self.grad;
+  parent.grad_defined = true;
+  return true;
+}
 }  // namespace detail
 
 // A cheap handle (copies share the node). Thread safety: a graph belongs to the thread that built it.
@@ -186,7 +202,7 @@ namespace detail {
 // no_grad mode or when no parent requires grad.
 template <class T, MemorySpace S, class F, class... P>
 Variable<T, S> record(char const* op, Tensor<T, S> out, F&& bwd, P const&... parents) {
-  static_assert(sizeof...(P) <= Node<T, S>::kMaxParents, "an op has at most 3 differentiable inputs");
+  static_assert(sizeof...(P) <= Node<T, S>::kMaxParents, "an op has at most 4 differentiable inputs");
   if (!grad_mode() || !(parents.requires_grad() || ...)) return Variable<T, S>(std::move(out));
   auto n = std::make_shared<FnNode<T, S, std::decay_t<F>>>(std::forward<F>(bwd));
   n->value = std::move(out);

@@ -204,6 +204,12 @@ class basic_gpt {
       att = drop(d0, softmax(att, {.scale = 1.0 / std::sqrt(double(D)), .mask = SoftmaxMask::kCausal}));
       y = reshape(transpose(bmm(att, heads(parts[2])), 1, 2), Shape{B, Tn, C});
     }
+    if (drops_.empty() ||
+        mode_ ==
+            Mode::kEval) {  // the residual sums folded into the projections (linear_residual: no pass of their own)
+      V h = linear_residual(x, y, b.attn_proj.weight, b.attn_proj.bias);
+      return linear_residual(h, gelu(b.c_fc(b.ln_2(h)), cfg_.gelu), b.mlp_proj.weight, b.mlp_proj.bias);
+    }
     V h = add(x, drop(d0 + 1, b.attn_proj(y)));
     V m = b.mlp_proj(gelu(b.c_fc(b.ln_2(h)), cfg_.gelu));
     return add(h, drop(d0 + 2, m));

@@ -71,6 +71,14 @@ struct AddRowBroadcast {
   DDP_HOST_DEVICE void operator()(i64 i) const { y[i] += bias[i % cols]; }
 };
 template <class T>
+struct AddRowBroadcastTo {
+  i64 cols;
+  T const* x;
+  T const* bias;
+  T* y;
+  DDP_HOST_DEVICE void operator()(i64 i) const { y[i] = x[i] + bias[i % cols]; }
+};
+template <class T>
 struct SumRows {  // one column per index
   i64 rows, cols;
   T const* x;
@@ -297,6 +305,11 @@ struct DeviceElementwiseKernels {
   template <class T>
   static void add_row_broadcast(i64 rows, i64 cols, T const* bias, T* y) {
     detail::device_for(rows * cols, detail::dev::AddRowBroadcast<T>{cols, bias, y});
+  }
+  // y[r, c] = x[r, c] + bias[c]   (y may be x)
+  template <class T>
+  static void add_row_broadcast(i64 rows, i64 cols, T const* x, T const* bias, T* y) {
+    detail::device_for(rows * cols, detail::dev::AddRowBroadcastTo<T>{cols, x, bias, y});
   }
   // out[c] = beta * out[c] + sum_r x[r, c]
   template <class T>

@@ -290,6 +290,14 @@ struct Kernels<HostSpace> : HostConvKernels, HostOptimKernels, HostTransformerKe
     Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic> const> bb(bias, cols);
     yy.rowwise() += bb;
   }
+  // y[r, c] = x[r, c] + bias[c]   (one pass; y may be x)
+  template <class T>
+  static void add_row_broadcast(i64 rows, i64 cols, T const* x, T const* bias, T* y) {
+    using namespace detail;
+    MapMat<T> yy(y, rows, cols);
+    Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic> const> bb(bias, cols);
+    yy = CMapMat<T>(x, rows, cols).rowwise() + bb;
+  }
   // out[c] = beta * out[c] + sum_r x[r, c]. Whole rows are added (contiguous, vectorised; a column reduction over a
   // row-major matrix was 4x slower), in order, in blocks of 32 rows whose sums are then added in order: float error
   // near (32 + rows/32) ulps instead of rows ulps.

@@ -98,6 +98,90 @@ TEST_CASE("linear and matmul shape errors name both shapes") {
       {"bias", "[4]", "[5]"});
 }
 
+TEST_CASE("linear_residual: r + linear(x, W, b), every input's gradient, r a leaf, interior, reused or x itself") {
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    Generator gen(seed);
+    std::int64_t const B = dim(gen, 1, 5), n = dim(gen, 1, 6), in = dim(gen, 1, 6), out = dim(gen, 1, 6);
+    VarD x = param(uniform(Shape{B, n, in}, gen)), w = param(uniform(Shape{out, in}, gen)),
+         b = param(uniform(Shape{out}, gen)), r = param(uniform(Shape{B, n, out}, gen));
+    Shape const xs = x.shape();
+    check_grad(label("linear_residual+bias", seed, xs),
+               [](Inputs const& v) { return linear_residual(v[0], v[1], v[2], v[3]); }, {r, x, w, b});
+    check_grad(label("linear_residual", seed, xs), [](Inputs const& v) { return linear_residual(v[0], v[1], v[2]); },
+               {r, x, w});
+    // r interior with no other consumer: its gradient is lent, then flows on through tanh.
+    check_grad(label("linear_residual, r interior", seed, xs),
+               [](Inputs const& v) { return linear_residual(tanh(v[0]), v[1], v[2], v[3]); }, {r, x, w, b});
+    // r interior and used again: the other use adds into the lent storage (before or after, by the sweep's order).
+    check_grad(label("linear_residual, r reused", seed, xs),
+               [](Inputs const& v) {
+                 VarD const t = tanh(v[0]);
+                 return mul(linear_residual(t, v[1], v[2], v[3]), t);
+               },
+               {r, x, w, b});
+    // r is x: the product reads y's gradient (gx = gy·W) before r may borrow it.
+    VarD sq = param(uniform(Shape{in, in}, gen)), sb = param(uniform(Shape{in}, gen));
+    check_grad(label("linear_residual, r is x", seed, xs),
+               [](Inputs const& v) {
+                 VarD const t = tanh(v[0]);
+                 return linear_residual(t, t, v[1], v[2]);
+               },
+               {x, sq, sb});
+  }
+}
+
+TEST_CASE("linear_residual forward: add(r, linear(x, W, b)) up to rounding; a constant r leaves it a plain product") {
+  Generator gen(24);
+  VarD x = constant(uniform(Shape{3, 4}, gen)), w = param(uniform(Shape{5, 4}, gen)), b = param(uniform(Shape{5}, gen)),
+       r = constant(uniform(Shape{3, 5}, gen));
+  VarD const y = linear_residual(r, x, w, b);
+  Tensor<double> const want = add(r, linear(x, w, b)).value();
+  REQUIRE(y.shape() == Shape{3, 5});
+  for (std::int64_t i = 0; i < 15; ++i) CHECK(y.value()[i] == doctest::Approx(want[i]).epsilon(1e-14));
+  CHECK(std::string(y.op()) == "linear_residual");
+  backward(sum(y));
+  for (std::int64_t o = 0; o < 5; ++o) CHECK(b.grad()[o] == doctest::Approx(3.0).epsilon(1e-14));
+}
+
+TEST_CASE("linear_residual shape errors name the residual") {
+  Generator gen(25);
+  VarD x = param(uniform(Shape{2, 4}, gen)), w = param(uniform(Shape{5, 4}, gen));
+  check_throws_with<ShapeError>(
+      [&] {
+        (void)linear_residual(param(uniform(Shape{2, 4}, gen)), x, w);
+      },
+      {"linear_residual", "residual", "[2, 4]", "[2, 5]"});
+  check_throws_with<ShapeError>(
+      [&] {
+        (void)linear_residual(param(uniform(Shape{2, 5}, gen)), x, param(uniform(Shape{5, 3}, gen)));
+      },
+      {"linear_residual", "[2, 4]", "[5, 3]"});
+  check_throws_with<ArgumentError>([&] { (void)linear_residual(VarD{}, x, w); }, {"linear_residual", "undefined"});
+}
+
+TEST_CASE("a lent gradient: the root keeps its seed, leaves keep their own storage") {
+  Generator gen(26);
+  VarD a = param(uniform(Shape{2, 3}, gen)), p = param(uniform(Shape{2, 3}, gen));
+  // The root is add(t, s) with t = tanh(a) also inside s: t may not borrow the root's gradient, which backward keeps.
+  VarD const t = tanh(a);
+  VarD const y = add(t, mul(t, t));
+  Tensor<double> seed = uniform(Shape{2, 3}, gen);
+  Tensor<double> const seed_copy = clone(seed);
+  backward(y, seed, {.retain_graph = true});
+  for (std::int64_t i = 0; i < 6; ++i) {
+    CHECK(y.grad()[i] == seed_copy[i]);
+    double const th = t.value()[i];
+    CHECK(a.grad()[i] == doctest::Approx(seed_copy[i] * (1 + 2 * th) * (1 - th * th)).epsilon(1e-13));
+  }
+  // A leaf input of an add never borrows: its gradient stays where it was (a parameter's lives in the arena).
+  backward(sum(add(p, tanh(a))));
+  double const* storage = p.grad().data();
+  p.zero_grad();  // keeps the storage; the next backward overwrites it
+  backward(sum(add(p, tanh(a))));
+  CHECK(p.grad().data() == storage);
+  for (std::int64_t i = 0; i < 6; ++i) CHECK(p.grad()[i] == 1.0);
+}
+
 // ---- elementwise.hpp ----
 
 TEST_CASE("add and sub: same shape, trailing-dims (bias) broadcast, scalar broadcast") {

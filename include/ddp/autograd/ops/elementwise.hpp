@@ -46,11 +46,6 @@ Variable<T, S> add_scaled(char const* op, Variable<T, S> const& a, Variable<T, S
   return record(
       op, std::move(y),
       [a, b, sb, kind, n, rows, cols](Node<T, S>& self) {
-        if (a.requires_grad()) {
-          auto& an = a.node();
-          T const beta = grad_beta(an);
-          K::axpby(n, T(1), self.grad.data(), beta, an.grad.data());
-        }
         if (b.requires_grad()) {
           auto& bn = b.node();
           T const beta = grad_beta(bn);
@@ -63,6 +58,11 @@ Variable<T, S> add_scaled(char const* op, Variable<T, S> const& a, Variable<T, S
             K::sum_rows(rows, cols, self.grad.data(), T(0), tmp.data());
             K::axpby(cols, sb, tmp.data(), beta, bn.grad.data());
           }
+        }
+        if (a.requires_grad() && !lend_grad(self, a.node())) {  // a's gradient is y's: lent when it can be, last
+          auto& an = a.node();
+          T const beta = grad_beta(an);
+          K::axpby(n, T(1), self.grad.data(), beta, an.grad.data());
         }
       },
       a, b);

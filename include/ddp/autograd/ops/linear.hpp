@@ -1,5 +1,5 @@
-// matmul, bmm (batched, with transposes) and linear (y = x Wᵀ + b), forward and backward through
-// Kernels<Space>::gemm.
+// matmul, bmm (batched, with transposes), linear (y = x Wᵀ + b) and linear_residual (r + x Wᵀ + b), forward and
+// backward through Kernels<Space>::gemm.
 #pragma once
 
 #include <array>
@@ -97,53 +97,88 @@ Variable<T, S> bmm(Variable<T, S> const& a, Variable<T, S> const& b, Trans ta = 
       a, b);
 }
 
-// x:(..., in) W:(out, in) b:(out) or undefined -> (..., out). Leading dims are flattened into rows.
+namespace detail {
+// y = [r +] x Wᵀ [+ b]: linear() and linear_residual(), one body. r (undefined for linear) has y's shape.
 template <class T, MemorySpace S>
-Variable<T, S> linear(Variable<T, S> const& x, Variable<T, S> const& w, Variable<T, S> const& b = {}) {
+Variable<T, S> linear_op(char const* op, Variable<T, S> const& r, Variable<T, S> const& x, Variable<T, S> const& w,
+                         Variable<T, S> const& b) {
   using K = Kernels<S>;
   Shape const& xs = x.shape();
   if (w.shape().rank() != 2 || xs.rank() < 1 || xs[xs.rank() - 1] != w.shape()[1])
-    throw ShapeError(detail::cat("linear: input of shape ", xs, " does not match weight of shape ", w.shape(),
-                                 " (need input (..., ", w.shape().rank() == 2 ? w.shape()[1] : -1, "))"));
+    throw ShapeError(cat(op, ": input of shape ", xs, " does not match weight of shape ", w.shape(),
+                         " (need input (..., ", w.shape().rank() == 2 ? w.shape()[1] : -1, "))"));
   std::int64_t const in = w.shape()[1], out = w.shape()[0], rows = xs.numel_from(0) / (in ? in : 1);
   if (b.defined() && !(b.shape() == Shape{out}))
-    throw ShapeError(detail::cat("linear: bias has shape ", b.shape(), ", expected [", out, "]"));
-  Shape ys = xs;
-  ys = [&] {
+    throw ShapeError(cat(op, ": bias has shape ", b.shape(), ", expected [", out, "]"));
+  Shape const ys = [&] {
     std::array<std::int64_t, 4> d{};
     for (int i = 0; i < xs.rank(); ++i) d[i] = xs[i];
     d[xs.rank() - 1] = out;
     return Shape::from_range(d.begin(), d.begin() + xs.rank());
   }();
+  if (r.defined() && !(r.shape() == ys))
+    throw ShapeError(cat(op, ": residual has shape ", r.shape(), " but the product has shape ", ys));
   Tensor<T, S> y(ys);
-  // With a bias, y starts as the bias in every row and the product adds onto it (beta 1), as torch's addmm does:
-  // one pass over y instead of two (a GEMM with beta 0 zeroes y first, then the bias is added).
+  // y starts as the residual and/or the bias in every row, and the product adds onto it (beta 1), as torch's addmm
+  // does: one pass over y instead of two (a GEMM with beta 0 zeroes y first, then the sum is added).
   T y_beta = T(0);
-  if (b.defined() && rows > 0) {
-    K::copy_rows(rows, out, b.value().data(), 0, T(0), y.data(), out);
+  if (rows > 0 && (r.defined() || b.defined())) {
+    if (r.defined() && b.defined())
+      K::add_row_broadcast(rows, out, r.value().data(), b.value().data(), y.data());
+    else if (r.defined())
+      K::copy(rows * out, r.value().data(), y.data());
+    else
+      K::copy_rows(rows, out, b.value().data(), 0, T(0), y.data(), out);
     y_beta = T(1);
   }
   K::gemm(Trans::kNo, Trans::kYes, rows, out, in, T(1), x.value().data(), w.value().data(), y_beta, y.data());
-  auto bwd = [x, w, b, rows, in, out](Node<T, S>& self) {
+  auto bwd = [r, x, w, b, rows, in, out](Node<T, S>& self) {
     T const* gy = self.grad.data();
     if (w.requires_grad()) {  // gW (out,in) = gyᵀ (out,rows) · x (rows,in)
       auto& wn = w.node();
-      T const beta = detail::grad_beta(wn);
+      T const beta = grad_beta(wn);
       K::gemm(Trans::kYes, Trans::kNo, out, in, rows, T(1), gy, x.value().data(), beta, wn.grad.data());
     }
     if (b.defined() && b.requires_grad()) {  // gb = column sums of gy
       auto& bn = b.node();
-      T const beta = detail::grad_beta(bn);
+      T const beta = grad_beta(bn);
       K::sum_rows(rows, out, gy, beta, bn.grad.data());
     }
     if (x.requires_grad()) {  // gx (rows,in) = gy (rows,out) · W (out,in)
       auto& xn = x.node();
-      T const beta = detail::grad_beta(xn);
+      T const beta = grad_beta(xn);
       K::gemm(Trans::kNo, Trans::kNo, rows, in, out, T(1), gy, w.value().data(), beta, xn.grad.data());
     }
+    // gr = gy: lent when it can be (lend_grad), so last, after every read of gy above.
+    if (r.defined() && r.requires_grad() && !lend_grad(self, r.node())) {
+      auto& rn = r.node();
+      T const beta = grad_beta(rn);
+      K::axpby(rows * out, T(1), gy, beta, rn.grad.data());
+    }
   };
-  if (b.defined()) return detail::record("linear", std::move(y), std::move(bwd), x, w, b);
-  return detail::record("linear", std::move(y), std::move(bwd), x, w);
+  if (r.defined() && b.defined()) return record(op, std::move(y), std::move(bwd), x, w, b, r);
+  if (r.defined()) return record(op, std::move(y), std::move(bwd), x, w, r);
+  if (b.defined()) return record(op, std::move(y), std::move(bwd), x, w, b);
+  return record(op, std::move(y), std::move(bwd), x, w);
+}
+}  // namespace detail
+
+// x:(..., in) W:(out, in) b:(out) or undefined -> (..., out). Leading dims are flattened into rows.
+template <class T, MemorySpace S>
+Variable<T, S> linear(Variable<T, S> const& x, Variable<T, S> const& w, Variable<T, S> const& b = {}) {
+  return detail::linear_op<T, S>("linear", {}, x, w, b);
+}
+
+// r + linear(x, W, b), r of the product's shape, as one op: a pre-LN transformer block's residual update
+// h = x + proj(y), folded in the way torch.addmm(input, …) folds its input. y starts as r plus the bias and the
+// product adds onto it, so the sum takes no pass over memory of its own; the backward hands y's gradient to r by
+// lending it (detail::lend_grad) where it can, instead of copying it. The same value as add(r, linear(x, W, b)) up
+// to the order of the float additions.
+template <class T, MemorySpace S>
+Variable<T, S> linear_residual(Variable<T, S> const& r, Variable<T, S> const& x, Variable<T, S> const& w,
+                               Variable<T, S> const& b = {}) {
+  if (!r.defined()) throw ArgumentError("linear_residual: the residual r is undefined");
+  return detail::linear_op<T, S>("linear_residual", r, x, w, b);
 }
 
 }  // namespace ddp
