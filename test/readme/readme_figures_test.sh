@@ -14,9 +14,10 @@ takes 1.00–1.20 times training alone, against 1.11–1.30 stepping after backw
 sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	bench/RESULTS.md	| cnn | powersgd:2 | 90.21% | −0.41 | 80,016 | 1/60 |
 sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	bench/RESULTS.md	| mlp | powersgd:2 | 87.49% | −0.26 | 14,128 | 1/67 |
 sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	include/ddp/parallel/policies.hpp	1/60
-ddp/PyTorch 1.47 plain (five rounds, 1.44–1.52	bench/RESULTS.md	median, world size 1: torch 22887 tokens/s (56% of 1 core(s)' SGEMM peak), ddp 33705 tokens/s (82%), ddp/torch 1.47
-ddp/PyTorch 1.47 plain (five rounds, 1.44–1.52	bench/RESULTS.md	| 1 | 22,235 / 22,887 / 22,592 / 22,985 / 23,372 | 33,705 / 32,916 / 33,571 / 34,715 / 34,665 | 1.52 / 1.44 / 1.49 / 1.51 / 1.48 |
-and 1.71 at world size 2	bench/RESULTS.md	median, world size 2: torch 36719 tokens/s (45% of 2 core(s)' SGEMM peak), ddp 62846 tokens/s (77%), ddp/torch 1.71
+ddp/PyTorch 1.50 plain (five rounds, 1.39–1.63	bench/RESULTS.md	median, world size 1: torch 21877 tokens/s (52% of 1 core(s)' SGEMM peak), ddp 32847 tokens/s (78%), ddp/torch 1.50
+ddp/PyTorch 1.50 plain (five rounds, 1.39–1.63	bench/RESULTS.md	| 1.56 / 1.39 / 1.63 / 1.58 / 1.47 | **1.50** |
+1.47 in a three-round run the same hour	bench/RESULTS.md	plain 1.47 (rounds 1.44 / 1.44 / 1.49)
+and 1.85 at world size 2	bench/RESULTS.md	median, world size 2: torch 32697 tokens/s (39% of 2 core(s)' SGEMM peak), ddp 60393 tokens/s (71%), ddp/torch 1.85
 ROWS
 )
 fail=0 checked=0
