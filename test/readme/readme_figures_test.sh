@@ -14,10 +14,12 @@ takes 1.00–1.20 times training alone, against 1.11–1.30 stepping after backw
 sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	bench/RESULTS.md	| cnn | powersgd:2 | 90.21% | −0.41 | 80,016 | 1/60 |
 sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	bench/RESULTS.md	| mlp | powersgd:2 | 87.49% | −0.26 | 14,128 | 1/67 |
 sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	include/ddp/parallel/policies.hpp	1/60
-ddp/PyTorch 1.50 plain (five rounds, 1.39–1.63	bench/RESULTS.md	median, world size 1: torch 21877 tokens/s (52% of 1 core(s)' SGEMM peak), ddp 32847 tokens/s (78%), ddp/torch 1.50
-ddp/PyTorch 1.50 plain (five rounds, 1.39–1.63	bench/RESULTS.md	| 1.56 / 1.39 / 1.63 / 1.58 / 1.47 | **1.50** |
-1.47 in a three-round run the same hour	bench/RESULTS.md	plain 1.47 (rounds 1.44 / 1.44 / 1.49)
-and 1.85 at world size 2	bench/RESULTS.md	median, world size 2: torch 32697 tokens/s (39% of 2 core(s)' SGEMM peak), ddp 60393 tokens/s (71%), ddp/torch 1.85
+ddp/PyTorch 1.43–1.50 plain (three runs	bench/RESULTS.md	median, world size 1: torch 23556 tokens/s (53% of 1 core(s)' SGEMM peak), ddp 33742 tokens/s (76%), ddp/torch 1.43
+ddp/PyTorch 1.43–1.50 plain (three runs	bench/RESULTS.md	median, world size 1: torch 21877 tokens/s (52% of 1 core(s)' SGEMM peak), ddp 32847 tokens/s (78%), ddp/torch 1.50
+ddp/PyTorch 1.43–1.50 plain (three runs	bench/RESULTS.md	plain 1.47 (rounds 1.44 / 1.44 / 1.49)
+single rounds 1.39–1.63	bench/RESULTS.md	| 1.56 / 1.39 / 1.63 / 1.58 / 1.47 | **1.50** |
+1.77–1.85 at world size 2	bench/RESULTS.md	median, world size 2: torch 32697 tokens/s (39% of 2 core(s)' SGEMM peak), ddp 60393 tokens/s (71%), ddp/torch 1.85
+1.77–1.85 at world size 2	bench/RESULTS.md	and 1.77 at world size 2
 ROWS
 )
 fail=0 checked=0
