@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ddp/error.hpp"
+#include "ddp/tensor/kernels.hpp"
 #include "ddp/tensor/tensor.hpp"
 
 namespace ddp {
@@ -128,20 +129,22 @@ T grad_beta(Node<T, S>& n) {
   return b;
 }
 
-// For an op whose input's gradient is its own gradient unchanged (a residual add): lends self's gradient to
-// `parent` instead of copying it, and says whether it did. It lends only to an interior node with no gradient yet
-// in this backward, of the same shape, and only from a node that is not the sweep's root (backward() keeps the
-// root's seed; every other interior gradient is dropped right after its node's backward, so from here on only
-// `parent` reads or writes that storage). Call it after the op's last read of self.grad: a later contribution to
-// `parent`, say from the op's other input, adds into the shared storage. Leaves never borrow (their gradients live
-// in the parameter arena). `pending` counts a node's consumer edges in this sweep: 0 only for the root.
+// parent.grad += self.grad, for an op whose input's gradient is its own gradient unchanged (a residual sum). Where it
+// can, self's gradient is lent instead of copied: to an interior node with no gradient yet in this backward, of the
+// same shape, from a node that is not the sweep's root (backward() keeps the root's seed; every other interior
+// gradient is dropped right after its node's backward, so from here on only `parent` reads or writes that storage).
+// Call it after the op's last read of self.grad: a later contribution to `parent`, say from the op's other input,
+// adds into the shared storage. Leaves never borrow (their gradients live in the parameter arena). `pending` counts
+// a node's consumer edges in this sweep: 0 only for the root.
 template <class T, MemorySpace S>
-bool lend_grad(Node<T, S>& self, Node<T, S>& parent) {
-  if (parent.is_leaf || parent.grad_defined || self.pending == 0 || !(parent.value.shape() == self.grad.shape()))
-    return false;
-  parent.grad = self.grad;
-  parent.grad_defined = true;
-  return true;
+void pass_grad(Node<T, S>& self, Node<T, S>& parent) {
+  if (!parent.is_leaf && !parent.grad_defined && self.pending != 0 && parent.value.shape() == self.grad.shape()) {
+    parent.grad = self.grad;
+    parent.grad_defined = true;
+    return;
+  }
+  T const beta = grad_beta(parent);
+  Kernels<S>::axpby(self.grad.numel(), T(1), self.grad.data(), beta, parent.grad.data());
 }
 }  // namespace detail
 

@@ -193,9 +193,10 @@ class basic_gpt {
     auto& b = blocks_[l];
     std::int64_t const H = cfg_.n_head, D = C / H;
     std::size_t const d0 = 1 + 3 * l;
-    V const qkv = b.c_attn(b.ln_1(x));  // (B, T', 3C)
+    V const qkv = b.c_attn(b.ln_1(x));                               // (B, T', 3C)
+    bool const no_dropout = drops_.empty() || mode_ == Mode::kEval;  // none, or eval mode: every Dropout the identity
     V y;
-    if (drops_.empty() || mode_ == Mode::kEval) {
+    if (no_dropout) {
       y = causal_self_attention(qkv, H);  // fused where the memory space has the kernel
     } else {                              // dropout on the attention weights: the composed form, which has them
       auto heads = [&](V const& t) { return transpose(reshape(t, Shape{B, Tn, H, D}), 1, 2); };  // (B, H, T', D)
@@ -204,15 +205,12 @@ class basic_gpt {
       att = drop(d0, softmax(att, {.scale = 1.0 / std::sqrt(double(D)), .mask = SoftmaxMask::kCausal}));
       y = reshape(transpose(bmm(att, heads(parts[2])), 1, 2), Shape{B, Tn, C});
     }
-    if (drops_.empty() ||
-        mode_ ==
-            Mode::kEval) {  // the residual sums folded into the projections (linear_residual: no pass of their own)
-      V h = linear_residual(x, y, b.attn_proj.weight, b.attn_proj.bias);
-      return linear_residual(h, gelu(b.c_fc(b.ln_2(h)), cfg_.gelu), b.mlp_proj.weight, b.mlp_proj.bias);
-    }
-    V h = add(x, drop(d0 + 1, b.attn_proj(y)));
-    V m = b.mlp_proj(gelu(b.c_fc(b.ln_2(h)), cfg_.gelu));
-    return add(h, drop(d0 + 2, m));
+    // Without dropout the residual sums fold into the projections (linear_residual: no pass of their own); with it,
+    // dropout sits between each projection and its sum.
+    V const h =
+        no_dropout ? linear_residual(x, y, b.attn_proj.weight, b.attn_proj.bias) : add(x, drop(d0 + 1, b.attn_proj(y)));
+    V const a = gelu(b.c_fc(b.ln_2(h)), cfg_.gelu);
+    return no_dropout ? linear_residual(h, a, b.mlp_proj.weight, b.mlp_proj.bias) : add(h, drop(d0 + 2, b.mlp_proj(a)));
   }
 
   GptConfig cfg_;

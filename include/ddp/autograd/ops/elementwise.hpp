@@ -59,11 +59,7 @@ Variable<T, S> add_scaled(char const* op, Variable<T, S> const& a, Variable<T, S
             K::axpby(cols, sb, tmp.data(), beta, bn.grad.data());
           }
         }
-        if (a.requires_grad() && !lend_grad(self, a.node())) {  // a's gradient is y's: lent when it can be, last
-          auto& an = a.node();
-          T const beta = grad_beta(an);
-          K::axpby(n, T(1), self.grad.data(), beta, an.grad.data());
-        }
+        if (a.requires_grad()) pass_grad(self, a.node());  // a's gradient is y's: lent when it can be, so last
       },
       a, b);
 }

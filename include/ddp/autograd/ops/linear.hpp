@@ -149,12 +149,8 @@ Variable<T, S> linear_op(char const* op, Variable<T, S> const& r, Variable<T, S>
       T const beta = grad_beta(xn);
       K::gemm(Trans::kNo, Trans::kNo, rows, in, out, T(1), gy, w.value().data(), beta, xn.grad.data());
     }
-    // gr = gy: lent when it can be (lend_grad), so last, after every read of gy above.
-    if (r.defined() && r.requires_grad() && !lend_grad(self, r.node())) {
-      auto& rn = r.node();
-      T const beta = grad_beta(rn);
-      K::axpby(rows * out, T(1), gy, beta, rn.grad.data());
-    }
+    // gr = gy: lent when it can be (pass_grad), so last, after every read of gy above.
+    if (r.defined() && r.requires_grad()) pass_grad(self, r.node());
   };
   if (r.defined() && b.defined()) return record(op, std::move(y), std::move(bwd), x, w, b, r);
   if (r.defined()) return record(op, std::move(y), std::move(bwd), x, w, r);
@@ -172,7 +168,7 @@ Variable<T, S> linear(Variable<T, S> const& x, Variable<T, S> const& w, Variable
 // r + linear(x, W, b), r of the product's shape, as one op: a pre-LN transformer block's residual update
 // h = x + proj(y), folded in the way torch.addmm(input, …) folds its input. y starts as r plus the bias and the
 // product adds onto it, so the sum takes no pass over memory of its own; the backward hands y's gradient to r by
-// lending it (detail::lend_grad) where it can, instead of copying it. The same value as add(r, linear(x, W, b)) up
+// lending it (detail::pass_grad) where it can, instead of copying it. The same value as add(r, linear(x, W, b)) up
 // to the order of the float additions.
 template <class T, MemorySpace S>
 Variable<T, S> linear_residual(Variable<T, S> const& r, Variable<T, S> const& x, Variable<T, S> const& w,
