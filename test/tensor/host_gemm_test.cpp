@@ -132,9 +132,16 @@ TEST_CASE(
   struct Case {
     i64 B, T, H, D;
   };
-  for (Case c : {Case{2, 64, 4, 32}, Case{1, 5, 3, 2}, Case{3, 17, 2, 7}, Case{1, 1, 1, 1}}) {
+  // The GPT's heads (64 × 32) and more shapes that fit detail::AttentionTiles (every tile width: D of 1 to 5
+  // AVX-512 packets; rows in tiles of 16, 8 and 4; keys past one chunk of columns), and odd ones that take the BLAS.
+  using Tiles = detail::AttentionTiles<float>;
+  CHECK(Tiles::fits(64, 32));  // the tiles run here, whatever the instruction set
+  CHECK_FALSE(Tiles::fits(17, 7));
+  for (Case c : {Case{2, 64, 4, 32}, Case{1, 16, 3, 16}, Case{1, 48, 2, 48}, Case{1, 32, 1, 80}, Case{1, 128, 1, 16},
+                 Case{1, 20, 2, 16}, Case{1, 5, 3, 2}, Case{3, 17, 2, 7}, Case{1, 1, 1, 1}}) {
     CAPTURE(c.T);
     CAPTURE(c.D);
+    CAPTURE(Tiles::fits(c.T, c.D));
     i64 const C = c.H * c.D;
     Generator g(static_cast<std::uint64_t>(c.T * 31 + c.D));
     std::vector<float> qkv(c.B * c.T * 3 * C), gy(c.B * c.T * C), y(c.B * c.T * C),

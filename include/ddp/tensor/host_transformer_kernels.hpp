@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 
+#include "ddp/tensor/host_attention_tiles.hpp"
 #include "ddp/tensor/host_gemm.hpp"
 #include "ddp/tensor/kernels.hpp"
 
@@ -311,12 +312,32 @@ struct HostTransformerKernels {
 
   // ---- causal multi-head self-attention, fused: qkv (B, T, 3C) holds q, k and v side by side, H heads of D = C/H ----
   // Per (b, h), reading q, k and v in place: P = softmax(scale·q·kᵀ) with each query's later keys masked (exactly 0),
-  // y[b, :, h·D : (h+1)·D] = P·v. P (B, H, T, T) is kept for the backward. No transposed or sliced copies.
-  // The causal mask is used twice over: the queries split at s = T/2, and the first s see only the first s keys, so
-  // each product runs as two, the first on an s × s corner (a quarter fewer multiplications than the full square);
-  // what is skipped is exactly the masked part, whose probabilities are exactly 0.
+  // y[b, :, h·D : (h+1)·D] = P·v. P (B, H, T, T) is kept for the backward. No sliced copies.
+  // Where a head fits detail::AttentionTiles (whole packets along keys and D, as the GPT's 64 × 32 heads), its
+  // register tiles do the products, each row tile stopping at the packet that holds its last diagonal entry: faster
+  // than a BLAS call per product on those heads (bench/RESULTS.md). Other heads take attention_fwd_blas.
   template <class T>
   static void attention_fwd(i64 B, i64 Tn, i64 H, i64 D, T scale, T const* qkv, T* p, T* y) {
+    using Tiles = detail::AttentionTiles<T>;
+    if (!Tiles::fits(Tn, D)) return attention_fwd_blas(B, Tn, H, D, scale, qkv, p, y);
+    i64 const C = H * D, ld = 3 * C;
+    Eigen::Array<T, Eigen::Dynamic, 1> kt(D * Tn);  // one head's kᵀ
+    for (i64 b = 0; b < B; ++b)
+      for (i64 h = 0; h < H; ++h) {
+        T const* q = qkv + b * Tn * ld + h * D;  // k at q + C, v at q + 2C, rows 3C apart
+        T* pb = p + (b * H + h) * Tn * Tn;
+        Tiles::pack_t(Tn, D, q + C, ld, kt.data());
+        Tiles::scores(Tn, D, q, ld, kt.data(), pb);
+        softmax_fwd(Tn, Tn, scale, SoftmaxMask::kCausal, pb, pb);  // reads only the unmasked part, zeroes the rest
+        Tiles::lower_times(Tn, D, pb, q + 2 * C, ld, T(0), y + b * Tn * C + h * D, C);
+      }
+  }
+  // The same with the host GEMM (the BLAS where built with one). The causal mask is used twice over: the queries
+  // split at s = T/2, and the first s see only the first s keys, so each product runs as two, the first on an s × s
+  // corner (a quarter fewer multiplications than the full square); what is skipped is exactly the masked part, whose
+  // probabilities are exactly 0.
+  template <class T>
+  static void attention_fwd_blas(i64 B, i64 Tn, i64 H, i64 D, T scale, T const* qkv, T* p, T* y) {
     using detail::host_gemm;
     i64 const C = H * D, s = Tn / 2, ld = 3 * C;
     for (i64 b = 0; b < B; ++b)
@@ -333,11 +354,34 @@ struct HostTransformerKernels {
       }
   }
   // gqkv = beta gqkv + the gradient of attention_fwd's y with respect to qkv, from gy (B, T, C) and the saved P:
-  // dv = Pᵀ·dy, dP = dy·vᵀ, dS = scale·P∘(dP - rowsum(P∘dP)), dq = dS·k, dk = dSᵀ·q. Split at s = T/2 as the forward:
-  // P and dS are 0 above the diagonal, so keys past s meet only queries past s, and queries before s only keys before s.
+  // dv = Pᵀ·dy, dP = dy·vᵀ, dS = scale·P∘(dP - rowsum(P∘dP)), dq = dS·k, dk = dSᵀ·q. On detail::AttentionTiles
+  // where the head fits, as the forward (P and dS are 0 above the diagonal: L·B and Lᵀ·B read only their lower part).
   template <class T>
   static void attention_bwd(i64 B, i64 Tn, i64 H, i64 D, T scale, T const* qkv, T const* p, T const* gy, T beta,
                             T* gqkv) {
+    using Tiles = detail::AttentionTiles<T>;
+    if (!Tiles::fits(Tn, D)) return attention_bwd_blas(B, Tn, H, D, scale, qkv, p, gy, beta, gqkv);
+    i64 const C = H * D, ld = 3 * C;
+    Eigen::Array<T, Eigen::Dynamic, 1> ds(Tn * Tn), vt(D * Tn);
+    for (i64 b = 0; b < B; ++b)
+      for (i64 h = 0; h < H; ++h) {
+        T const* q = qkv + b * Tn * ld + h * D;  // k at q + C, v at q + 2C, rows 3C apart; so are dq, dk and dv
+        T const* dy = gy + b * Tn * C + h * D;
+        T const* pb = p + (b * H + h) * Tn * Tn;
+        T* dq = gqkv + b * Tn * ld + h * D;
+        Tiles::lower_t_times(Tn, D, pb, dy, C, beta, dq + 2 * C, ld);  // dv = Pᵀ·dy
+        Tiles::pack_t(Tn, D, q + 2 * C, ld, vt.data());
+        Tiles::scores(Tn, D, dy, C, vt.data(), ds.data());                // dP = dy·vᵀ, the unmasked part
+        softmax_bwd_causal(Tn, scale, pb, ds.data());                     // dS, its masked part zeroed
+        Tiles::lower_times(Tn, D, ds.data(), q + C, ld, beta, dq, ld);    // dq = dS·k
+        Tiles::lower_t_times(Tn, D, ds.data(), q, ld, beta, dq + C, ld);  // dk = dSᵀ·q
+      }
+  }
+  // The same with the host GEMM, split at s = T/2 as attention_fwd_blas: P and dS are 0 above the diagonal, so keys
+  // past s meet only queries past s, and queries before s only keys before s.
+  template <class T>
+  static void attention_bwd_blas(i64 B, i64 Tn, i64 H, i64 D, T scale, T const* qkv, T const* p, T const* gy, T beta,
+                                 T* gqkv) {
     using detail::host_gemm;
     i64 const C = H * D, s = Tn / 2, ld = 3 * C, r = Tn - s;
     Eigen::Array<T, Eigen::Dynamic, 1> ds(Tn * Tn);

@@ -1,5 +1,5 @@
 // causal_self_attention: multi-head causal self-attention of packed q, k, v, as one op where the memory space has a
-// fused kernel (Kernels::attention_fwd/bwd: no transposed or sliced copies), composed from bmm, softmax, transpose and
+// fused kernel (Kernels::attention_fwd/bwd: no transposed or sliced tensors), composed from bmm, softmax, transpose and
 // split_last elsewhere (the same function, to rounding).
 #pragma once
 
