@@ -1,6 +1,7 @@
 // The GEMM-only ceiling of one GPT training step: the step's matrix products alone, made through the same kernel
-// calls the model makes (Kernels<HostSpace>::gemm for every Linear's forward, input gradient and weight gradient,
-// detail::host_gemm for attention's per-head products), timed back to back. Nothing else of the step runs: no
+// calls the model makes (Kernels<HostSpace>::gemm for every Linear's forward, input gradient and weight gradient;
+// attention's per-head products on detail::AttentionTiles where the head fits, as attention_fwd/bwd make them, else
+// detail::host_gemm), timed back to back. Nothing else of the step runs: no
 // layer norm, GELU, softmax, loss, embedding, optimizer or autograd. tokens/s at this time per step is what the
 // job could reach if everything but its GEMMs were free; bench/gpt_vs_torch.sh prints it beside both jobs' tokens/s.
 //   bazel run -c opt //bench:gpt_gemm_ceiling -- [--reps N]     (nanoGPT's shakespeare_char model, 12 sequences)
@@ -48,13 +49,32 @@ struct Step {
     K::gemm(Trans::kNo, Trans::kNo, R, in, out, 1.0f, g.data(), w.data(), 0.0f, gx.data());
     K::gemm(Trans::kYes, Trans::kNo, out, in, R, 1.0f, g.data(), x.data(), 0.0f, gw.data());
   }
-  // Attention's products per (sequence, head), as Kernels<HostSpace>::attention_fwd/bwd make them, each split at
-  // s = T/2 where the causal mask allows (the first s queries see only the first s keys): S = q·kᵀ, y = P·v;
-  // dv = Pᵀ·dy, dP = dy·vᵀ, dq = dS·k, dk = dSᵀ·q.
+  // Attention's products per (sequence, head), as Kernels<HostSpace>::attention_fwd/bwd make them: S = q·kᵀ,
+  // y = P·v; dv = Pᵀ·dy, dP = dy·vᵀ, dq = dS·k, dk = dSᵀ·q. On the register tiles where the head fits (kᵀ and vᵀ
+  // packed, the causal part only), else by the host GEMM, each product split at s = T/2 where the causal mask allows
+  // (the first s queries see only the first s keys).
   void attention() {
     using ddp::detail::host_gemm;
+    using Tiles = ddp::detail::AttentionTiles<float>;
     i64 const T = s.block, C = s.width, D = C / s.heads, ld = 3 * C, h2 = T / 2, r = T - h2;
     float *P = p.data(), *dS = ds.data(), *dy = g.data(), *out = y.data();
+    if (Tiles::fits(T, D)) {
+      std::vector<float> kt(D * T), vt(D * T);
+      for (i64 b = 0; b < s.batch; ++b)
+        for (i64 h = 0; h < s.heads; ++h) {
+          float const* q = qkv.data() + b * T * ld + h * D;
+          float* dq = gqkv.data() + b * T * ld + h * D;
+          Tiles::pack_t(T, D, q + C, ld, kt.data());
+          Tiles::scores(T, D, q, ld, kt.data(), P);
+          Tiles::lower_times(T, D, P, q + 2 * C, ld, 0.0f, out, C);
+          Tiles::lower_t_times(T, D, P, dy, C, 0.0f, dq + 2 * C, ld);
+          Tiles::pack_t(T, D, q + 2 * C, ld, vt.data());
+          Tiles::scores(T, D, dy, C, vt.data(), dS);
+          Tiles::lower_times(T, D, dS, q + C, ld, 0.0f, dq, ld);
+          Tiles::lower_t_times(T, D, dS, q, ld, 0.0f, dq + C, ld);
+        }
+      return;
+    }
     for (i64 b = 0; b < s.batch; ++b)
       for (i64 h = 0; h < s.heads; ++h) {
         float const* q = qkv.data() + b * T * ld + h * D;
