@@ -14,12 +14,17 @@ takes 1.00–1.20 times training alone, against 1.11–1.30 stepping after backw
 sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	bench/RESULTS.md	| cnn | powersgd:2 | 90.21% | −0.41 | 80,016 | 1/60 |
 sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	bench/RESULTS.md	| mlp | powersgd:2 | 87.49% | −0.26 | 14,128 | 1/67 |
 sends 1/60 (CNN) to 1/67 (MLP) of float's bytes	include/ddp/parallel/policies.hpp	1/60
-ddp/PyTorch 1.43–1.50 plain (three runs	bench/RESULTS.md	median, world size 1: torch 23556 tokens/s (53% of 1 core(s)' SGEMM peak), ddp 33742 tokens/s (76%), ddp/torch 1.43
-ddp/PyTorch 1.43–1.50 plain (three runs	bench/RESULTS.md	median, world size 1: torch 21877 tokens/s (52% of 1 core(s)' SGEMM peak), ddp 32847 tokens/s (78%), ddp/torch 1.50
-ddp/PyTorch 1.43–1.50 plain (three runs	bench/RESULTS.md	plain 1.47 (rounds 1.44 / 1.44 / 1.49)
+ddp/PyTorch 1.58–1.59 plain (three runs	bench/RESULTS.md	median, world size 1: torch 20131 tokens/s (48% of 1 core(s)' SGEMM peak), ddp 31761 tokens/s (76%), ddp/torch 1.58
+ddp/PyTorch 1.58–1.59 plain (three runs	bench/RESULTS.md	median, world size 1: torch 19535 tokens/s (48% of 1 core(s)' SGEMM peak), ddp 31036 tokens/s (76%), ddp/torch 1.59
+ddp/PyTorch 1.58–1.59 plain (three runs	bench/RESULTS.md	median, world size 1: torch 19662 tokens/s (53% of 1 core(s)' SGEMM peak), ddp 31036 tokens/s (84%), ddp/torch 1.58
+single rounds 1.49–1.79	bench/RESULTS.md	| 1.49 / 1.79 / 1.54 / 1.53 / 1.58 | **1.58** |
+1.89–1.98 at world size 2	bench/RESULTS.md	median, world size 2: torch 31932 tokens/s (38% of 2 core(s)' SGEMM peak), ddp 60254 tokens/s (73%), ddp/torch 1.89
+1.89–1.98 at world size 2	bench/RESULTS.md	median, world size 2: torch 29299 tokens/s (40% of 2 core(s)' SGEMM peak), ddp 58065 tokens/s (79%), ddp/torch 1.98
+the code before the tiles gave 1.60 on that host	bench/RESULTS.md	| 1 | 20,167 / 18,800 / 19,622 | 31,462 / 31,747 / 31,122 | 1.56 / 1.69 / 1.59 | **1.60** |
+and 1.43–1.50 in three runs	bench/RESULTS.md	median, world size 1: torch 23556 tokens/s (53% of 1 core(s)' SGEMM peak), ddp 33742 tokens/s (76%), ddp/torch 1.43
+and 1.43–1.50 in three runs	bench/RESULTS.md	median, world size 1: torch 21877 tokens/s (52% of 1 core(s)' SGEMM peak), ddp 32847 tokens/s (78%), ddp/torch 1.50
+and 1.43–1.50 in three runs	bench/RESULTS.md	plain 1.47 (rounds 1.44 / 1.44 / 1.49)
 single rounds 1.39–1.63	bench/RESULTS.md	| 1.56 / 1.39 / 1.63 / 1.58 / 1.47 | **1.50** |
-1.77–1.85 at world size 2	bench/RESULTS.md	median, world size 2: torch 32697 tokens/s (39% of 2 core(s)' SGEMM peak), ddp 60393 tokens/s (71%), ddp/torch 1.85
-1.77–1.85 at world size 2	bench/RESULTS.md	and 1.77 at world size 2
 ROWS
 )
 fail=0 checked=0
