@@ -108,4 +108,29 @@ std::optional<Resumed> resume_job(Trainer& t, CheckpointFlags const& c, std::str
   return Resumed{r->position, r->file};
 }
 
+// After a membership change under ZeRO stage 1 or 2, collective: every rank takes the whole state back from the
+// newest checkpoint of the --checkpoint series (a lost rank's optimizer shard went with it, or the shards are cut
+// anew for the new world size), and the steps since are redone. The session hears where the ranks resumed (which
+// closes the change: its line comes first); then rank 0 says which of the two, and from which file and step.
+template <class Trainer, class Session>
+std::optional<Resumed> resume_after_change(Trainer& t, Session& session, CheckpointFlags const& c, int zero_stage,
+                                           std::string* extra, EpochLoss* epoch_loss) {
+  bool const lost = session.pending_change() && !session.pending_change()->lost.empty();
+  CheckpointFlags newest = c;
+  newest.from = ResumeFrom::kNewest;
+  auto resumed = resume_job(t, newest, extra, epoch_loss);
+  session.note_resumed(t.comm().rank(), resumed ? resumed->position.global_step : -1);
+  if (t.comm().rank() == 0) {
+    std::printf("ddp elastic: ZeRO-%d: %s; the state came back from checkpoint %s%s\n", zero_stage,
+                lost ? "the lost rank's optimizer shard went with it"
+                     : detail::cat("the shards are cut anew for ", t.comm().world_size(), " ranks").c_str(),
+                resumed ? resumed->file.string().c_str() : c.file.string().c_str(),
+                resumed
+                    ? detail::cat(" (step ", resumed->position.global_step, "), and the steps since are redone").c_str()
+                    : " (none written yet: the job starts over)");
+    std::fflush(stdout);
+  }
+  return resumed;
+}
+
 }  // namespace ddp::examples

@@ -130,21 +130,7 @@ void train(Trainer& t, Net<S>& net, Timeline& timeline, Config const& cfg, Tenso
   bool const sharded = cfg.reduction.zero > 0;
   if (session) t.list_changes_from(*session);
   if (session && session->generation() > 0 && sharded) {
-    CheckpointFlags newest = cfg.checkpoints;
-    newest.from = ResumeFrom::kNewest;
-    bool const lost = session->pending_change() && !session->pending_change()->lost.empty();
-    resumed = examples::resume_job(t, newest, &history, &resumed_loss);
-    session->note_resumed(rank, resumed ? resumed->position.global_step : -1);
-    if (leader) {
-      std::printf(
-          "ddp elastic: ZeRO-%d: %s; the state came back from checkpoint %s%s\n", cfg.reduction.zero,
-          lost ? "the lost rank's optimizer shard went with it"
-               : detail::cat("the shards are cut anew for ", world, " ranks").c_str(),
-          resumed ? resumed->file.string().c_str() : cfg.checkpoints.file.string().c_str(),
-          resumed ? detail::cat(" (step ", resumed->position.global_step, "), and the steps since are redone").c_str()
-                  : " (none written yet: the job starts over)");
-      std::fflush(stdout);
-    }
+    resumed = examples::resume_after_change(t, *session, cfg.checkpoints, cfg.reduction.zero, &history, &resumed_loss);
   } else if constexpr (kElastic) {
     if (session && session->generation() > 0) {
       if (auto p = t.resume_kept(*session, &history)) resumed = Resumed{*p, "(the state kept in memory)"};

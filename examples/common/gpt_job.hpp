@@ -193,20 +193,9 @@ void train(Trainer& t, Timeline& timeline, Config const& cfg, data::TextCorpus c
   bool const sharded = cfg.reduction.zero > 0;
   if (session) t.list_changes_from(*session);
   if (session && session->generation() > 0 && sharded) {  // the shards went with the change: the newest checkpoint
-    CheckpointFlags newest = cfg.checkpoints;
-    newest.from = ResumeFrom::kNewest;
-    bool const lost = session->pending_change() && !session->pending_change()->lost.empty();
-    auto const resumed = examples::resume_job(t, newest, &extra, &resumed_loss);
-    session->note_resumed(rank, resumed ? resumed->position.global_step : -1);
+    auto const resumed =
+        examples::resume_after_change(t, *session, cfg.checkpoints, cfg.reduction.zero, &extra, &resumed_loss);
     if (resumed) take(resumed->position, resumed->file.string());
-    if (leader) {
-      std::printf("ddp elastic: ZeRO-%d: %s; the state came back from checkpoint %s%s\n", cfg.reduction.zero,
-                  lost ? "the lost rank's optimizer shard went with it"
-                       : detail::cat("the shards are cut anew for ", world, " ranks").c_str(),
-                  cfg.checkpoints.file.string().c_str(),
-                  resumed ? ", and the steps since are redone" : " (none written yet: the job starts over)");
-      std::fflush(stdout);
-    }
   } else if (session && session->generation() > 0) {
     if constexpr (kElastic)
       if (auto const p = t.resume_kept(*session, &extra)) take(*p, "(the state kept in memory)");
