@@ -301,6 +301,49 @@ TEST_CASE("share_from_root: a root that left is named at once, with its reason")
 }
 
 namespace {
+// A store on which rank 0 posts why it left, then ends, between a waiter's look for the reason and its look at the
+// process: the order a failing rank takes (StoreWatch::leave, then exit), at the worst moment for the waiter.
+class LeavesThenEnds final : public ddp::Store {
+ public:
+  void set(std::string const& key, std::vector<char> const& value) override { base_.set(key, value); }
+  std::vector<char> get(std::string const& key, std::chrono::milliseconds timeout) override {
+    return base_.get(key, timeout);
+  }
+  std::int64_t add(std::string const& key, std::int64_t delta) override { return base_.add(key, delta); }
+  bool check(std::vector<std::string> const& keys) override { return base_.check(keys); }
+  std::string describe() const override { return base_.describe(); }
+  bool rank_gone(int rank) override {
+    if (rank != 0) return false;
+    if (!ended_) {
+      std::string const why = "its backend failed to start: cudaGetDeviceCount failed";
+      base_.set("nccl/0/watch/left/0", std::vector<char>(why.begin(), why.end()));
+      ended_ = true;
+    }
+    return true;
+  }
+
+ private:
+  ddp::LocalStore base_;
+  bool ended_ = false;
+};
+}  // namespace
+
+TEST_CASE("share_from_root: a root that posts its reason and ends between the waiter's looks is quoted, not 'ended'") {
+  LeavesThenEnds store;
+  try {
+    ddp::share_from_root(
+        store, "nccl/0/unique_id", 1, 0, 60s, [] { return std::vector<char>{}; }, "nccl/0/watch/left/0");
+    FAIL("no error");
+  } catch (ddp::CommError const& e) {
+    std::string const what = e.what();
+    CAPTURE(what);
+    CHECK(contains(what, "rank 0 is gone: it left: its backend failed to start: cudaGetDeviceCount failed"));
+    CHECK_FALSE(contains(what, "its process ended"));
+    CHECK(e.rank() == 0);
+  }
+}
+
+namespace {
 // Rank 0 as a child process that does `setup` (which returns a line for the parent: a port, "ready"), then sleeps
 // until killed; the parent reads the line.
 template <class Setup>

@@ -245,16 +245,21 @@ std::vector<char> share_from_root(Store& store, std::string const& key, int rank
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start));
   };
   std::string gone;
+  auto left = [&] {  // the root's reason, if it posted one
+    if (root_left.empty() || !store.check({root_left})) return false;
+    auto const why = store.get(root_left, timeout);
+    gone = cat("it left: ", std::string(why.begin(), why.end()));
+    return true;
+  };
   try {
     for (;;) {
       if (store.check({key})) return store.get(key, timeout);
-      if (!root_left.empty() && store.check({root_left})) {
-        auto const why = store.get(root_left, timeout);
-        gone = cat("it left: ", std::string(why.begin(), why.end()));
-        break;
-      }
+      if (left()) break;
       if (store.rank_gone(root)) {
-        gone = cat("its process ended (killed, or crashed) before it set it");
+        // A root that gives up posts why, then ends: both may happen between the look above and this one, so look
+        // for its bytes and its reason once more before saying only that it ended.
+        if (store.check({key})) return store.get(key, timeout);
+        if (!left()) gone = cat("its process ended (killed, or crashed) before it set it");
         break;
       }
       if (std::chrono::steady_clock::now() - start >= timeout) {
