@@ -3,8 +3,8 @@
 // Lᵀ·B — that read L only where it can be non-zero. The host's fused attention (attention_fwd/bwd in
 // host_transformer_kernels.hpp) runs on them where the head fits (fits()); elsewhere it calls the BLAS per head.
 // Why not the BLAS: a head is a 64 × 64 × 32 product, where a library call's dispatch, packing and
-// beta handling cost as much as the arithmetic (OpenBLAS's small-matrix kernels ran attention at about 55 GFLOP/s
-// forward), and where the causal mask can only be skipped in coarse blocks. Here a tile of R rows keeps its
+// beta handling cost as much as the arithmetic (measured in bench/RESULTS.md, "Attention's products in register
+// tiles"), and where the causal mask can only be skipped in coarse blocks. Here a tile of R rows keeps its
 // products in registers, and a tile's columns stop at the last key its last row can see.
 // Every sum runs in a fixed order (index ascending): same inputs, bitwise the same outputs.
 #pragma once
