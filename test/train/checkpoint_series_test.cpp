@@ -4,11 +4,14 @@
 // other world sizes ends bitwise the uninterrupted run.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -115,6 +118,45 @@ TEST_CASE("checkpoint series: writing keeps the last `keep` files, newest first 
                        ArgumentError);
   CHECK_THROWS_WITH_AS(CheckpointSeries(""), doctest::Contains("the checkpoint path is empty"), ArgumentError);
   CHECK_THROWS_WITH_AS(CheckpointSeries(dir / ""), doctest::Contains("names a directory"), ArgumentError);
+}
+
+TEST_CASE("checkpoint series: FILE is never absent while the next checkpoint is written; FILE.1 is the one before") {
+  using namespace checkpoint_series_test;
+  auto const dir = test::temp_dir("checkpoint_series", "never_absent");
+  CheckpointSeries const series(dir / "ckpt", {.keep = 3});
+  series.write("first");
+  std::atomic<bool> done{false};
+  std::atomic<int> looks{0}, absent{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      std::error_code ec;
+      absent += !fs::exists(dir / "ckpt", ec);
+      ++looks;
+    }
+  });
+  std::string const big(1 << 20, 'x');  // a write and fsync long enough for the reader to look many times
+  for (int i = 0; i < 40; ++i) series.write(big + std::to_string(i));
+  done = true;
+  reader.join();
+  CHECK(looks.load() > 0);
+  CHECK(absent.load() == 0);
+  auto const text = [](fs::path const& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  CHECK(text(dir / "ckpt") == big + "39");
+  CHECK(text(dir / "ckpt.1") == big + "38");
+  CHECK(text(dir / "ckpt.2") == big + "37");
+  std::size_t files = 0;  // no temporary or link left behind
+  for (auto const& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  CHECK(files == 3);
+  // A link left by a writer that was killed between linking and renaming is removed by the next writer.
+  std::ofstream(dir / detail::cat(detail::temporary_prefix(dir / "ckpt.1"), 999999999, ".link")) << "stale";
+  series.write("again");
+  files = 0;
+  for (auto const& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  CHECK(files == 3);
+  CHECK(text(dir / "ckpt.1") == big + "39");
 }
 
 TEST_CASE(

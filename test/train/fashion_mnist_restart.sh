@@ -30,12 +30,17 @@ reference() {  # MODEL FLAGS...: the uninterrupted run's digest (threads, world 
   [[ "$d" =~ ^[0-9a-f]{16}$ ]] || fail "$name: no weights digest from the threads run"
   echo "$d"
 }
-# kill_after_checkpoint FILE VAR=VALUE: waits (at most 120 s) for the job's first checkpoint FILE, then SIGKILLs the
-# job process (not its timeout wrapper) whose environment holds VAR=VALUE.
+# kill_after_checkpoint FILE VAR=VALUE LAUNCHER: waits for the job's first checkpoint FILE as long as the job's
+# launcher (pid LAUNCHER) runs (each job has its own 300 s timeout: on a loaded machine a 2-rank MPI job can stall
+# for tens of seconds, so no shorter wait of its own), then SIGKILLs the job process (not its timeout wrapper) whose
+# environment holds VAR=VALUE. The series keeps FILE in place while it writes the next checkpoint, so once seen
+# FILE stays.
 kill_after_checkpoint() {
-  local file="$1" mark="$2" pid=""
-  for _ in $(seq 1200); do [[ -e "$file" ]] && break; sleep 0.1; done
-  [[ -e "$file" ]] || fail "no checkpoint $file within 120 s"
+  local file="$1" mark="$2" launcher="$3" pid=""
+  until [[ -e "$file" ]]; do
+    kill -0 "$launcher" 2>/dev/null || fail "the job ended before writing its first checkpoint $file"
+    sleep 0.1
+  done
   for _ in $(seq 50); do
     for p in $(pgrep -f "$bin" || true); do
       [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == timeout ]] && continue
@@ -69,7 +74,7 @@ if command -v torchrun >/dev/null; then
       "${common[@]}" "${flags[@]}" --backend gloo --checkpoint "$ck" --resume auto \
       >"$dir/$model.torchrun.log" 2>&1 &
     launcher=$!
-    kill_after_checkpoint "$ck" RANK=1
+    kill_after_checkpoint "$ck" RANK=1 "$launcher"
     wait "$launcher" || fail "$model: torchrun --max_restarts 1 exited non-zero"
     log="$dir/$model.torchrun.log"
     grep -q "no checkpoint at $ck yet; starting fresh" "$log" || fail "$model: the first attempt did not start fresh"
@@ -97,7 +102,7 @@ slurm() {  # RESTARTS: both ranks of one attempt, waiting for them; returns non-
 }
 slurm 0 &
 attempt=$!
-kill_after_checkpoint "$ck" SLURM_PROCID=1
+kill_after_checkpoint "$ck" SLURM_PROCID=1 "$attempt"
 wait "$attempt" && fail "the Slurm attempt with rank 1 killed succeeded"
 slurm 1 || fail "the requeued Slurm attempt failed"
 expect_resumed "$dir/slurm.1.rank0.log" "$mlp_ref" "Slurm requeue"
@@ -118,7 +123,7 @@ if command -v mpirun >/dev/null; then
   DDP_TIMEOUT=20 timeout 300 mpirun -n 2 "$bin" "${common[@]}" "${mlp[@]}" --checkpoint-every 100 --backend mpi \
     --checkpoint "$ck" --resume auto >"$dir/mpi.2.log" 2>&1 &
   job=$!
-  kill_after_checkpoint "$ck" PMI_RANK=1
+  kill_after_checkpoint "$ck" PMI_RANK=1 "$job"
   wait "$job" && fail "the mpirun job with rank 1 killed succeeded"
   DDP_TIMEOUT=60 timeout 300 mpirun -n 4 "$bin" "${common[@]}" "${mlp[@]}" --checkpoint-every 100 --backend mpi \
     --checkpoint "$ck" --resume auto >"$dir/mpi.4.log" 2>&1 || fail "the mpirun relaunch at 4 ranks failed"

@@ -2,13 +2,19 @@
 // requeue, an mpirun relaunch) resumes from the newest one it can read, at whatever world size it now has.
 //   FILE      the newest (what --checkpoint FILE names: a reader of FILE alone sees the latest, as before)
 //   FILE.1    the one before, ... FILE.<keep-1>
-// Writing rotates first (FILE.<keep-2> -> FILE.<keep-1>, ..., FILE -> FILE.1: renames, each atomic), then writes
-// FILE atomically (write_file_atomically). A process killed at any point leaves every name either absent or a
-// whole checkpoint, so the names, read newest first, are the order in which the files were written, and the first
-// that reads back whole is the newest usable one. A file that does not (torn by a disk or a copy, a checksum that
-// does not match) is skipped, and said so; a usable file that does not fit the model is an error, as for
-// load_checkpoint: it is another run's, and starting over it would lose it.
+// Writing rotates first (FILE.<keep-2> -> FILE.<keep-1>, ... by rename, each atomic; FILE.1 becomes a hard link
+// to FILE's file, put in place by rename), then replaces FILE atomically (write_file_atomically). So FILE itself is
+// never absent, also while the new file is written and fsynced: a reader, a copy or a job resumed by name between
+// two checkpoints finds the old one or the new one (on a file system without hard links FILE is moved to FILE.1,
+// and is absent until the new one is in place). A process killed at any point leaves every name either absent or
+// a whole checkpoint, so the names, read newest first, are the order in which the files were written (FILE.1 may
+// briefly be the same file as FILE), and the first that reads back whole is the newest usable one. A file that
+// does not (torn by a disk or a copy, a checksum that does not match) is skipped, and said so; a usable file that
+// does not fit the model is an error, as for load_checkpoint: it is another run's, and starting over it would lose
+// it.
 #pragma once
+
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -57,17 +63,44 @@ class CheckpointSeries {
   // Single process (rank 0 in save_checkpoint). IoError naming the file that could not be moved or written.
   void write(std::string_view bytes) const {
     auto const names = files();
-    for (std::size_t k = names.size() - 1; k >= 1; --k) {
-      std::error_code ec;
-      if (!std::filesystem::exists(names[k - 1], ec)) continue;
-      if (std::rename(names[k - 1].c_str(), names[k].c_str()) != 0)
-        throw IoError(detail::cat("checkpoint ", names[k - 1].string(), " could not be moved to ", names[k].string(),
-                                  " to keep it: ", std::strerror(errno)));
-    }
+    for (std::size_t k = names.size() - 1; k >= 2; --k) move(names[k - 1], names[k]);
+    std::error_code ec;
+    if (names.size() >= 2 && std::filesystem::exists(names[0], ec)) keep_newest(names[0], names[1]);
     detail::write_file_atomically(newest_, bytes);
   }
 
  private:
+  static void move(std::filesystem::path const& from, std::filesystem::path const& to) {
+    std::error_code ec;
+    if (!std::filesystem::exists(from, ec)) return;
+    if (std::rename(from.c_str(), to.c_str()) != 0)
+      throw IoError(detail::cat("checkpoint ", from.string(), " could not be moved to ", to.string(),
+                                " to keep it: ", std::strerror(errno)));
+  }
+
+  // FILE.1 := FILE's file, FILE staying in place: a hard link under a temporary name (cleaned up as the writers'
+  // temporaries are, should this process be killed in between), renamed over FILE.1. Where the file system has no
+  // hard links, FILE is moved.
+  static void keep_newest(std::filesystem::path const& newest, std::filesystem::path const& older) {
+    auto const dir = older.has_parent_path() ? older.parent_path() : std::filesystem::path(".");
+    auto const prefix = detail::temporary_prefix(older);
+    detail::remove_stale_temporaries(dir, prefix);
+    auto const link = (dir / detail::cat(prefix, ::getpid(), ".link")).string();
+    ::unlink(link.c_str());
+    if (::link(newest.c_str(), link.c_str()) != 0) {
+      int const e = errno;
+      if (e == EPERM || e == EOPNOTSUPP || e == EMLINK || e == EXDEV || e == ENOSYS) return move(newest, older);
+      throw IoError(detail::cat("checkpoint ", newest.string(), " could not be kept as ", older.string(),
+                                ": linking it as ", link, " failed: ", std::strerror(e)));
+    }
+    if (std::rename(link.c_str(), older.c_str()) != 0) {
+      int const e = errno;
+      ::unlink(link.c_str());
+      throw IoError(detail::cat("checkpoint ", newest.string(), " could not be kept as ", older.string(), ": ",
+                                std::strerror(e)));
+    }
+  }
+
   std::filesystem::path newest_;
   int keep_ = 3;
 };
