@@ -8,6 +8,7 @@ set -uo pipefail
 bin="$1"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 exec_="$here/tools/cluster/glooexec.sh"
+source "$here/test/tools/own_processes.sh"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 fail() { echo "FAIL: $*"; tail -20 "$out"/*.log 2>/dev/null; exit 1; }
@@ -27,7 +28,7 @@ echo "gloo across 2 and 4 hosts: weights $ref, as one process"
 
 # rank_pid R: the pid of rank R's job process (on any host: the namespaces share this PID namespace).
 rank_pid() {
-  for p in $(pgrep -f "$bin" || true); do
+  for p in $(own_pids "$bin"); do
     [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == fashion_mnist ]] || continue
     tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$1" && echo "$p"
   done | head -1

@@ -5,6 +5,7 @@
 # ends by itself within 30 s of the stop, non-zero, with every other rank's error naming the operation and
 # rank 1 as the rank that did not arrive.
 set -uo pipefail
+source "${TEST_SRCDIR:-$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../..}/${TEST_SRCDIR:+$TEST_WORKSPACE/}test/tools/own_processes.sh"
 np="$1"; limit="$2"; binary="$3"; shift 3
 log="$(mktemp)"
 trap 'rm -f "$log"; [[ -n "${job:-}" ]] && kill -KILL -- -"$job" 2>/dev/null' EXIT
@@ -13,7 +14,7 @@ job=$!
 # Rank 1: the process of this binary whose environment says PMI_RANK=1 (Hydra's variable).
 victim=""
 for _ in $(seq 1 300); do
-  for pid in $(pgrep -f -- "$(basename "$binary")"); do
+  for pid in $(own_pids "$(basename "$binary")"); do
     if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'PMI_RANK=1'; then victim=$pid; fi
   done
   [[ -n "$victim" ]] && break

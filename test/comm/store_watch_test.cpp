@@ -23,6 +23,7 @@
 #include "ddp/comm/rendezvous/rendezvous.hpp"
 #include "ddp/comm/rendezvous/store_watch.hpp"
 #include "ddp/comm/rendezvous/tcp_store.hpp"
+#include "ddp/comm/rendezvous/tcp_store_server.hpp"
 
 namespace {
 

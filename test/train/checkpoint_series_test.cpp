@@ -157,6 +157,19 @@ TEST_CASE("checkpoint series: FILE is never absent while the next checkpoint is 
   for (auto const& e : fs::directory_iterator(dir)) files += e.is_regular_file();
   CHECK(files == 3);
   CHECK(text(dir / "ckpt.1") == big + "39");
+  // A writer killed after FILE.1 became FILE's file and before FILE was replaced leaves the two names on one file;
+  // the next write (keep 2: FILE.1 is the oldest, replaced) still ends with the newest and the one before, nothing
+  // else.
+  auto const two = test::temp_dir("checkpoint_series", "never_absent_keep2");
+  CheckpointSeries const pair(two / "ckpt", {.keep = 2});
+  pair.write("a");
+  fs::create_hard_link(two / "ckpt", two / "ckpt.1");
+  pair.write("b");
+  CHECK(text(two / "ckpt") == "b");
+  CHECK(text(two / "ckpt.1") == "a");
+  files = 0;
+  for (auto const& e : fs::directory_iterator(two)) files += e.is_regular_file();
+  CHECK(files == 2);
 }
 
 TEST_CASE(

@@ -8,6 +8,7 @@
 # --min-world-size 2, losing one of two ranks ends the other with an error naming it; losing the store's host (rank 0
 # serving a TCP store) ends the others with an error naming the store.
 set -euo pipefail
+source "${TEST_SRCDIR:-$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../..}/${TEST_SRCDIR:+$TEST_WORKSPACE/}test/tools/own_processes.sh"
 bin="$(realpath "$1")"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/elastic"
 rm -rf "$dir" && mkdir -p "$dir"
@@ -48,7 +49,7 @@ kill_rank() {
     grep -Eq '^epoch [0-9]+/[0-9]+ +step [0-9]+/' "$dir/$name.rank0.log" 2>/dev/null && break
     sleep 0.2
   done
-  for p in $(pgrep -f "$bin" || true); do
+  for p in $(own_pids "$bin"); do
     [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == timeout ]] && continue
     # (the earlier scenarios' processes have all ended: only this one's run the binary)
     if grep -qx "RANK=$rank" < <(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null); then pid=$p; fi

@@ -5,6 +5,7 @@
 # digest. A rank killed mid-epoch (SIGKILL) ends the other ranks within the timeout, naming it. With "torchrun":
 # the same digest under Debian's torchrun (its agent serves the store), or SKIPPED where torchrun is missing.
 set -euo pipefail
+source "${TEST_SRCDIR:-$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../..}/${TEST_SRCDIR:+$TEST_WORKSPACE/}test/tools/own_processes.sh"
 bin="$1"
 mode="${2:-}"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/fmgloo"
@@ -80,7 +81,7 @@ grep -Eq "$progress" "$dir/rank0.log" || fail "rank 0 printed no progress line w
 # too) with RANK=1 in its environment.
 pid1=""
 for _ in $(seq 50); do
-  for p in $(pgrep -f "$bin" || true); do
+  for p in $(own_pids "$bin"); do
     [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == timeout ]] && continue
     if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "RANK=1"; then pid1=$p; fi
   done

@@ -7,6 +7,7 @@
 # its place, bitwise. (2) 4 ranks on rank 0's TCP store lose rank 3, then rank 2, and a process joins: 4 -> 3 -> 2 -> 3, the
 # uninterrupted digest, each change one line.
 set -euo pipefail
+source "${TEST_SRCDIR:-$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../..}/${TEST_SRCDIR:+$TEST_WORKSPACE/}test/tools/own_processes.sh"
 bin="$(realpath "$1")"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/grow"
 rm -rf "$dir" && mkdir -p "$dir"
@@ -65,7 +66,7 @@ progress() {  # progress NAME: waits until rank 0 has printed a progress line (a
 }
 kill_rank() {  # kill_rank R: SIGKILLs the process of rank R (the job's ranks are the only ones with RANK set)
   local pid=""
-  for p in $(pgrep -f "$bin" || true); do
+  for p in $(own_pids "$bin"); do
     [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == timeout ]] && continue
     if grep -qx "RANK=$1" < <(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null); then pid=$p; fi
   done

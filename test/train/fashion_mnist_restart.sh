@@ -9,6 +9,7 @@
 #   an mpirun relaunch, from 2 ranks to 4;
 # and a torn newest checkpoint falls back to the one before, naming it.
 set -euo pipefail
+source "${TEST_SRCDIR:-$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../..}/${TEST_SRCDIR:+$TEST_WORKSPACE/}test/tools/own_processes.sh"
 bin="$(realpath "$1")"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/restart"
 rm -rf "$dir" && mkdir -p "$dir"
@@ -42,7 +43,7 @@ kill_after_checkpoint() {
     sleep 0.1
   done
   for _ in $(seq 50); do
-    for p in $(pgrep -f "$bin" || true); do
+    for p in $(own_pids "$bin"); do
       [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == timeout ]] && continue
       if grep -qx "$mark" < <(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null); then pid=$p; fi
     done

@@ -3,6 +3,7 @@
 # store, rank 2 SIGKILLed after iteration 40, then a process started with --join (--max-world-size 4): 4 -> 3 -> 4,
 # each change one line, and the survivors end with the uninterrupted run's weights digest.
 set -euo pipefail
+source "${TEST_SRCDIR:-$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../..}/${TEST_SRCDIR:+$TEST_WORKSPACE/}test/tools/own_processes.sh"
 bin="$(realpath "$1")"
 dir="${TEST_TMPDIR:-$(mktemp -d)}/gpt_elastic"
 rm -rf "$dir" && mkdir -p "$dir"
@@ -34,7 +35,7 @@ wait_for() {  # wait_for REGEX K: rank 0's log has K lines matching REGEX (up to
 }
 wait_for '^iter +[0-9]+/400' 2
 victim=""
-for p in $(pgrep -f "$bin" || true); do
+for p in $(own_pids "$bin"); do
   [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == timeout ]] && continue
   if grep -qx "RANK=2" < <(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null); then victim=$p; fi
 done

@@ -1,9 +1,8 @@
 // Checkpoint file format: the in-memory record (position, parameters, buffers, optimizer state, random
 // generators) and its versioned, checksummed byte encoding. Pure functions of bytes; files and ranks are
-// checkpoint.hpp's business.
+// checkpoint.hpp's business (checkpoint_file.hpp, checkpoint_agree.hpp). The byte layer is checkpoint_bytes.hpp,
+// the optimizer and local-rounds sections checkpoint_sections.hpp.
 #pragma once
-
-#include <zlib.h>
 
 #include <bit>
 #include <cmath>
@@ -26,6 +25,8 @@
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/parallel/local_state.hpp"
 #include "ddp/tensor/random.hpp"
+#include "ddp/train/checkpoint_bytes.hpp"
+#include "ddp/train/checkpoint_sections.hpp"
 
 namespace ddp {
 
@@ -53,8 +54,9 @@ static_assert(std::endian::native == std::endian::little,
 //           f64 loss sum, f64 exact total, i64 exact count) (EpochLoss). Files written before 2026-12 have LOSS
 //           instead, the same with an f64 step loss sum and an i64 step count first (read, those two dropped)
 //     LOCL  optional: LocalSgd's or DiLoCo's replicas (LocalRoundsState): string kind, i64 replicas, i64 steps,
-//           i64 syncs, i64 bytes, u32 p, p × (string name, i64 numel), u32 r, r × (p value arrays, optimizer state as OPTM's),
-//           u32 k (0 or p) and k value arrays (DiLoCo's kept copy), u32 m (0 or p) and m arrays (its momentum)
+//           i64 syncs, i64 bytes, u32 p, p × (string name, i64 numel), u32 r, r × (p value arrays, optimizer state
+//           as OPTM's), u32 k (0 or p) and k value arrays (DiLoCo's kept copy), u32 m (0 or p) and m arrays (its
+//           momentum)
 //   tensors: u32 n, n × (string name, shape, numel elements); shape: u32 rank, rank × i64 dims;
 //   strings: u32 length + bytes. Unknown sections are skipped (a reader of version 2 ignores additions).
 // Version 1 (until 2026-11) kept the optimizer's state as flat buffers in the writer's arena layout, which
@@ -143,122 +145,8 @@ struct CheckpointData {
 
 namespace detail {
 
-inline std::uint32_t crc32_of(void const* data, std::size_t n) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  auto const* p = static_cast<Bytef const*>(data);
-  while (n > 0) {  // zlib takes uInt lengths
-    uInt const chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
-    crc = ::crc32(crc, p, chunk);
-    p += chunk;
-    n -= chunk;
-  }
-  return static_cast<std::uint32_t>(crc);
-}
-
-inline std::uint32_t fourcc(char const (&s)[5]) {
-  std::uint32_t v = 0;
-  std::memcpy(&v, s, 4);
-  return v;
-}
-inline std::string fourcc_name(std::uint32_t v) {
-  std::string s(4, '?');
-  std::memcpy(s.data(), &v, 4);
-  for (auto& c : s)
-    if (c < 32 || c > 126) c = '?';
-  return s;
-}
-
-// Appends little-endian values to a byte string.
-class ByteWriter {
- public:
-  template <class V>
-  requires std::is_arithmetic_v<V>
-  void put(V v) {
-    char b[sizeof(V)];
-    std::memcpy(b, &v, sizeof(V));
-    out_.append(b, sizeof(V));
-  }
-  void put_string(std::string_view s) {
-    put(static_cast<std::uint32_t>(s.size()));
-    out_.append(s.data(), s.size());
-  }
-  template <class V>
-  void put_array(std::span<V const> v) {
-    if (!v.empty()) out_.append(reinterpret_cast<char const*>(v.data()), v.size_bytes());
-  }
-  std::string& bytes() noexcept { return out_; }
-
- private:
-  std::string out_;
-};
-
-// Reads what ByteWriter wrote, bounds-checked: running off the end is an IoError naming file and section.
-class ByteReader {
- public:
-  ByteReader(std::string_view bytes, std::string const& file, std::string section)
-      : b_(bytes), file_(file), section_(std::move(section)) {}
-  template <class V>
-  requires std::is_arithmetic_v<V> V get() {
-    need(sizeof(V));
-    V v;
-    std::memcpy(&v, b_.data() + pos_, sizeof(V));
-    pos_ += sizeof(V);
-    return v;
-  }
-  std::string get_string() {
-    auto const n = get<std::uint32_t>();
-    need(n);
-    std::string s(b_.substr(pos_, n));
-    pos_ += n;
-    return s;
-  }
-  template <class V>
-  void get_array(V* out, std::size_t count) {
-    if (count > (b_.size() - pos_) / sizeof(V)) need(b_.size() - pos_ + 1);
-    if (count == 0) return;  // `out` may be null (an empty vector's data()): memcpy must not see it
-    std::memcpy(out, b_.data() + pos_, count * sizeof(V));
-    pos_ += count * sizeof(V);
-  }
-  void skip(std::size_t n) {
-    need(n);
-    pos_ += n;
-  }
-  std::size_t remaining() const noexcept { return b_.size() - pos_; }
-  void need(std::size_t n) const {
-    if (n > b_.size() - pos_)
-      throw IoError(ddp::detail::cat("checkpoint ", file_, ": section ", section_, " is malformed: it ends at byte ",
-                                     b_.size(), " but its content needs more (read position ", pos_, ", need ", n,
-                                     " more); the file was not written by this version of ddp"));
-  }
-  // count elements of `size` bytes follow (no overflow for any count); checked before anything is allocated
-  // for them. `what` names the elements in the error.
-  void need_elements(std::uint64_t count, std::size_t size, std::string_view what) const {
-    if (count > remaining() / size)
-      fail(what, ": ", count, " × ", size, " bytes announced, but only ", remaining(), " bytes remain");
-  }
-  template <class... Ts>
-  [[noreturn]] void fail(Ts const&... what) const {
-    throw IoError(ddp::detail::cat("checkpoint ", file_, ": section ", section_, ": ", what...));
-  }
-  void expect_end() const {
-    if (pos_ != b_.size())
-      throw IoError(ddp::detail::cat("checkpoint ", file_, ": section ", section_, " has ", b_.size() - pos_,
-                                     " unexpected trailing bytes"));
-  }
-
- private:
-  std::string_view b_;
-  std::string const& file_;
-  std::string section_;
-  std::size_t pos_ = 0;
-};
-
 using optim::detail::shape_string;
 
-inline void put_shape(ByteWriter& s, std::vector<std::int64_t> const& shape) {
-  s.put(static_cast<std::uint32_t>(shape.size()));
-  for (auto d : shape) s.put(d);
-}
 template <class T>
 void put_tensors(ByteWriter& s, std::vector<TensorRecord<T>> const& ts) {
   s.put(static_cast<std::uint32_t>(ts.size()));
@@ -269,25 +157,6 @@ void put_tensors(ByteWriter& s, std::vector<TensorRecord<T>> const& ts) {
   }
 }
 
-// Reads a shape and returns its element count; `what` names the owner in errors.
-inline std::int64_t get_shape(ByteReader& r, std::vector<std::int64_t>& shape, std::string const& what) {
-  auto const rank = r.get<std::uint32_t>();
-  if (rank > 8) r.fail(what, " has rank ", rank, " (at most 8 supported)");
-  std::int64_t numel = 1;
-  for (std::uint32_t d = 0; d < rank; ++d) {
-    auto const n = r.get<std::int64_t>();
-    if (n < 0 || (n > 0 && numel > (std::int64_t{1} << 48) / n)) r.fail(what, " has a bad dimension ", n);
-    shape.push_back(n);
-    numel *= n;
-  }
-  return numel;
-}
-template <class T>
-void get_values(ByteReader& r, std::vector<T>& v, std::int64_t numel, std::string_view what) {
-  r.need_elements(static_cast<std::uint64_t>(numel), sizeof(T), what);
-  v.resize(static_cast<std::size_t>(numel));
-  r.get_array(v.data(), v.size());
-}
 template <class T>
 std::vector<TensorRecord<T>> get_tensors(ByteReader& r, char const* kind) {
   std::vector<TensorRecord<T>> ts;
@@ -304,74 +173,6 @@ std::vector<TensorRecord<T>> get_tensors(ByteReader& r, char const* kind) {
   }
   r.expect_end();
   return ts;
-}
-
-// OPTM's body, and each replica's state in LOCL: string kind, f64 lr, u32 b, b × string buffer name, u32 n,
-// n × (string name, shape, i64 steps, b × numel elements).
-template <class T>
-void put_optimizer_state(ByteWriter& s, optim::OptimizerState<T> const& o) {
-  s.put_string(o.kind);
-  s.put(o.lr);
-  s.put(static_cast<std::uint32_t>(o.buffer_names.size()));
-  for (auto const& n : o.buffer_names) s.put_string(n);
-  s.put(static_cast<std::uint32_t>(o.parameters.size()));
-  for (auto const& ps : o.parameters) {
-    s.put_string(ps.name);
-    put_shape(s, ps.shape);
-    s.put(ps.steps);
-    if (ps.buffers.size() != o.buffer_names.size())
-      throw ArgumentError(ddp::detail::cat("checkpoint: optimizer state of '", ps.name, "' has ", ps.buffers.size(),
-                                           " buffers for ", o.buffer_names.size(), " buffer names"));
-    for (auto const& b : ps.buffers) {
-      if (static_cast<std::int64_t>(b.size()) != optim::detail::numel_of(ps.shape))
-        throw ArgumentError(ddp::detail::cat("checkpoint: optimizer state of '", ps.name, "' has a buffer of ",
-                                             b.size(), " values for shape ", shape_string(ps.shape)));
-      s.put_array(std::span<T const>(b));
-    }
-  }
-}
-
-// LOCL's body (LocalRoundsState): string kind, i64 replicas, i64 steps, i64 syncs, i64 bytes, u32 p, p × (string name,
-// i64 numel), u32 r, r × (the p parameters' values, optimizer state as in OPTM), u32 k (0 or p) and the kept copy's
-// p value arrays, u32 m (0 or p) and the outer momentum's.
-template <class T>
-void put_local_state(ByteWriter& s, LocalRoundsState<T> const& l) {
-  s.put_string(l.kind);
-  s.put(l.replicas);
-  s.put(l.steps);
-  s.put(l.syncs);
-  s.put(l.bytes);
-  s.put(static_cast<std::uint32_t>(l.names.size()));
-  for (std::size_t i = 0; i < l.names.size(); ++i) {
-    s.put_string(l.names[i]);
-    s.put(l.numels[i]);
-  }
-  if (l.values.size() != l.states.size())
-    throw ArgumentError(ddp::detail::cat("checkpoint: ", l.values.size(), " replicas' parameters for ", l.states.size(),
-                                         " optimizer states"));
-  auto put_arrays = [&](std::vector<std::vector<T>> const& arrays, char const* what) {
-    if (!arrays.empty() && arrays.size() != l.names.size())
-      throw ArgumentError(
-          ddp::detail::cat("checkpoint: ", what, " has ", arrays.size(), " parameters for ", l.names.size()));
-    for (std::size_t i = 0; i < arrays.size(); ++i) {
-      if (static_cast<std::int64_t>(arrays[i].size()) != l.numels[i])
-        throw ArgumentError(ddp::detail::cat("checkpoint: ", what, "'s '", l.names[i], "' has ", arrays[i].size(),
-                                             " values for ", l.numels[i]));
-      s.put_array(std::span<T const>(arrays[i]));
-    }
-  };
-  s.put(static_cast<std::uint32_t>(l.values.size()));
-  for (std::size_t r = 0; r < l.values.size(); ++r) {
-    if (l.values[r].size() != l.names.size())
-      throw ArgumentError(
-          ddp::detail::cat("checkpoint: replica ", r, " has ", l.values[r].size(), " parameters for ", l.names.size()));
-    put_arrays(l.values[r], "a replica");
-    put_optimizer_state(s, l.states[r]);
-  }
-  for (auto const* arrays : {&l.kept, &l.momentum}) {
-    s.put(static_cast<std::uint32_t>(arrays->size()));
-    put_arrays(*arrays, arrays == &l.kept ? "the kept copy" : "the outer momentum");
-  }
 }
 
 }  // namespace detail
@@ -474,12 +275,6 @@ std::string encode_checkpoint(CheckpointData<T> const& c) {
   return h.bytes() + body;
 }
 
-// Limits on what a checkpoint may declare: larger values are corrupt (or from no run ddp can resume).
-inline constexpr std::int64_t kCheckpointMaxCounter = std::int64_t{1} << 53;  // steps, epochs: exact in a double
-inline constexpr std::int64_t kCheckpointMaxRanks = std::int64_t{1} << 20;
-inline constexpr double kCheckpointMaxLr = 1e6;
-inline constexpr std::uint32_t kCheckpointMaxStateBuffers = 16;  // per parameter (ddp's optimizers keep 0 to 2)
-
 // What the 32-byte header says, once validated.
 struct CheckpointHeader {
   std::uint32_t version = 0;
@@ -524,80 +319,6 @@ inline CheckpointHeader check_checkpoint_header(std::string_view head, std::uint
   if (have > out.payload_bytes)
     throw err(have - out.payload_bytes, " unexpected bytes after the ", out.payload_bytes, "-byte payload");
   return out;
-}
-
-// A counter read from section `r` must lie in [0, kCheckpointMaxCounter] (or [0, max]).
-inline std::int64_t checked_count(ByteReader const& r, std::string_view field, std::int64_t v,
-                                  std::int64_t max = kCheckpointMaxCounter) {
-  if (v < 0 || v > max) r.fail(field, " = ", v, " is out of range (must be in [0, ", max, "])");
-  return v;
-}
-
-}  // namespace detail
-
-namespace detail {
-// OPTM's body (put_optimizer_state), every count and length checked.
-template <class T>
-optim::OptimizerState<T> get_optimizer_state(ByteReader& s) {
-  optim::OptimizerState<T> o;
-  o.kind = s.get_string();
-  o.lr = s.get<double>();
-  if (!std::isfinite(o.lr) || o.lr < 0 || o.lr > kCheckpointMaxLr)
-    s.fail("lr = ", o.lr, " is not a learning rate (must be finite, >= 0 and <= ", kCheckpointMaxLr, ")");
-  auto const nb = s.get<std::uint32_t>();
-  if (nb > kCheckpointMaxStateBuffers)
-    s.fail(nb, " state buffers per parameter (at most ", kCheckpointMaxStateBuffers, " accepted)");
-  for (std::uint32_t b = 0; b < nb; ++b) o.buffer_names.push_back(s.get_string());
-  auto const np = s.get<std::uint32_t>();
-  s.need_elements(np, 16, "parameter count");  // each entry: a name length, a rank and its steps
-  o.parameters.reserve(np);
-  for (std::uint32_t i = 0; i < np; ++i) {
-    optim::ParameterState<T> ps;
-    ps.name = s.get_string();
-    auto const what = ddp::detail::cat("optimizer state of '", ps.name, "'");
-    auto const numel = get_shape(s, ps.shape, what);
-    ps.steps = checked_count(s, ddp::detail::cat("steps of ", what), s.get<std::int64_t>());
-    ps.buffers.resize(nb);
-    for (std::uint32_t b = 0; b < nb; ++b)
-      get_values(s, ps.buffers[b], numel,
-                 ddp::detail::cat(what, " ", shape_string(ps.shape), " buffer '", o.buffer_names[b], "' values"));
-    o.parameters.push_back(std::move(ps));
-  }
-  return o;
-}
-
-// LOCL's body (put_local_state), every count and length checked.
-template <class T>
-LocalRoundsState<T> get_local_state(ByteReader& s) {
-  LocalRoundsState<T> l;
-  l.kind = s.get_string();
-  l.replicas = checked_count(s, "replicas", s.get<std::int64_t>(), kCheckpointMaxRanks);
-  l.steps = checked_count(s, "steps", s.get<std::int64_t>());
-  l.syncs = checked_count(s, "syncs", s.get<std::int64_t>());
-  l.bytes = checked_count(s, "bytes", s.get<std::int64_t>());
-  auto const np = s.get<std::uint32_t>();
-  s.need_elements(np, 12, "the local rounds' parameter count");  // a name length and a numel each
-  for (std::uint32_t i = 0; i < np; ++i) {
-    l.names.push_back(s.get_string());
-    l.numels.push_back(checked_count(s, ddp::detail::cat("the size of '", l.names.back(), "'"), s.get<std::int64_t>()));
-  }
-  auto get_arrays = [&](std::vector<std::vector<T>>& arrays, std::string const& what) {
-    arrays.resize(np);
-    for (std::uint32_t i = 0; i < np; ++i)
-      get_values(s, arrays[i], l.numels[i], ddp::detail::cat(what, "'s '", l.names[i], "' values"));
-  };
-  auto const nr = checked_count(s, "the number of replicas", s.get<std::uint32_t>(), kCheckpointMaxRanks);
-  if (nr == 0) s.fail("the local rounds hold no replica");
-  for (std::int64_t r = 0; r < nr; ++r) {
-    get_arrays(l.values.emplace_back(), ddp::detail::cat("replica ", r));
-    l.states.push_back(get_optimizer_state<T>(s));
-  }
-  for (auto [arrays, what] : {std::pair{&l.kept, "the kept copy"}, std::pair{&l.momentum, "the outer momentum"}}) {
-    auto const n = s.get<std::uint32_t>();
-    if (n != 0 && n != np) s.fail(what, " has ", n, " parameters for ", np);
-    if (n != 0) get_arrays(*arrays, what);
-  }
-  return l;
 }
 
 }  // namespace detail

@@ -29,6 +29,8 @@
 #include "ddp/comm/communicator.hpp"
 #include "ddp/error.hpp"
 #include "ddp/train/checkpoint.hpp"
+#include "ddp/train/checkpoint_agree.hpp"
+#include "ddp/train/checkpoint_file.hpp"
 
 namespace ddp {
 
@@ -93,12 +95,14 @@ class CheckpointSeries {
       throw IoError(detail::cat("checkpoint ", newest.string(), " could not be kept as ", older.string(),
                                 ": linking it as ", link, " failed: ", std::strerror(e)));
     }
-    if (std::rename(link.c_str(), older.c_str()) != 0) {
-      int const e = errno;
-      ::unlink(link.c_str());
+    int const rc = std::rename(link.c_str(), older.c_str());
+    int const e = errno;
+    // Gone after a rename, except where `older` already was this very file (a writer killed after its rename and
+    // before FILE's replacement): rename then does nothing, and the link is left to remove.
+    ::unlink(link.c_str());
+    if (rc != 0)
       throw IoError(detail::cat("checkpoint ", newest.string(), " could not be kept as ", older.string(), ": ",
                                 std::strerror(e)));
-    }
   }
 
   std::filesystem::path newest_;

@@ -29,6 +29,7 @@
 #include "ddp/comm/rendezvous/file_store.hpp"
 #include "ddp/comm/rendezvous/store.hpp"
 #include "ddp/comm/rendezvous/tcp_store.hpp"
+#include "ddp/comm/rendezvous/tcp_store_server.hpp"
 #include "ddp/comm/watch.hpp"
 #include "ddp/error.hpp"
 

@@ -1,9 +1,8 @@
 // Store: the small key-value service ranks meet through before they can talk to each other (PyTorch's c10d
 // Store; Gloo's rendezvous store): set a key, get one (waiting until some rank sets it), add to a counter.
-// Implementations: TcpStore (tcp_store.hpp: PyTorch's TCPStore protocol, so torchrun's agent serves it) and
-// FileStore (file_store.hpp: a directory on a filesystem every rank sees, which also sees which ranks live).
-// PrefixStore keeps one job's keys apart
-// from everything else a shared store holds.
+// Implementations: TcpStore (tcp_store.hpp: PyTorch's TCPStore protocol, so torchrun's agent or a TcpStoreServer,
+// tcp_store_server.hpp, serves it) and FileStore (file_store.hpp: a directory on a filesystem every rank sees, which
+// also sees which ranks live). PrefixStore keeps one job's keys apart from everything else a shared store holds.
 #pragma once
 
 #include <chrono>
