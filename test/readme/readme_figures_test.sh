@@ -25,6 +25,11 @@ and 1.43–1.50 in three runs	bench/RESULTS.md	median, world size 1: torch 23556
 and 1.43–1.50 in three runs	bench/RESULTS.md	median, world size 1: torch 21877 tokens/s (52% of 1 core(s)' SGEMM peak), ddp 32847 tokens/s (78%), ddp/torch 1.50
 and 1.43–1.50 in three runs	bench/RESULTS.md	plain 1.47 (rounds 1.44 / 1.44 / 1.49)
 single rounds 1.39–1.63	bench/RESULTS.md	| 1.56 / 1.39 / 1.63 / 1.58 / 1.47 | **1.50** |
+gave 1.58 in nine rounds in a quiet	bench/RESULTS.md	median, world size 1: torch 19933 tokens/s (48% of 1 core(s)' SGEMM peak), ddp 31531 tokens/s (77%), ddp/torch 1.58
+every round 1.56–1.64	bench/RESULTS.md	| 1.57 / 1.59 / 1.58 / 1.57 / 1.59 / 1.56 / 1.64 / 1.59 / 1.62 |
+1.89 at world size 2) and 1.46	bench/RESULTS.md	median, world size 2: torch 32339 tokens/s (39% of 2 core(s)' SGEMM peak), ddp 61105 tokens/s (74%), ddp/torch 1.89
+1.89 at world size 2) and 1.46	bench/RESULTS.md	median, world size 1: torch 18820 tokens/s (53% of 1 core(s)' SGEMM peak), ddp 27534 tokens/s (77%), ddp/torch 1.46
+13.9k–19.4k tokens/s between rounds	bench/RESULTS.md	| 1 | 14,272 / 19,426 / 18,820 / 19,033 / 13,858 |
 ROWS
 )
 fail=0 checked=0
